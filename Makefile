@@ -1,0 +1,28 @@
+# Thin targets; the logic lives in scripts/. `make run` and `make test` do all setup.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	PYTHON=$(PYTHON) bash scripts/setup.sh
+
+run: $(STAMP)  ## run the agent (starts a loopback Mosquitto if no broker answers)
+	bash scripts/run.sh
+
+test: $(STAMP)  ## every test: unit, and integration against a real Mosquitto and ALSA
+	$(VENV)/bin/pytest
+
+lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
+	$(VENV)/bin/ruff check agent tests
+	$(VENV)/bin/ruff format --check agent tests
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)  ## benchmarks against piper-tts (placeholder until the benchmark issue)
+	@echo "No benchmark yet: it arrives with the fast-speech issue (issue 3)."
+
+clean:
+	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,135 @@
+"""Command line: `voice-agent run | say | check-config`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import wave
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from . import __version__
+from .config import DEFAULT_CONFIG_PATH, AgentConfig, ConfigError, key_docs, load
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="voice-agent", description="Speak MQTT messages on this device."
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the agent", description="Run the agent.")
+    _config_option(run)
+    run.add_argument("--debug", action="store_true", help="log debug messages")
+
+    say = commands.add_parser(
+        "say",
+        help="synthesize text to a WAV file, without a broker",
+        description="Synthesize TEXT with the configured voice into a WAV file.",
+    )
+    say.add_argument("text", metavar="TEXT", help="what to say")
+    say.add_argument("--wav", type=Path, required=True, metavar="OUT.wav", help="output file")
+    _config_option(say)
+    say.add_argument("--noise-scale", type=float, help="generator noise (0 = deterministic)")
+    say.add_argument("--noise-w", type=float, help="phoneme width noise (0 = deterministic)")
+    say.add_argument("--length-scale", type=float, help="phoneme duration factor (>1 slower)")
+
+    check = commands.add_parser(
+        "check-config",
+        help="validate a config file",
+        description="Validate FILE; print every problem with its key path and exit 1 if any.",
+    )
+    check.add_argument("file", type=Path, metavar="FILE", help="config file to check")
+    return parser
+
+
+def _config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"config file (default: $VOICE_AGENT_CONFIG or {DEFAULT_CONFIG_PATH})",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `voice-agent` console script."""
+    args = _parser().parse_args(argv)
+    debug = getattr(args, "debug", False)
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command == "check-config":
+            return _check_config(args.file)
+        config = load(args.config or _env_config_path())
+        if args.command == "say":
+            return _say(config, args)
+        return _run(config)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+
+
+def _env_config_path() -> Path | None:
+    value = os.environ.get("VOICE_AGENT_CONFIG")
+    return Path(value) if value else None
+
+
+def _check_config(path: Path) -> int:
+    try:
+        config = load(path)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(f"{path}: OK ({len(key_docs())} keys known; node_id {config.node_id})")
+    return 0
+
+
+def _run(config: AgentConfig) -> int:
+    from .app import run  # noqa: PLC0415 - keeps `check-config` free of onnxruntime start-up
+
+    run(config, _install_signals)
+    _LOGGER.info("Stopped")
+    return 0
+
+
+def _install_signals(stop: Callable[[], None]) -> None:
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop())
+
+
+def _say(config: AgentConfig, args: argparse.Namespace) -> int:
+    from .app import load_voice  # noqa: PLC0415 - see _run
+
+    voice = load_voice(config)
+    params = voice.default_params
+    if args.noise_scale is not None:
+        params = replace(params, noise_scale=args.noise_scale)
+    if args.noise_w is not None:
+        params = replace(params, noise_w=args.noise_w)
+    if args.length_scale is not None:
+        params = replace(params, length_scale=args.length_scale)
+    frames = 0
+    with wave.open(str(args.wav), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(voice.sample_rate)
+        for pcm in voice.synthesize(args.text, params):
+            out.writeframes(pcm.tobytes())
+            frames += len(pcm)
+    print(f"{args.wav}: {frames / voice.sample_rate:.2f} s at {voice.sample_rate} Hz")
+    return 0 if frames else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

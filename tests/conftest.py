@@ -1,0 +1,114 @@
+"""Fixtures: a real broker per test, the tiny and the real voice, the agent as a subprocess."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.topics import Topics
+from tests.support import AgentProcess, Broker, Watcher, wait_until
+from tests.tiny_voice import write_tiny_voice
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_error_logs(
+    request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
+) -> Iterator[None]:
+    """A supervisor that logs and swallows an error must not hide a bug (unless expected)."""
+    yield
+    if request.node.get_closest_marker("allow_error_logs"):
+        return
+    errors = [r for r in caplog.get_records("call") if r.levelno >= logging.ERROR]
+    assert not errors, f"errors were logged: {[r.getMessage() for r in errors]}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers this conftest uses."""
+    config.addinivalue_line("markers", "allow_error_logs: the test expects ERROR log records")
+
+
+@pytest.fixture(scope="session")
+def tiny_voice(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A generated Piper-format voice with the real inputs and outputs (fast unit tests)."""
+    return write_tiny_voice(tmp_path_factory.mktemp("tiny_voice"))
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache for the session: the real voice's optimized model is built once."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    """A real Mosquitto on a free loopback port, stopped after the test."""
+    server = Broker(tmp_path / "broker")
+    server.start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class RunningAgent:
+    """An agent subprocess with what a test needs around it."""
+
+    process: AgentProcess
+    topics: Topics
+    capture: Path
+    watcher: Watcher
+
+    def wait_online(self) -> None:
+        """Wait until the retained status says online (after any earlier offline)."""
+        status = self.topics.status
+
+        def online() -> bool:
+            mine = [m.payload for m in self.watcher.snapshot() if m.topic == status]
+            return bool(mine) and mine[-1] == b"online"
+
+        wait_until(online, what="online status")
+
+
+StartAgent = Callable[..., RunningAgent]
+
+
+@pytest.fixture
+def start_agent(
+    broker: Broker, tmp_path: Path, cache_dir: Path
+) -> Iterator[StartAgent]:
+    """Start the real agent (real voice unless `voice` is given) against the test's broker."""
+    started: list[RunningAgent] = []
+
+    def start(voice: Path | None = None, **speak: Any) -> RunningAgent:
+        node_id = f"t{uuid.uuid4().hex[:8]}"
+        capture = tmp_path / f"{node_id}.raw"
+        config: dict[str, Any] = {
+            "node_id": node_id,
+            "mqtt": {"host": broker.host, "port": broker.port, "reconnect_max": 2.0},
+            "audio": {"device": f"file:FILE={capture},FORMAT=raw"},
+            "tts": {"voice": str(voice) if voice else None},
+            "cache": {"dir": str(cache_dir)},
+            "speak": speak,
+        }
+        path = tmp_path / f"{node_id}.yaml"
+        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        topics = Topics("voice", node_id)
+        watcher = Watcher(broker, f"voice/{node_id}/#")
+        agent = RunningAgent(AgentProcess(path, tmp_path / f"{node_id}.log"), topics, capture, watcher)
+        agent.process.start()
+        started.append(agent)
+        agent.wait_online()
+        return agent
+
+    yield start
+    for agent in started:
+        if agent.process.alive():
+            agent.process.signal(signal.SIGTERM)
+        agent.watcher.close()

@@ -1,0 +1,222 @@
+"""Real parts for integration tests: a Mosquitto broker, MQTT watchers and publishers, the agent
+as a subprocess, and numbers about captured audio. No mocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+TIMEOUT: Final = 60.0
+"""Upper bound for any wait in a test: slow machines pass, hangs fail."""
+ROOT: Final = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT, what: str = "") -> None:
+    """Poll condition until true; fail the test after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(0.02)
+
+
+class Broker:
+    """A real Mosquitto in the foreground on a free loopback port, with persistence."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.config = workdir / "mosquitto.conf"
+        lines = [
+            f"listener {self.port} {self.host}",
+            "allow_anonymous true",
+            "set_tcp_nodelay true",
+            "persistence true",
+            f"persistence_location {workdir}/",
+            "autosave_interval 1",
+            "max_queued_messages 10000",
+            "log_type all",
+        ]
+        if os.geteuid() == 0:
+            lines.append("user root")  # else it drops to `mosquitto` and cannot persist here
+        self.config.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        self.log = workdir / "mosquitto.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start and wait until the port accepts connections."""
+        with self.log.open("ab") as log:
+            self._process = subprocess.Popen(
+                ["mosquitto", "-c", str(self.config)], stdout=log, stderr=subprocess.STDOUT
+            )
+        wait_until(self._accepts, 10, "mosquitto to listen")
+
+    def _accepts(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop with a signal and wait for the process."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(sig)
+            self._process.wait(10)
+        self._process = None
+
+
+@dataclass(frozen=True)
+class Received:
+    """One message seen by a Watcher."""
+
+    topic: str
+    payload: bytes
+    retain: bool
+
+    def json(self) -> dict[str, Any]:
+        """The payload as a JSON object."""
+        value = json.loads(self.payload)
+        assert isinstance(value, dict)
+        return value
+
+
+class Watcher:
+    """A real paho client that records every message on the given topic filters."""
+
+    def __init__(self, broker: Broker, *topics: str) -> None:
+        self.messages: list[Received] = []
+        self._lock = threading.Lock()
+        self._subscribed = threading.Event()
+        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+        self._client.on_message = self._on_message
+        self._client.on_subscribe = lambda *_args: self._subscribed.set()
+        self._client.connect(broker.host, broker.port)
+        self._client.subscribe([(t, 1) for t in topics])
+        self._client.loop_start()
+        assert self._subscribed.wait(10), "no SUBACK"
+
+    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        with self._lock:
+            self.messages.append(Received(msg.topic, msg.payload, bool(msg.retain)))
+
+    def snapshot(self) -> list[Received]:
+        """A copy of what arrived so far."""
+        with self._lock:
+            return list(self.messages)
+
+    def events(self, request_id: str | None = None) -> list[dict[str, Any]]:
+        """Lifecycle events seen so far (optionally only those of one request id)."""
+        found = [m.json() for m in self.snapshot() if m.topic.endswith("/events")]
+        return [e for e in found if request_id is None or e["id"] == request_id]
+
+    def wait_event(self, request_id: str, event: str, timeout: float = TIMEOUT) -> dict[str, Any]:
+        """Wait for one event of a request id, and return it."""
+
+        def found() -> list[dict[str, Any]]:
+            return [e for e in self.events(request_id) if e["event"] == event]
+
+        wait_until(lambda: bool(found()), timeout, f"{event} of {request_id}")
+        return found()[0]
+
+    def wait_payload(self, topic: str, payload: bytes, timeout: float = TIMEOUT) -> Received:
+        """Wait for a message with exactly this payload on topic."""
+
+        def found() -> list[Received]:
+            return [m for m in self.snapshot() if m.topic == topic and m.payload == payload]
+
+        wait_until(lambda: bool(found()), timeout, f"{payload!r} on {topic}")
+        return found()[-1]
+
+    def close(self) -> None:
+        """Disconnect."""
+        self._client.loop_stop()
+        self._client.disconnect()
+
+
+def publish(broker: Broker, topic: str, payload: bytes, qos: int = 1) -> None:
+    """Publish with the real `mosquitto_pub` client (payload read raw from stdin)."""
+    args = ["mosquitto_pub", "-h", broker.host, "-p", str(broker.port), "-t", topic, "-q", str(qos)]
+    args += ["-s"] if payload else ["-n"]
+    subprocess.run(args, input=payload, check=True, timeout=TIMEOUT)
+
+
+class AgentProcess:
+    """`python -m agent run` as a subprocess, as a user or systemd would start it."""
+
+    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.log = log
+        self.env = {**os.environ, **(env or {})}
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it (returns at once; wait for `online` to know it is ready)."""
+        with self.log.open("ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "agent", "run", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=ROOT,
+            )
+
+    def signal(self, sig: int) -> int:
+        """Send a signal and wait for the exit; returns the exit code."""
+        assert self._process is not None
+        if self._process.poll() is None:
+            self._process.send_signal(sig)
+        code = self._process.wait(TIMEOUT)
+        self._process = None
+        return code
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self._process is not None and self._process.poll() is None
+
+    def output(self) -> str:
+        """Everything it logged so far."""
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+
+def read_pcm(path: Path) -> npt.NDArray[np.int16]:
+    """16-bit little-endian mono samples from a raw capture file."""
+    return np.frombuffer(path.read_bytes(), dtype="<i2").astype(np.int16)
+
+
+def speech_stats(samples: npt.NDArray[np.int16], rate: int) -> dict[str, float]:
+    """Duration, RMS level (dBFS) and the share of 20 ms frames louder than -45 dBFS."""
+    audio = samples.astype(np.float64) / 32768.0
+    frame = rate // 50
+    frames = audio[: len(audio) // frame * frame].reshape(-1, frame)
+    frame_db = 10 * np.log10(np.mean(frames**2, axis=1) + 1e-12)
+    return {
+        "seconds": len(audio) / rate,
+        "rms_dbfs": float(10 * np.log10(np.mean(audio**2) + 1e-12)),
+        "voiced_share": float(np.mean(frame_db > -45)) if len(frames) else 0.0,
+    }

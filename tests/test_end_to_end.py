@@ -1,0 +1,158 @@
+"""End to end on real parts: Mosquitto, mosquitto_pub, the agent subprocess with the joe voice,
+and ALSA's file PCM capturing exactly what was played."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from tests.conftest import RunningAgent, StartAgent
+from tests.support import Broker, Watcher, publish, read_pcm, speech_stats, wait_until
+
+pytestmark = [pytest.mark.broker, pytest.mark.voice]
+
+RATE = 22050  # en_US-joe-medium
+
+
+def assert_speech(agent: RunningAgent, finished: dict[str, object], low: float, high: float) -> None:
+    """The capture holds plausible speech of the length the `finished` event reports."""
+    samples = read_pcm(agent.capture)
+    stats = speech_stats(samples, RATE)
+    assert low <= stats["seconds"] <= high, stats
+    assert stats["seconds"] == pytest.approx(finished["audio_seconds"], abs=0.002)
+    assert stats["rms_dbfs"] > -40, stats  # joe speaks at about -26 dBFS RMS
+    assert stats["voiced_share"] > 0.5, stats
+
+
+def test_json_speak_is_spoken_with_lifecycle_events(start_agent: StartAgent, broker: Broker) -> None:
+    agent = start_agent()
+    payload = {"id": "door-1", "text": "The front door is open."}
+    publish(broker, agent.topics.speak, json.dumps(payload).encode())
+
+    finished = agent.watcher.wait_event("door-1", "finished")
+    assert [e["event"] for e in agent.watcher.events("door-1")] == [
+        "accepted",
+        "started",
+        "finished",
+    ]
+    assert all(e["node"] == agent.topics.node_id and e["ts"].endswith("Z") for e in agent.watcher.events())
+    assert_speech(agent, finished, 0.8, 3.0)
+
+
+def test_plain_text_payload_gets_an_id_and_is_spoken(
+    start_agent: StartAgent, broker: Broker
+) -> None:
+    agent = start_agent()
+    publish(broker, agent.topics.speak, "Pump three is running. Pressure is normal.".encode())
+
+    wait_until(lambda: any(e["event"] == "finished" for e in agent.watcher.events()))
+    (finished,) = [e for e in agent.watcher.events() if e["event"] == "finished"]
+    assert len(finished["id"]) == 32  # a generated uuid4 hex
+    assert_speech(agent, finished, 1.5, 6.0)
+
+
+def test_fleet_topic_reaches_the_node(start_agent: StartAgent, broker: Broker) -> None:
+    agent = start_agent()
+    publish(broker, agent.topics.speak_all, b'{"id": "all-1", "text": "Attention all stations."}')
+
+    finished = agent.watcher.wait_event("all-1", "finished")
+    assert_speech(agent, finished, 0.8, 4.0)
+
+
+def test_unknown_fields_are_reported_in_accepted(start_agent: StartAgent, broker: Broker) -> None:
+    agent = start_agent()
+    publish(broker, agent.topics.speak, b'{"id": "u1", "text": "Hello.", "colour": "red"}')
+
+    accepted = agent.watcher.wait_event("u1", "accepted")
+    assert accepted["unknown_fields"] == ["colour"]
+    agent.watcher.wait_event("u1", "finished")
+
+
+def test_online_is_retained_and_sigkill_leaves_offline(start_agent: StartAgent, broker: Broker) -> None:
+    agent = start_agent()
+    late = Watcher(broker, agent.topics.status)  # subscribes after start: sees the retained copy
+    try:
+        online = late.wait_payload(agent.topics.status, b"online")
+        assert online.retain
+
+        agent.process.signal(signal.SIGKILL)
+        late.wait_payload(agent.topics.status, b"offline", timeout=10)  # the Last Will
+    finally:
+        late.close()
+    again = Watcher(broker, agent.topics.status)
+    try:
+        assert again.wait_payload(agent.topics.status, b"offline").retain
+    finally:
+        again.close()
+
+
+def test_clean_stop_publishes_offline(start_agent: StartAgent) -> None:
+    agent = start_agent()
+    assert agent.process.signal(signal.SIGTERM) == 0
+    agent.watcher.wait_payload(agent.topics.status, b"offline", timeout=10)
+
+
+def test_messages_published_while_killed_are_spoken_once_after_restart(
+    start_agent: StartAgent, broker: Broker
+) -> None:
+    agent = start_agent()  # creates the persistent session and its subscriptions
+    agent.process.signal(signal.SIGKILL)
+    ids = [f"queued-{n}" for n in range(5)]
+    for n, request_id in enumerate(ids):
+        text = f"Message number {n + 1}."
+        publish(broker, agent.topics.speak, json.dumps({"id": request_id, "text": text}).encode())
+
+    agent.process.start()
+    for request_id in ids:
+        agent.watcher.wait_event(request_id, "finished")
+    time.sleep(1.0)  # room for any duplicate to show up
+    for request_id in ids:
+        kinds = [e["event"] for e in agent.watcher.events(request_id)]
+        assert kinds == ["accepted", "started", "finished"], (request_id, kinds)
+    finished_order = [e["id"] for e in agent.watcher.events() if e["event"] == "finished"]
+    assert finished_order == ids  # first in, first out
+
+
+def test_bad_input_is_rejected_and_the_agent_keeps_serving(
+    start_agent: StartAgent, broker: Broker
+) -> None:
+    agent = start_agent(max_payload_bytes=1024)
+    bad = {
+        "utf8": b"\xff\xfe not text \xc3\x28",
+        "types": b'{"id": "types", "text": ["not", "a", "string"]}',
+        "empty": b'{"id": "empty", "text": "   "}',
+        "large": json.dumps({"id": "large", "text": "x" * 2000}).encode(),
+        "json": b'{"id": "broken", "text": ',
+    }
+    for payload in bad.values():
+        publish(broker, agent.topics.speak, payload)
+    publish(broker, agent.topics.speak, b'{"id": "after", "text": "Still here."}')
+
+    agent.watcher.wait_event("after", "finished")
+    rejected = [e for e in agent.watcher.events() if e["event"] == "rejected"]
+    reasons = sorted(e["reason"] for e in rejected)
+    assert reasons == sorted(
+        ["invalid_utf8", "invalid_field", "empty_text", "payload_too_large", "invalid_json"]
+    )
+    assert next(e for e in rejected if e["reason"] == "invalid_field")["field"] == "text"
+    assert {e["id"] for e in rejected} >= {"types", "empty"}
+    assert agent.process.alive()
+
+
+def test_same_id_twice_is_spoken_once(start_agent: StartAgent, broker: Broker) -> None:
+    agent = start_agent()
+    payload = b'{"id": "twice", "text": "Only once."}'
+    publish(broker, agent.topics.speak, payload)
+    publish(broker, agent.topics.speak_all, payload)
+    publish(broker, agent.topics.speak, b'{"id": "marker", "text": "Done."}')
+
+    agent.watcher.wait_event("marker", "finished")
+    kinds = [e["event"] for e in agent.watcher.events("twice")]
+    assert kinds.count("finished") == 1
+    assert kinds.count("rejected") == 1
+    assert next(e for e in agent.watcher.events("twice") if e["event"] == "rejected")[
+        "reason"
+    ] == "duplicate_id"
