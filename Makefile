@@ -17,8 +17,8 @@ test: $(STAMP)  ## every test: unit, and integration against a real Mosquitto an
 	$(VENV)/bin/pytest
 
 lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
-	$(VENV)/bin/ruff check agent tests
-	$(VENV)/bin/ruff format --check agent tests
+	$(VENV)/bin/ruff check agent tests scripts
+	$(VENV)/bin/ruff format --check agent tests scripts
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)  ## benchmarks against piper-tts (placeholder until the benchmark issue)

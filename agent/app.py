@@ -117,7 +117,9 @@ class App:
             case Acknowledge(delivery):
                 self._link.ack(delivery)
             case Notify(request_id, event, details):
-                payload = encode_event(self._config.node_id, request_id, event, details, time.time())
+                payload = encode_event(
+                    self._config.node_id, request_id, event, details, time.time()
+                )
                 self._link.publish(self._topics.events, payload)
                 _LOGGER.info("%s %s %s", request_id, event, dict(details) or "")
             case Synthesize(request):

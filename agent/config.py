@@ -1,4 +1,4 @@
-"""Typed, frozen configuration: loaded from YAML, overridden from the environment, validated at once.
+"""Typed, frozen configuration: read from YAML, overridden from the environment, validated at once.
 
 Every problem in a file is collected and reported together, each with its key path, so a bad
 config fails at start with one message. Allowed imports: stdlib and yaml.
@@ -141,7 +141,9 @@ class SpeakConfig:
         _between(16, 1048576),
     )
     queue_size: int = _key(
-        "Most announcements waiting to be spoken (count); more are rejected.", 64, _between(1, 10000)
+        "Most announcements waiting to be spoken (count); more are rejected.",
+        64,
+        _between(1, 10000),
     )
     remembered_ids: int = _key(
         "How many recent message ids are remembered to speak each id once (count).",
@@ -264,7 +266,9 @@ class _EnvValue:
 
 def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
     if not isinstance(raw, dict):
-        problems.append(f"{prefix.rstrip('.') or '(top level)'}: expected a mapping, got {_kind(raw)}")
+        problems.append(
+            f"{prefix.rstrip('.') or '(top level)'}: expected a mapping, got {_kind(raw)}"
+        )
         return None
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
@@ -278,7 +282,9 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
         path = f"{prefix}{f.name}"
         hint = hints[f.name]
         if is_dataclass(hint):
-            values[f.name] = _build(typing.cast(type, hint), raw.get(f.name, {}), f"{path}.", problems)
+            values[f.name] = _build(
+                typing.cast(type, hint), raw.get(f.name, {}), f"{path}.", problems
+            )
         elif f.name in raw:
             values[f.name] = _value(raw[f.name], hint, path, f.metadata["check"], problems)
     return cls(**values)
@@ -292,7 +298,9 @@ def _value(
         where = f"{path} (from ${raw.var})"
         raw = _from_env(raw.text, hint)
     optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
-    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    base = (
+        next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
+    )
     if raw is None:
         if not optional:
             problems.append(f"{where}: expected {_expected(base)}, got null")
@@ -339,7 +347,9 @@ def _expected(base: Any) -> str:
 def _kind(raw: Any) -> str:
     if isinstance(raw, _EnvValue):
         return "string"
-    return {dict: "a mapping", list: "a list", type(None): "null"}.get(type(raw), type(raw).__name__)
+    return {dict: "a mapping", list: "a list", type(None): "null"}.get(
+        type(raw), type(raw).__name__
+    )
 
 
 def resolve_cache_dir(config: CacheConfig, environ: Mapping[str, str]) -> Path:

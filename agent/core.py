@@ -62,7 +62,7 @@ class SpeakCore:
         """Requests accepted and not yet handed to the synthesizer."""
         return len(self._pending)
 
-    def handle(self, event: Event) -> list[Action]:
+    def handle(self, event: Event) -> list[Action]:  # noqa: PLR0911 - one return per event kind
         """Decide the actions that follow from one event."""
         match event:
             case SpeakReceived(request, delivery):
@@ -79,16 +79,22 @@ class SpeakCore:
                 return [Notify(request_id, Lifecycle.STARTED)]
             case UtteranceEnded(request_id, audio_seconds, None, _):
                 return [
-                    Notify(request_id, Lifecycle.FINISHED, {"audio_seconds": round(audio_seconds, 3)})
+                    Notify(
+                        request_id, Lifecycle.FINISHED, {"audio_seconds": round(audio_seconds, 3)}
+                    )
                 ]
             case UtteranceEnded(request_id, _, error, detail):
-                return [Notify(request_id, Lifecycle.FAILED, {"reason": str(error), "detail": detail})]
+                return [
+                    Notify(request_id, Lifecycle.FAILED, {"reason": str(error), "detail": detail})
+                ]
         raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
 
     def _on_speak(self, request: SpeakRequest) -> list[Action]:
         if request.id in self._seen:
             return [
-                _rejected(Rejection(request.id, Reason.DUPLICATE_ID, "this id was already accepted"))
+                _rejected(
+                    Rejection(request.id, Reason.DUPLICATE_ID, "this id was already accepted")
+                )
             ]
         if len(self._pending) >= self._queue_size:
             full = f"{self._queue_size} announcements waiting"

@@ -43,7 +43,7 @@ _CONNACK_TIMEOUT: Final = 10.0
 _MAX_QUEUED_OUT: Final = 10000
 
 
-class ConnectRefused(ConnectionError):
+class ConnectRefusedError(ConnectionError):
     """The broker answered CONNECT with a failure reason code."""
 
 
@@ -128,7 +128,7 @@ class MqttLink:
         while not self._stopping.is_set():
             try:
                 self._connect_with_backoff(first=first)
-            except Exception:  # noqa: BLE001 - only raised once stopping
+            except Exception:
                 return
             first = False
             self._client.loop_forever()  # returns when the connection ends
@@ -143,7 +143,7 @@ class MqttLink:
             ),
             retry=retry_if_exception_type(OSError),
             stop=stop_when_event_set(self._stopping),
-            sleep=self._stopping.wait,
+            sleep=self._sleep,
             before_sleep=self._log_retry,
             reraise=True,
         )
@@ -156,7 +156,7 @@ class MqttLink:
         """One connection attempt: TCP connect, CONNECT, wait for a successful CONNACK."""
         self._connack = None
         if first:
-            properties = Properties(PacketTypes.CONNECT)
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             properties.SessionExpiryInterval = self._config.session_expiry
             properties.ReceiveMaximum = self._config.receive_maximum
             self._client.connect(
@@ -179,7 +179,10 @@ class MqttLink:
                 self._client.disconnect()
                 raise TimeoutError("no CONNACK from the broker")
         if self._connack.is_failure:
-            raise ConnectRefused(f"broker refused the connection: {self._connack}")
+            raise ConnectRefusedError(f"broker refused the connection: {self._connack}")
+
+    def _sleep(self, seconds: float) -> None:
+        self._stopping.wait(seconds)  # a stop request ends the wait at once
 
     def _log_retry(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -245,6 +248,6 @@ class MqttLink:
                 _LOGGER.warning("Message on unexpected topic %s ignored", message.topic)
                 self.ack(delivery)
                 return
-            handler(message.payload, delivery)
+            handler(bytes(message.payload), delivery)
         except Exception:
             _LOGGER.exception("Handling a message on %s failed", message.topic)

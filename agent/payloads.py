@@ -19,7 +19,9 @@ SPEAK_FIELDS: Final = frozenset({"id", "text"})
 MAX_ID_CHARS: Final = 128
 
 
-def parse_speak(payload: bytes, max_bytes: int, new_id: Callable[[], str]) -> SpeakRequest | Rejection:
+def parse_speak(
+    payload: bytes, max_bytes: int, new_id: Callable[[], str]
+) -> SpeakRequest | Rejection:
     """Parse a speak payload: plain UTF-8 text, or a JSON object when it starts with '{'."""
     if len(payload) > max_bytes:
         return Rejection(

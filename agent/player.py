@@ -132,7 +132,7 @@ class Player:
             return None
         try:
             self._pcm, self._period_frames = self._open_pcm()
-        except Exception as err:  # noqa: BLE001 - ALSA reports every open failure this way
+        except Exception as err:
             _LOGGER.error("Cannot open the audio device: %s", err)
             return str(err)
         return None
@@ -151,7 +151,7 @@ class Player:
             if chunk.pcm is not None and error is None:
                 try:
                     frames += self._play(chunk.id, chunk.pcm, first=frames == 0)
-                except Exception as err:  # noqa: BLE001 - any device error fails this utterance
+                except Exception as err:
                     error = (Reason.AUDIO_ERROR, str(err))
             if chunk.end:
                 self._end(chunk, frames, error)
@@ -187,7 +187,7 @@ class Player:
         if error is None and frames and self._pcm is not None:
             try:
                 self._pcm.drain()
-            except Exception as err:  # noqa: BLE001 - a device lost while draining
+            except Exception as err:
                 self._close_after_error()
                 error = (Reason.AUDIO_ERROR, str(err))
         if error is None and chunk.error is not None:
@@ -202,6 +202,6 @@ class Player:
         if self._pcm is not None:
             try:
                 self._pcm.close()
-            except Exception:  # noqa: BLE001 - closing a broken device may fail too
+            except Exception:
                 _LOGGER.debug("Closing the failed PCM raised", exc_info=True)
             self._pcm = None

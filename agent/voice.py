@@ -77,7 +77,9 @@ class Voice:
         config_path = Path(f"{model_path}.json")
         config = PiperConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
         if config.phoneme_type != PhonemeType.ESPEAK:
-            raise ValueError(f"{config_path}: phoneme_type {config.phoneme_type.value!r} unsupported")
+            raise ValueError(
+                f"{config_path}: phoneme_type {config.phoneme_type.value!r} unsupported"
+            )
         model_bytes = model_path.read_bytes()
         digest = hashlib.sha256(model_bytes).hexdigest()
         session = _session(model_bytes, digest, threads, cache_dir)
@@ -118,7 +120,8 @@ class Voice:
 
 def to_pcm16(audio: npt.NDArray[np.float32]) -> PCM16:
     """Float samples in [-1, 1] to 16-bit PCM (clipped; the same rounding as piper-tts)."""
-    return np.clip(audio * _MAX_INT16, -_MAX_INT16, _MAX_INT16).astype(np.int16)
+    pcm: PCM16 = np.clip(audio * _MAX_INT16, -_MAX_INT16, _MAX_INT16).astype(np.int16)
+    return pcm
 
 
 def _options(threads: int, level: ort.GraphOptimizationLevel) -> ort.SessionOptions:
@@ -148,7 +151,7 @@ def _session(
     if cached.is_file():
         try:
             return ort.InferenceSession(str(cached), load_options, providers=providers)
-        except Exception:  # noqa: BLE001 - any load failure means a damaged copy: rebuild it
+        except Exception:
             _LOGGER.warning("Optimized model %s is damaged; rebuilding it", cached)
             cached.unlink(missing_ok=True)
     models.mkdir(parents=True, exist_ok=True)

@@ -80,9 +80,7 @@ StartAgent = Callable[..., RunningAgent]
 
 
 @pytest.fixture
-def start_agent(
-    broker: Broker, tmp_path: Path, cache_dir: Path
-) -> Iterator[StartAgent]:
+def start_agent(broker: Broker, tmp_path: Path, cache_dir: Path) -> Iterator[StartAgent]:
     """Start the real agent (real voice unless `voice` is given) against the test's broker."""
     started: list[RunningAgent] = []
 
@@ -101,7 +99,9 @@ def start_agent(
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         topics = Topics("voice", node_id)
         watcher = Watcher(broker, f"voice/{node_id}/#")
-        agent = RunningAgent(AgentProcess(path, tmp_path / f"{node_id}.log"), topics, capture, watcher)
+        agent = RunningAgent(
+            AgentProcess(path, tmp_path / f"{node_id}.log"), topics, capture, watcher
+        )
         agent.process.start()
         started.append(agent)
         agent.wait_online()

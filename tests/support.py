@@ -123,7 +123,7 @@ class Watcher:
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
         with self._lock:
-            self.messages.append(Received(msg.topic, msg.payload, bool(msg.retain)))
+            self.messages.append(Received(msg.topic, bytes(msg.payload), bool(msg.retain)))
 
     def snapshot(self) -> list[Received]:
         """A copy of what arrived so far."""

@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.broker, pytest.mark.voice]
 RATE = 22050  # en_US-joe-medium
 
 
-def assert_speech(agent: RunningAgent, finished: dict[str, object], low: float, high: float) -> None:
+def assert_speech(
+    agent: RunningAgent, finished: dict[str, object], low: float, high: float
+) -> None:
     """The capture holds plausible speech of the length the `finished` event reports."""
     samples = read_pcm(agent.capture)
     stats = speech_stats(samples, RATE)
@@ -27,7 +29,9 @@ def assert_speech(agent: RunningAgent, finished: dict[str, object], low: float, 
     assert stats["voiced_share"] > 0.5, stats
 
 
-def test_json_speak_is_spoken_with_lifecycle_events(start_agent: StartAgent, broker: Broker) -> None:
+def test_json_speak_is_spoken_with_lifecycle_events(
+    start_agent: StartAgent, broker: Broker
+) -> None:
     agent = start_agent()
     payload = {"id": "door-1", "text": "The front door is open."}
     publish(broker, agent.topics.speak, json.dumps(payload).encode())
@@ -38,7 +42,9 @@ def test_json_speak_is_spoken_with_lifecycle_events(start_agent: StartAgent, bro
         "started",
         "finished",
     ]
-    assert all(e["node"] == agent.topics.node_id and e["ts"].endswith("Z") for e in agent.watcher.events())
+    assert all(
+        e["node"] == agent.topics.node_id and e["ts"].endswith("Z") for e in agent.watcher.events()
+    )
     assert_speech(agent, finished, 0.8, 3.0)
 
 
@@ -46,7 +52,7 @@ def test_plain_text_payload_gets_an_id_and_is_spoken(
     start_agent: StartAgent, broker: Broker
 ) -> None:
     agent = start_agent()
-    publish(broker, agent.topics.speak, "Pump three is running. Pressure is normal.".encode())
+    publish(broker, agent.topics.speak, b"Pump three is running. Pressure is normal.")
 
     wait_until(lambda: any(e["event"] == "finished" for e in agent.watcher.events()))
     (finished,) = [e for e in agent.watcher.events() if e["event"] == "finished"]
@@ -71,7 +77,9 @@ def test_unknown_fields_are_reported_in_accepted(start_agent: StartAgent, broker
     agent.watcher.wait_event("u1", "finished")
 
 
-def test_online_is_retained_and_sigkill_leaves_offline(start_agent: StartAgent, broker: Broker) -> None:
+def test_online_is_retained_and_sigkill_leaves_offline(
+    start_agent: StartAgent, broker: Broker
+) -> None:
     agent = start_agent()
     late = Watcher(broker, agent.topics.status)  # subscribes after start: sees the retained copy
     try:
@@ -153,6 +161,7 @@ def test_same_id_twice_is_spoken_once(start_agent: StartAgent, broker: Broker) -
     kinds = [e["event"] for e in agent.watcher.events("twice")]
     assert kinds.count("finished") == 1
     assert kinds.count("rejected") == 1
-    assert next(e for e in agent.watcher.events("twice") if e["event"] == "rejected")[
-        "reason"
-    ] == "duplicate_id"
+    assert (
+        next(e for e in agent.watcher.events("twice") if e["event"] == "rejected")["reason"]
+        == "duplicate_id"
+    )

@@ -19,7 +19,7 @@ SAMPLES_PER_ID: Final = 256
 SAMPLE_RATE: Final = 22050
 
 
-def write_tiny_voice(directory: Path, name: str = "tiny.onnx") -> Path:
+def write_tiny_voice(directory: Path, name: str = "tiny.onnx", gain: float = 0.004) -> Path:
     """Write `name` and `name.json` into directory; returns the model path."""
     wave = np.sin(np.arange(SAMPLES_PER_ID) * 2 * np.pi * 4 / SAMPLES_PER_ID).astype(np.float32)
     nodes = [
@@ -39,7 +39,7 @@ def write_tiny_voice(directory: Path, name: str = "tiny.onnx") -> Path:
         ],
         outputs=[helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 1, "t"])],
         initializer=[
-            numpy_helper.from_array(np.array([0.004], dtype=np.float32), "gain"),
+            numpy_helper.from_array(np.array([gain], dtype=np.float32), "gain"),
             numpy_helper.from_array(np.array([2], dtype=np.int64), "axis2"),
             numpy_helper.from_array(wave.reshape(1, 1, SAMPLES_PER_ID), "wave"),
             numpy_helper.from_array(np.array([1, 1, 1, -1], dtype=np.int64), "out_shape"),

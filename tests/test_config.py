@@ -1,0 +1,149 @@
+"""Configuration: defaults, all problems reported at once with key paths, env overrides, docs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent import config as cfg
+from agent.config import ConfigError, from_mapping, key_docs, load
+from tests.support import ROOT
+
+
+def test_default_file_loads_and_matches_the_dataclass_defaults() -> None:
+    loaded = load(cfg.DEFAULT_CONFIG_PATH, environ={}, hostname=lambda: "pi.local")
+    assert loaded == from_mapping({}, environ={}, hostname=lambda: "pi.local")
+    assert loaded.node_id == "pi-local"
+    assert loaded.mqtt.topic_prefix == "voice"
+    assert loaded.audio.device == "default"
+    assert loaded.tts.voice is None
+
+
+def test_default_file_documents_every_key_and_nothing_else() -> None:
+    raw = yaml.safe_load(cfg.DEFAULT_CONFIG_PATH.read_text(encoding="utf-8"))
+
+    def leaves(node: dict[str, object], prefix: str = "") -> set[str]:
+        out: set[str] = set()
+        for key, value in node.items():
+            if isinstance(value, dict):
+                out |= leaves(value, f"{prefix}{key}.")
+            else:
+                out.add(f"{prefix}{key}")
+        return out
+
+    assert leaves(raw) == set(key_docs())
+    text = cfg.DEFAULT_CONFIG_PATH.read_text(encoding="utf-8")
+    for path in key_docs():
+        leaf = path.rsplit(".", 1)[-1]
+        # every key is preceded by a comment line explaining it
+        assert re.search(rf"#.*\n\s*{leaf}:", text), path
+
+
+def test_readme_config_reference_lists_every_key() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    missing = [path for path in key_docs() if f"`{path}`" not in readme]
+    assert not missing
+
+
+def test_three_mistakes_are_reported_together_with_key_paths() -> None:
+    raw = {"node_id": "bad id!", "mqtt": {"port": "abc"}, "tts": {"threads": -1}}
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(raw, "test.yaml", environ={})
+    message = str(caught.value)
+    assert "3 problems" in message
+    for path in ("node_id", "mqtt.port", "tts.threads"):
+        assert f"  - {path}: " in message, message
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"mqtt": {"hots": "x"}}, "mqtt.hots: unknown key"),
+        ({"mqtt": "broker"}, "mqtt: expected a mapping"),
+        ({"mqtt": {"port": 70000}}, "mqtt.port: expected a value from 1 to 65535"),
+        ({"mqtt": {"port": True}}, "mqtt.port: expected an integer"),
+        ({"mqtt": {"topic_prefix": "a/#"}}, "mqtt.topic_prefix: expected a topic without"),
+        ({"mqtt": {"password_file": "/nonexistent/pw"}}, "mqtt.password_file: no readable file"),
+        ({"node_id": "all"}, "node_id: 'all' is reserved"),
+        ({"tts": {"voice": "/nonexistent.onnx"}}, "tts.voice: no such model file"),
+        ({"audio": {"device": None}}, "audio.device: expected a string, got null"),
+        ({"speak": {"queue_size": 0}}, "speak.queue_size: expected a value from 1"),
+    ],
+)
+def test_each_kind_of_mistake_names_its_key(raw: dict[str, object], problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(raw, environ={})
+    assert problem in str(caught.value)
+
+
+def test_voice_without_its_json_is_refused(tmp_path: Path) -> None:
+    model = tmp_path / "v.onnx"
+    model.write_bytes(b"onnx")
+    with pytest.raises(ConfigError, match=r"tts.voice: the voice config .*v.onnx.json is missing"):
+        from_mapping({"tts": {"voice": str(model)}}, environ={})
+
+
+def test_environment_overrides_deployment_values(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    env = {
+        "VOICE_AGENT_MQTT_HOST": "broker.lan",
+        "VOICE_AGENT_MQTT_PORT": "8883",
+        "VOICE_AGENT_MQTT_USERNAME": "pi",
+        "VOICE_AGENT_MQTT_PASSWORD_FILE": str(secret),
+        "VOICE_AGENT_NODE_ID": "kitchen",
+        "VOICE_AGENT_AUDIO_DEVICE": "plughw:1,0",
+    }
+    loaded = from_mapping({"mqtt": {"host": "ignored"}}, environ=env)
+    assert (loaded.mqtt.host, loaded.mqtt.port, loaded.mqtt.username) == ("broker.lan", 8883, "pi")
+    assert loaded.mqtt.password_file == secret
+    assert (loaded.node_id, loaded.audio.device) == ("kitchen", "plughw:1,0")
+
+
+def test_a_bad_environment_value_names_its_variable() -> None:
+    with pytest.raises(ConfigError, match=r"mqtt.port \(from \$VOICE_AGENT_MQTT_PORT\)"):
+        from_mapping({}, environ={"VOICE_AGENT_MQTT_PORT": "eighty"})
+
+
+def test_yaml_syntax_and_missing_file_are_config_errors(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("mqtt: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(broken, environ={})
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        load(tmp_path / "absent.yaml", environ={})
+
+
+def test_cache_dir_resolution() -> None:
+    section = cfg.CacheConfig()
+    assert cfg.resolve_cache_dir(section, {"CACHE_DIRECTORY": "/var/cache/va"}) == Path(
+        "/var/cache/va"
+    )
+    assert cfg.resolve_cache_dir(section, {"XDG_CACHE_HOME": "/x"}) == Path("/x/voice-agent")
+    assert cfg.resolve_cache_dir(cfg.CacheConfig(dir=Path("/c")), {}) == Path("/c")
+
+
+def test_check_config_cli_exits_non_zero_naming_all_three_paths(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("node_id: 'a b'\nmqtt:\n  port: abc\ntts:\n  threads: 999\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "agent", "check-config", str(bad)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    for path in ("node_id", "mqtt.port", "tts.threads"):
+        assert f"- {path}:" in result.stderr
+    good = subprocess.run(
+        [sys.executable, "-m", "agent", "check-config", str(cfg.DEFAULT_CONFIG_PATH)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert good.returncode == 0, good.stderr

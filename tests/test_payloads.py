@@ -1,0 +1,85 @@
+"""Speak payload parsing and event encoding: every input gets a request or a reasoned rejection."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from agent.messages import Lifecycle, Reason, Rejection, SpeakRequest
+from agent.payloads import encode_event, parse_speak
+
+LIMIT = 256
+
+
+def parse(payload: bytes) -> SpeakRequest | Rejection:
+    counter = itertools.count(1)
+    return parse_speak(payload, LIMIT, lambda: f"gen-{next(counter)}")
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (b"The door is open.", SpeakRequest("gen-1", "The door is open.")),
+        (b"  padded text \n", SpeakRequest("gen-1", "padded text")),
+        (b'"quoted" is text', SpeakRequest("gen-1", '"quoted" is text')),
+        (b'{"text": "Hi", "id": "a1"}', SpeakRequest("a1", "Hi")),
+        (b' \n{"text": "Hi"}', SpeakRequest("gen-1", "Hi")),
+        (b'{"text": "Hi", "id": 42}', SpeakRequest("42", "Hi")),
+        (b'{"text": "Hi", "id": "x", "zz": 1, "aa": 2}', SpeakRequest("x", "Hi", ("aa", "zz"))),
+        ("Grüße aus Köln".encode(), SpeakRequest("gen-1", "Grüße aus Köln")),
+    ],
+)
+def test_valid_payloads(payload: bytes, expected: SpeakRequest) -> None:
+    assert parse(payload) == expected
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason", "field", "request_id"),
+    [
+        (b"x" * (LIMIT + 1), Reason.PAYLOAD_TOO_LARGE, None, "gen-1"),
+        (b"caf\xe9", Reason.INVALID_UTF8, None, "gen-1"),
+        (b"{not json", Reason.INVALID_JSON, None, "gen-1"),
+        (b'{"text": "a"} trailing', Reason.INVALID_JSON, None, "gen-1"),
+        (b"{" * 200, Reason.INVALID_JSON, None, "gen-1"),
+        (b'{"id": "k"}', Reason.INVALID_FIELD, "text", "k"),
+        (b'{"id": "k", "text": null}', Reason.INVALID_FIELD, "text", "k"),
+        (b'{"id": "k", "text": 3}', Reason.INVALID_FIELD, "text", "k"),
+        (b'{"id": "k", "text": {"a": 1}}', Reason.INVALID_FIELD, "text", "k"),
+        (b'{"id": true, "text": "a"}', Reason.INVALID_FIELD, "id", "gen-1"),
+        (b'{"id": "", "text": "a"}', Reason.INVALID_FIELD, "id", "gen-1"),
+        (b'{"id": "a\\nb", "text": "a"}', Reason.INVALID_FIELD, "id", "gen-1"),
+        (json.dumps({"id": "i" * 129, "text": "a"}).encode(), Reason.INVALID_FIELD, "id", "gen-1"),
+        (b"", Reason.EMPTY_TEXT, None, "gen-1"),
+        (b" \t\n", Reason.EMPTY_TEXT, None, "gen-1"),
+        (b'{"id": "e", "text": "  "}', Reason.EMPTY_TEXT, None, "e"),
+    ],
+)
+def test_invalid_payloads_are_rejected_with_a_reason(
+    payload: bytes, reason: Reason, field: str | None, request_id: str
+) -> None:
+    result = parse(payload)
+    assert isinstance(result, Rejection)
+    assert (result.reason, result.field, result.id) == (reason, field, request_id)
+    assert result.detail
+
+
+def test_deeply_nested_json_is_rejected_not_raised() -> None:
+    deep = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    result = parse_speak(deep, len(deep), lambda: "g")
+    assert isinstance(result, Rejection)
+    assert result.reason == Reason.INVALID_JSON
+
+
+def test_event_encoding() -> None:
+    body = json.loads(
+        encode_event("kitchen", "a1", Lifecycle.FINISHED, {"audio_seconds": 1.5}, 0.25)
+    )
+    assert body == {
+        "id": "a1",
+        "event": "finished",
+        "ts": "1970-01-01T00:00:00.250Z",
+        "node": "kitchen",
+        "audio_seconds": 1.5,
+    }
