@@ -109,8 +109,8 @@ class App:
                     self._execute(action)
         finally:
             self._link.stop()
+            self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._synthesizer.stop()
-            self._player.stop()
 
     def _execute(self, action: Action) -> None:
         match action:

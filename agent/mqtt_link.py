@@ -26,6 +26,7 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_when_event_set,
+    wait_random,
     wait_random_exponential,
 )
 
@@ -136,11 +137,14 @@ class MqttLink:
 
     def _connect_with_backoff(self, *, first: bool) -> None:
         retrying = Retrying(
+            # Full jitter: uniform between reconnect_min and a doubling cap, plus up to
+            # reconnect_min more so that even the first retries of a fleet spread out.
             wait=wait_random_exponential(
                 multiplier=self._config.reconnect_min,
                 max=self._config.reconnect_max,
                 min=self._config.reconnect_min,
-            ),
+            )
+            + wait_random(0, self._config.reconnect_min),
             retry=retry_if_exception_type(OSError),
             stop=stop_when_event_set(self._stopping),
             sleep=self._sleep,
@@ -188,7 +192,7 @@ class MqttLink:
         error = state.outcome.exception() if state.outcome else None
         delay = state.next_action.sleep if state.next_action else 0.0
         _LOGGER.warning(
-            "Cannot connect to %s:%d (%s); retry %d in %.1f s",
+            "Cannot connect to %s:%d (%s); retry %d in %.2f s",
             self._config.host,
             self._config.port,
             error,

@@ -122,6 +122,9 @@ class Player:
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            _LOGGER.warning("The ALSA writer did not stop; leaving the device to process exit")
+            return
         if self._pcm is not None:
             self._pcm.close()
             self._pcm = None
@@ -164,6 +167,8 @@ class Player:
         assert self._pcm is not None  # noqa: S101 - _ensure_open succeeded
         step = self._period_frames
         for start in range(0, len(pcm), step):
+            if self._stopping.is_set():
+                break
             self._write(pcm[start : start + step].tobytes())
             if first:
                 self._report(UtteranceStarted(request_id))

@@ -60,7 +60,7 @@ class Synthesizer:
         sentences = 0
         try:
             for pcm in self._voice.synthesize(request.text):
-                if not self._put(Chunk(request.id, pcm)):
+                if self._stopping.is_set() or not self._put(Chunk(request.id, pcm)):
                     return
                 sentences += 1
         except Exception as err:

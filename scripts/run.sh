@@ -69,4 +69,11 @@ Watch what it does:
   mosquitto_sub -h $HOST -p $PORT -v -t '$PREFIX/$NODE/#'
 
 MSG
-.venv/bin/voice-agent run --config "$CONFIG"
+.venv/bin/voice-agent run --config "$CONFIG" &
+AGENT_PID=$!
+# Forward a stop request to the agent and let it say `offline` before the broker goes away.
+trap 'kill -TERM "$AGENT_PID" 2>/dev/null' INT TERM
+status=0
+wait "$AGENT_PID" || status=$?
+if kill -0 "$AGENT_PID" 2>/dev/null; then wait "$AGENT_PID" || status=$?; fi
+exit "$status"

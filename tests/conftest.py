@@ -73,7 +73,8 @@ class RunningAgent:
             mine = [m.payload for m in self.watcher.snapshot() if m.topic == status]
             return bool(mine) and mine[-1] == b"online"
 
-        wait_until(online, what="online status")
+        wait_until(lambda: online() or not self.process.alive(), what="online status")
+        assert self.process.alive(), self.process.output()
 
 
 StartAgent = Callable[..., RunningAgent]

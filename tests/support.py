@@ -109,13 +109,17 @@ class Received:
 class Watcher:
     """A real paho client that records every message on the given topic filters."""
 
-    def __init__(self, broker: Broker, *topics: str) -> None:
+    def __init__(
+        self, broker: Broker, *topics: str, username: str | None = None, password: str | None = None
+    ) -> None:
         self.messages: list[Received] = []
         self._lock = threading.Lock()
         self._subscribed = threading.Event()
         self._client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
         self._client.on_message = self._on_message
         self._client.on_subscribe = lambda *_args: self._subscribed.set()
+        if username is not None:
+            self._client.username_pw_set(username, password)
         self._client.connect(broker.host, broker.port)
         self._client.subscribe([(t, 1) for t in topics])
         self._client.loop_start()

@@ -165,3 +165,15 @@ def test_same_id_twice_is_spoken_once(start_agent: StartAgent, broker: Broker) -
         next(e for e in agent.watcher.events("twice") if e["event"] == "rejected")["reason"]
         == "duplicate_id"
     )
+
+
+def test_agent_reconnects_after_a_broker_restart(start_agent: StartAgent, broker: Broker) -> None:
+    agent = start_agent()
+    broker.stop()
+    broker.start()  # same port, persisted session
+    agent.watcher.close()
+    agent.watcher = Watcher(broker, f"voice/{agent.topics.node_id}/#")
+    agent.wait_online()  # the retained status says online again once it is back
+    publish(broker, agent.topics.speak, b'{"id": "back", "text": "Connection restored."}')
+    agent.watcher.wait_event("back", "finished")
+    assert "Disconnected from the broker" in agent.process.output()

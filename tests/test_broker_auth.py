@@ -1,0 +1,79 @@
+"""Credentials: user name from the config, password from a file, against a broker needing both."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import AgentProcess, Broker, Watcher, wait_until
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def secured_broker(tmp_path: Path) -> Broker:
+    broker = Broker(tmp_path / "secured")
+    passwd = broker.workdir / "passwd"
+    for user, password in (("agent", "s3cret pass"), ("watcher", "w")):
+        args = ["mosquitto_passwd", "-b", str(passwd), user, password]
+        if not passwd.exists():
+            args.insert(1, "-c")
+        subprocess.run(args, check=True, capture_output=True)
+    if os.geteuid() == 0:
+        passwd.chmod(0o600)
+    text = broker.config.read_text().replace("allow_anonymous true", "allow_anonymous false")
+    broker.config.write_text(text + f"password_file {passwd}\n")
+    return broker
+
+
+def agent_for(broker: Broker, tmp_path: Path, tiny_voice: Path, password: str) -> AgentProcess:
+    secret = tmp_path / f"pw-{len(password)}"
+    secret.write_text(password + "\nignored second line\n")
+    config = {
+        "node_id": "auth",
+        "mqtt": {
+            "host": broker.host,
+            "port": broker.port,
+            "username": "agent",
+            "password_file": str(secret),
+            "reconnect_min": 0.1,
+            "reconnect_max": 1.0,
+        },
+        "audio": {"device": "null"},
+        "tts": {"voice": str(tiny_voice)},
+        "cache": {"dir": str(tmp_path / "cache")},
+    }
+    path = tmp_path / f"auth-{len(password)}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return AgentProcess(path, tmp_path / f"auth-{len(password)}.log")
+
+
+def test_agent_logs_in_with_its_password_file_and_retries_when_refused(
+    secured_broker: Broker, tmp_path: Path, tiny_voice: Path
+) -> None:
+    secured_broker.start()
+    try:
+        wrong = agent_for(secured_broker, tmp_path, tiny_voice, "wrong")
+        wrong.start()
+        wait_until(
+            lambda: "broker refused the connection" in wrong.output() or not wrong.alive(),
+            what="refusal",
+        )
+        assert wrong.alive(), wrong.output()
+        assert wrong.signal(signal.SIGTERM) == 0
+
+        right = agent_for(secured_broker, tmp_path, tiny_voice, "s3cret pass")
+        right.start()
+        watcher = Watcher(secured_broker, "voice/auth/status", username="watcher", password="w")
+        try:
+            watcher.wait_payload("voice/auth/status", b"online")
+        finally:
+            watcher.close()
+            right.signal(signal.SIGTERM)
+    finally:
+        secured_broker.stop()
