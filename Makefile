@@ -17,12 +17,12 @@ test: $(STAMP)  ## every test: unit, and integration against a real Mosquitto an
 	$(VENV)/bin/pytest
 
 lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
-	$(VENV)/bin/ruff check agent tests scripts
-	$(VENV)/bin/ruff format --check agent tests scripts
+	$(VENV)/bin/ruff check agent tests scripts bench ota
+	$(VENV)/bin/ruff format --check agent tests scripts bench ota
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)  ## benchmarks against piper-tts (placeholder until the benchmark issue)
-	@echo "No benchmark yet: it arrives with the fast-speech issue (issue 3)."
+bench: $(STAMP)  ## benchmark against piper-tts: bench/results.json, bench/REPORT.md, bench/latency.png
+	$(VENV)/bin/python -m bench.run --out-dir bench
 
 clean:
 	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache *.egg-info
