@@ -37,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("text", metavar="TEXT", help="what to say")
     say.add_argument("--wav", type=Path, required=True, metavar="OUT.wav", help="output file")
     _config_option(say)
+    say.add_argument("--voice", default="default", help="voice id (default: the tts.voice one)")
     say.add_argument("--noise-scale", type=float, help="generator noise (0 = deterministic)")
     say.add_argument("--noise-w", type=float, help="phoneme width noise (0 = deterministic)")
     say.add_argument("--length-scale", type=float, help="phoneme duration factor (>1 slower)")
@@ -98,9 +99,9 @@ def _check_config(path: Path) -> int:
 def _run(config: AgentConfig) -> int:
     from .app import run  # noqa: PLC0415 - keeps `check-config` free of onnxruntime start-up
 
-    run(config, _install_signals)
+    code = run(config, _install_signals)
     _LOGGER.info("Stopped")
-    return 0
+    return code
 
 
 def _install_signals(stop: Callable[[], None]) -> None:
@@ -111,8 +112,13 @@ def _install_signals(stop: Callable[[], None]) -> None:
 def _say(config: AgentConfig, args: argparse.Namespace) -> int:
     from .app import load_voice  # noqa: PLC0415 - see _run
 
-    voice = load_voice(config)
-    params = voice.default_params
+    if args.voice != "default" and args.voice not in config.tts.voices:
+        known = ", ".join(["default", *config.tts.voices])
+        print(f"unknown voice {args.voice!r}; known: {known}", file=sys.stderr)
+        return 2
+
+    choice = load_voice(config, args.voice)
+    voice, params = choice.voice, choice.params
     if args.noise_scale is not None:
         params = replace(params, noise_scale=args.noise_scale)
     if args.noise_w is not None:

@@ -30,11 +30,12 @@ from .messages import (
     Synthesize,
 )
 from .mqtt_link import MqttLink
-from .payloads import encode_event, parse_speak
+from .payloads import SpeakLimits, encode_event, parse_speak
+from .phrase_cache import PhraseCache
 from .player import Player, alsa_opener
-from .synthesizer import Synthesizer
+from .synthesizer import Synthesizer, VoiceChoice
 from .topics import Topics
-from .voice import Voice, bundled_voice
+from .voice import SynthesisParams, Voice, bundled_voice, seed_random
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -44,51 +45,79 @@ QoS 1 messages in it; the rest are bounded per utterance by the player's buffer.
 _POLL_SECONDS: Final = 0.2
 
 
-def load_voice(config: AgentConfig) -> Voice:
-    """Load and prewarm the configured voice (the bundled one by default)."""
-    path = config.tts.voice or bundled_voice()
-    cache_dir = resolve_cache_dir(config.cache, os.environ)
+def load_voice(config: AgentConfig, voice_id: str = "default") -> VoiceChoice:
+    """Load and prewarm one voice (`default` is `tts.voice`, the bundled one when null)."""
+    tts = config.tts
+    path = (tts.voice or bundled_voice()) if voice_id == "default" else tts.voices[voice_id]
     started = time.monotonic()
-    voice = Voice.load(path, config.tts.threads, cache_dir)
+    voice = Voice.load(path, tts.threads, resolve_cache_dir(config.cache, os.environ))
     loaded = time.monotonic()
     voice.prewarm()
     _LOGGER.info(
-        "Voice %s (sha256 %s…) loaded in %.2f s, prewarmed in %.2f s",
+        "Voice %s (%s, sha256 %s…) loaded in %.2f s, prewarmed in %.2f s",
+        voice_id,
         path.name,
         voice.sha256[:12],
         loaded - started,
         time.monotonic() - loaded,
     )
-    return voice
+    base = voice.default_params
+    params = SynthesisParams(
+        base.noise_scale if tts.noise_scale is None else tts.noise_scale,
+        base.length_scale if tts.length_scale is None else tts.length_scale,
+        base.noise_w if tts.noise_w is None else tts.noise_w,
+    )
+    return VoiceChoice(voice_id, voice, params)
+
+
+def load_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
+    """Every configured voice, loaded and prewarmed (the seed, if any, set first)."""
+    if config.tts.seed is not None:
+        seed_random(config.tts.seed)
+    return {vid: load_voice(config, vid) for vid in ("default", *config.tts.voices)}
 
 
 class App:
     """One running agent: the core and its edges, wired."""
 
-    def __init__(self, config: AgentConfig, voice: Voice) -> None:
+    def __init__(self, config: AgentConfig, voices: dict[str, VoiceChoice]) -> None:
         self._config = config
         self._topics = Topics(config.mqtt.topic_prefix, config.node_id)
         self._inbox: queue.Queue[Event] = queue.Queue(maxsize=INBOX_SIZE)
-        self._core = SpeakCore(config.speak.queue_size, config.speak.remembered_ids)
+        speak = config.speak
+        self._limits = SpeakLimits(speak.max_payload_bytes, speak.max_text_chars)
+        self._core = SpeakCore(speak.queue_size, speak.remembered_ids, frozenset(voices))
         self._stopping = threading.Event()
+        rate = _common_rate(voices)
         audio = config.audio
-        opener = alsa_opener(audio.device, voice.sample_rate, audio.period_ms, audio.periods)
-        self._player = Player(opener, voice.sample_rate, self._inbox.put)
-        self._synthesizer = Synthesizer(voice, self._player.put, self._inbox.put)
-        speak = self._on_speak_message
+        opener = alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
+        self._player = Player(opener, rate, self._inbox.put)
+        cache = config.cache
+        self._cache = PhraseCache(
+            resolve_cache_dir(cache, os.environ) / "phrases", cache.memory_bytes, cache.disk_bytes
+        )
+        self._synthesizer = Synthesizer(
+            voices,
+            self._cache,
+            config.tts.first_chunk_phonemes,
+            self._player.put,
+            self._inbox.put,
+            cache.phrases,
+        )
+        on_speak = self._on_speak_message
         self._link = MqttLink(
             config.mqtt,
             client_id=f"voice-agent-{config.node_id}",
             status_topic=self._topics.status,
-            handlers={self._topics.speak: speak, self._topics.speak_all: speak},
+            handlers={self._topics.speak: on_speak, self._topics.speak_all: on_speak},
         )
 
     def request_stop(self) -> None:
         """Ask `serve` to return (safe from a signal handler: it only sets a flag)."""
         self._stopping.set()
 
-    def serve(self) -> None:
-        """Run until `request_stop`: start the edges, then feed every event to the core."""
+    def serve(self) -> int:
+        """Run until `request_stop` (0) or until the MQTT link fails for good (1)."""
         self._player.open()
         self._player.start()
         self._synthesizer.start()
@@ -101,6 +130,8 @@ class App:
         )
         try:
             while not self._stopping.is_set():
+                if self._link.failed.is_set():
+                    return 1
                 try:
                     event = self._inbox.get(timeout=_POLL_SECONDS)
                 except queue.Empty:
@@ -111,6 +142,8 @@ class App:
             self._link.stop()
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._synthesizer.stop()
+            _LOGGER.info("Phrase cache: %s", self._cache.stats())
+        return 0
 
     def _execute(self, action: Action) -> None:
         match action:
@@ -127,7 +160,7 @@ class App:
 
     def _on_speak_message(self, payload: bytes, delivery: Delivery) -> None:
         """On the MQTT thread: parse, then hand off without blocking."""
-        parsed = parse_speak(payload, self._config.speak.max_payload_bytes, _new_id)
+        parsed = parse_speak(payload, self._limits, _new_id)
         event: Event
         if isinstance(parsed, Rejection):
             event = SpeakInvalid(parsed, delivery)
@@ -143,9 +176,16 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
-def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], None]) -> None:
-    """Load the voice, then serve until a signal asks to stop."""
-    voice = load_voice(config)
-    app = App(config, voice)
+def _common_rate(voices: dict[str, VoiceChoice]) -> int:
+    """The one sample rate of all voices (the PCM stays open at one rate)."""
+    rates = {choice.voice.sample_rate for choice in voices.values()}
+    if len(rates) != 1:
+        raise ValueError(f"all voices must share one sample rate, got {sorted(rates)}")
+    return rates.pop()
+
+
+def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], None]) -> int:
+    """Load the voices, then serve until a signal asks to stop; returns the exit code."""
+    app = App(config, load_voices(config))
     install_signals(app.request_stop)
-    app.serve()
+    return app.serve()

@@ -21,12 +21,12 @@ import yaml
 DEFAULT_CONFIG_PATH: Final = Path(__file__).resolve().parent.parent / "config" / "agent.yaml"
 """The default configuration file shipped in the repository."""
 
-_NAME_RE: Final = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _RESERVED_NODE_IDS: Final = frozenset({"all", "group"})
 
 
 def _name(value: Any) -> str | None:
-    if not _NAME_RE.match(value):
+    if not _NAME_RE.fullmatch(value):
         return "expected 1-64 characters from A-Z a-z 0-9 _ -"
     if value in _RESERVED_NODE_IDS:
         return f"'{value}' is reserved for fleet topics"
@@ -34,10 +34,16 @@ def _name(value: Any) -> str | None:
 
 
 def _topic_prefix(value: Any) -> str | None:
-    if not value or value.startswith("/") or value.endswith("/"):
-        return "expected a non-empty topic without a leading or trailing '/'"
-    if any(c in value for c in "+#\0"):
-        return "expected a topic without the wildcards '+' or '#'"
+    if not value or "" in value.split("/"):
+        return "expected topic levels separated by single '/', none empty"
+    if any(c in value for c in "+#\0") or value.startswith("$"):
+        return "expected a topic without '+', '#' or a leading '$'"
+    return None
+
+
+def _host(value: Any) -> str | None:
+    if not value or any(c.isspace() for c in value):
+        return "expected a host name or IP address"
     return None
 
 
@@ -60,16 +66,24 @@ def _voice_model(value: Any) -> str | None:
     return None
 
 
-def _key(doc: str, default: Any = MISSING, check: Callable[[Any], str | None] | None = None) -> Any:
-    """A config key: its documentation (with unit), default and extra check."""
-    return field(default=default, metadata={"doc": doc, "check": check})
+def _key(
+    doc: str,
+    default: Any = MISSING,
+    check: Callable[[Any], str | None] | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A config key: its documentation (with unit), default (or factory) and extra check."""
+    metadata = {"doc": doc, "check": check}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, slots=True)
 class MqttConfig:
     """Connection to the MQTT broker."""
 
-    host: str = _key("Broker host name or IP address.", "127.0.0.1")
+    host: str = _key("Broker host name or IP address.", "127.0.0.1", _host)
     port: int = _key("Broker TCP port.", 1883, _between(1, 65535))
     username: str | None = _key("User name for the broker; null connects anonymously.", None)
     password_file: Path | None = _key(
@@ -101,7 +115,7 @@ class AudioConfig:
     """Audio output through ALSA."""
 
     device: str = _key("ALSA PCM name, passed to ALSA verbatim.", "default")
-    period_ms: int = _key("ALSA period length (milliseconds).", 20, _between(5, 100))
+    period_ms: int = _key("ALSA period length (milliseconds).", 20, _between(10, 20))
     periods: int = _key("ALSA periods in the device buffer (count).", 4, _between(2, 32))
 
 
@@ -115,8 +129,41 @@ class TtsConfig:
         None,
         _voice_model,
     )
+    voices: Mapping[str, Path] = _key(
+        "More voices: a map from voice id to model path (.onnx with its .onnx.json), chosen per "
+        "request with the payload's `voice`; the voice of `tts.voice` has the id `default`.",
+        check=_voice_model,
+        factory=dict,
+    )
     threads: int = _key(
         "ONNX Runtime intra-op threads (count); 0 lets ONNX Runtime choose.", 2, _between(0, 64)
+    )
+    noise_scale: float | None = _key(
+        "Generator noise for every voice; null keeps each voice's JSON value (0 = deterministic).",
+        None,
+        _between(0, 2),
+    )
+    length_scale: float | None = _key(
+        "Phoneme duration factor for every voice (> 1 is slower); null keeps the voice's value.",
+        None,
+        _between(0.25, 4),
+    )
+    noise_w: float | None = _key(
+        "Phoneme width noise for every voice; null keeps the voice's value (0 = deterministic).",
+        None,
+        _between(0, 2),
+    )
+    seed: int | None = _key(
+        "Random seed set before the sessions are made (reproducible output with noise > 0); "
+        "null for none.",
+        None,
+        _between(0, 2**31 - 1),
+    )
+    first_chunk_phonemes: int = _key(
+        "Target size of the first chunk synthesized (phonemes): long sentences are split at "
+        "clause boundaries so that first audio comes early; later chunks may double in size.",
+        40,
+        _between(8, 1000),
     )
 
 
@@ -125,9 +172,24 @@ class CacheConfig:
     """Derived data kept between runs."""
 
     dir: Path | None = _key(
-        "Directory for derived data such as optimized models; null for $CACHE_DIRECTORY, "
+        "Directory for optimized models and the phrase cache; null for $CACHE_DIRECTORY, "
         "else $XDG_CACHE_HOME/voice-agent, else ~/.cache/voice-agent.",
         None,
+    )
+    memory_bytes: int = _key(
+        "Phrase cache in memory, least recently used dropped first (bytes of audio).",
+        32 * 1024 * 1024,
+        _between(0, 2**40),
+    )
+    disk_bytes: int = _key(
+        "Phrase cache on disk under `cache.dir`, least recently used dropped first (bytes).",
+        256 * 1024 * 1024,
+        _between(0, 2**44),
+    )
+    phrases: tuple[str, ...] = _key(
+        "Phrases rendered into the cache at start with the default voice (alarm texts), so "
+        "they play without synthesis.",
+        (),
     )
 
 
@@ -139,6 +201,11 @@ class SpeakConfig:
         "Largest speak payload accepted (bytes); larger ones are rejected.",
         16384,
         _between(16, 1048576),
+    )
+    max_text_chars: int = _key(
+        "Longest text accepted after clean-up (characters); longer is rejected text_too_long.",
+        5000,
+        _between(1, 1048576),
     )
     queue_size: int = _key(
         "Most announcements waiting to be spoken (count); more are rejected.",
@@ -223,10 +290,28 @@ def from_mapping(
     if raw.get("node_id") in (None, ""):
         raw["node_id"] = re.sub(r"[^A-Za-z0-9_-]", "-", hostname())[:64] or "voice-agent"
     config = _build(AgentConfig, raw, "", problems)
+    if not problems:
+        problems.extend(_cross_checks(config))
     if problems:
         raise ConfigError(source, problems)
     assert isinstance(config, AgentConfig)  # noqa: S101 - no problems means it was built
     return config
+
+
+def _cross_checks(config: AgentConfig) -> list[str]:
+    """Problems between keys that are each valid alone."""
+    problems = []
+    mqtt = config.mqtt
+    if mqtt.password_file is not None and mqtt.username is None:
+        problems.append("mqtt.password_file: set, but mqtt.username is null (it would be ignored)")
+    if mqtt.reconnect_min > mqtt.reconnect_max:
+        problems.append("mqtt.reconnect_min: larger than mqtt.reconnect_max")
+    if config.speak.remembered_ids < config.speak.queue_size:
+        problems.append(
+            "speak.remembered_ids: smaller than speak.queue_size (ids still waiting could be "
+            "forgotten and a duplicate spoken)"
+        )
+    return problems
 
 
 def key_docs(cls: type = AgentConfig, prefix: str = "") -> dict[str, tuple[str, Any]]:
@@ -234,10 +319,11 @@ def key_docs(cls: type = AgentConfig, prefix: str = "") -> dict[str, tuple[str, 
     out: dict[str, tuple[str, Any]] = {}
     for f in fields(cls):
         path = f"{prefix}{f.name}"
-        if f.default_factory is not MISSING:
-            out.update(key_docs(type(f.default_factory()), f"{path}."))
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if is_dataclass(default):
+            out.update(key_docs(type(default), f"{path}."))
         else:
-            out[path] = (f.metadata["doc"], f.default)
+            out[path] = (f.metadata["doc"], default)
     return out
 
 
@@ -250,9 +336,13 @@ def _with_overrides(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str
         node = merged
         for p in parents:
             child = node.get(p)
-            node[p] = child = child if isinstance(child, dict) else {}
+            if child is None:
+                node[p] = child = {}
+            if not isinstance(child, dict):
+                break  # leave the section as it is: its own error is reported
             node = child
-        node[leaf] = _EnvValue(var, environ[var])
+        else:
+            node[leaf] = _EnvValue(var, environ[var])
     return merged
 
 
@@ -265,6 +355,8 @@ class _EnvValue:
 
 
 def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
+    if raw is None:
+        raw = {}  # a section with every key commented out
     if not isinstance(raw, dict):
         problems.append(
             f"{prefix.rstrip('.') or '(top level)'}: expected a mapping, got {_kind(raw)}"
@@ -297,6 +389,8 @@ def _value(
     if isinstance(raw, _EnvValue):
         where = f"{path} (from ${raw.var})"
         raw = _from_env(raw.text, hint)
+    if typing.get_origin(hint) in (Mapping, tuple):
+        return _container(raw, hint, path, check, problems)
     optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
     base = (
         next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
@@ -313,6 +407,31 @@ def _value(
     if reason:
         problems.append(f"{where}: {reason}, got {raw!r}")
     return value
+
+
+def _container(
+    raw: Any, hint: Any, path: str, check: Callable[[Any], str | None] | None, problems: list[str]
+) -> Any:
+    """A map with name keys, or a list (held as a tuple); `check` applies to each value."""
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(raw, list):
+            problems.append(f"{path}: expected a list, got {_kind(raw)}")
+            return ()
+        item = typing.get_args(hint)[0]
+        return tuple(_value(v, item, f"{path}[{i}]", check, problems) for i, v in enumerate(raw))
+    if not isinstance(raw, dict):
+        problems.append(f"{path}: expected a mapping, got {_kind(raw)}")
+        return {}
+    item = typing.get_args(hint)[1]
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not _NAME_RE.fullmatch(key) or key == "default":
+            problems.append(
+                f"{path}.{key}: expected a name of 1-64 of A-Z a-z 0-9 _ - other than 'default'"
+            )
+            continue
+        out[key] = _value(value, item, f"{path}.{key}", check, problems)
+    return out
 
 
 def _from_env(text: str, hint: Any) -> Any:

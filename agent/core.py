@@ -11,6 +11,7 @@ from collections import OrderedDict, deque
 from .messages import (
     Acknowledge,
     Action,
+    Delivery,
     Event,
     Lifecycle,
     Notify,
@@ -51,11 +52,15 @@ class SpeakCore:
     it), so the next request is synthesized while the current one plays.
     """
 
-    def __init__(self, queue_size: int, remembered_ids: int) -> None:
+    def __init__(
+        self, queue_size: int, remembered_ids: int, voices: frozenset[str] = frozenset({"default"})
+    ) -> None:
         self._queue_size = queue_size
+        self._voices = voices
         self._pending: deque[SpeakRequest] = deque()
         self._synthesizing: str | None = None
         self._seen = RecentIds(remembered_ids)
+        self._fingerprints = RecentIds(remembered_ids)
 
     @property
     def queue_depth(self) -> int:
@@ -66,9 +71,11 @@ class SpeakCore:
         """Decide the actions that follow from one event."""
         match event:
             case SpeakReceived(request, delivery):
-                if delivery.redelivered and request.id in self._seen:
+                if delivery.redelivered and (
+                    request.id in self._seen or delivery.fingerprint in self._fingerprints
+                ):
                     return [Acknowledge(delivery)]  # the broker resent what we already took
-                return [*self._on_speak(request), Acknowledge(delivery)]
+                return [*self._on_speak(request, delivery), Acknowledge(delivery)]
             case SpeakInvalid(rejection, delivery):
                 return [_rejected(rejection), Acknowledge(delivery)]
             case SynthesisDone(request_id):
@@ -77,29 +84,31 @@ class SpeakCore:
                 return self._next()
             case UtteranceStarted(request_id):
                 return [Notify(request_id, Lifecycle.STARTED)]
-            case UtteranceEnded(request_id, audio_seconds, None, _):
-                return [
-                    Notify(
-                        request_id, Lifecycle.FINISHED, {"audio_seconds": round(audio_seconds, 3)}
-                    )
-                ]
-            case UtteranceEnded(request_id, _, error, detail):
-                return [
-                    Notify(request_id, Lifecycle.FAILED, {"reason": str(error), "detail": detail})
-                ]
+            case UtteranceEnded(request_id, audio_seconds, None, _, info):
+                seconds = {"audio_seconds": round(audio_seconds, 3)}
+                return [Notify(request_id, Lifecycle.FINISHED, {**seconds, **info})]
+            case UtteranceEnded(request_id, _, error, detail, info):
+                failure = {"reason": str(error), "detail": detail}
+                return [Notify(request_id, Lifecycle.FAILED, {**failure, **info})]
         raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
 
-    def _on_speak(self, request: SpeakRequest) -> list[Action]:
+    def _on_speak(self, request: SpeakRequest, delivery: Delivery) -> list[Action]:
         if request.id in self._seen:
             return [
                 _rejected(
                     Rejection(request.id, Reason.DUPLICATE_ID, "this id was already accepted")
                 )
             ]
+        if request.voice not in self._voices:
+            known = ", ".join(sorted(self._voices))
+            unknown = Rejection(request.id, Reason.UNKNOWN_VOICE, f"known voices: {known}", "voice")
+            return [_rejected(unknown)]
         if len(self._pending) >= self._queue_size:
             full = f"{self._queue_size} announcements waiting"
             return [_rejected(Rejection(request.id, Reason.QUEUE_FULL, full))]
         self._seen.add(request.id)
+        if delivery.fingerprint:
+            self._fingerprints.add(delivery.fingerprint)
         self._pending.append(request)
         start = self._next()
         details: dict[str, object] = {"queue_depth": len(self._pending)}

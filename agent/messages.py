@@ -28,6 +28,8 @@ class Reason(StrEnum):
     INVALID_JSON = "invalid_json"
     INVALID_FIELD = "invalid_field"
     EMPTY_TEXT = "empty_text"
+    TEXT_TOO_LONG = "text_too_long"
+    UNKNOWN_VOICE = "unknown_voice"
     DUPLICATE_ID = "duplicate_id"
     QUEUE_FULL = "queue_full"
     SYNTHESIS_ERROR = "synthesis_error"
@@ -43,6 +45,8 @@ class Delivery:
     qos: int
     redelivered: bool = False
     """The broker flagged it as a redelivery (MQTT DUP): an earlier copy may have arrived."""
+    fingerprint: str = ""
+    """Digest of topic and payload: recognizes a redelivered message that carries no id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +55,15 @@ class SpeakRequest:
 
     id: str
     text: str
+    """Cleaned text (see `text.clean_text`), never empty."""
     unknown_fields: tuple[str, ...] = ()
     """Fields of a JSON payload that this version does not know (reported, not used)."""
+    voice: str = "default"
+    """Voice id (`default` or a key of `tts.voices`); never a path."""
+    rate: float = 1.0
+    """Speaking rate: 2.0 is twice as fast (the voice's length scale is divided by it)."""
+    volume: float = 1.0
+    """Gain applied to the samples, 0 to 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +118,8 @@ class UtteranceEnded:
     audio_seconds: float
     error: Reason | None = None
     detail: str = ""
+    info: Mapping[str, object] = field(default_factory=dict)
+    """Extra fields for the `finished` or `failed` event (e.g. how much came from the cache)."""
 
 
 Event = SpeakReceived | SpeakInvalid | SynthesisDone | UtteranceStarted | UtteranceEnded

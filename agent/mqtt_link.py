@@ -8,7 +8,9 @@ Allowed imports: stdlib, paho, tenacity, `config`, `messages`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import random
 import socket
 import threading
 import time
@@ -41,6 +43,11 @@ MessageHandler = Callable[[bytes, Delivery], None]
 ONLINE: Final = "online"
 OFFLINE: Final = "offline"
 _CONNACK_TIMEOUT: Final = 10.0
+_STABLE_SECONDS: Final = 30.0
+"""A connection that lasted this long resets the reconnect delay."""
+_SESSION_TAKEN_OVER: Final = 142
+_FLAPPING: Final = 3
+"""Connections in a row that drop early before the agent warns about a duplicate client id."""
 _MAX_QUEUED_OUT: Final = 10000
 
 
@@ -59,12 +66,15 @@ class MqttLink:
         handlers: Mapping[str, MessageHandler],
     ) -> None:
         self._config = config
+        self._client_id = client_id
         self._status_topic = status_topic
         self._handlers = dict(handlers)
         self._stopping = threading.Event()
         self._connack: ReasonCode | None = None
         self.connected = threading.Event()
         """Set while a session with the broker is up."""
+        self.failed = threading.Event()
+        """Set when the link gave up for a reason retrying cannot fix (logged)."""
         self._client = self._make_client(client_id)
         self._thread = threading.Thread(target=self._run_blocking, name="mqtt", daemon=True)
 
@@ -85,6 +95,9 @@ class MqttLink:
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        # Any registered callback makes paho leave socket writes to the network thread (it is
+        # woken through its socket pair) instead of writing from whichever thread publishes.
+        client.on_socket_register_write = self._on_socket_register_write
         return client
 
     def _password(self) -> str | None:
@@ -126,14 +139,41 @@ class MqttLink:
 
     def _run_blocking(self) -> None:
         first = True
-        while not self._stopping.is_set():
-            try:
+        short_sessions = 0  # connections in a row that dropped before _STABLE_SECONDS
+        try:
+            while not self._stopping.is_set():
+                if not first and not self._pause_before_reconnect(short_sessions):
+                    return
                 self._connect_with_backoff(first=first)
-            except Exception:
-                return
-            first = False
-            self._client.loop_forever()  # returns when the connection ends
-            self.connected.clear()
+                first = False
+                up_since = time.monotonic()
+                self._client.loop_forever()  # returns when the connection ends
+                self.connected.clear()
+                stable = time.monotonic() - up_since >= _STABLE_SECONDS
+                short_sessions = 0 if stable else short_sessions + 1
+                if short_sessions == _FLAPPING and not self._stopping.is_set():
+                    _LOGGER.warning(
+                        "The connection dropped %d times in a row within %d s: is a second "
+                        "agent running with the same node_id (client id %s)?",
+                        short_sessions,
+                        _STABLE_SECONDS,
+                        self._client_id,
+                    )
+        except Exception:
+            if not self._stopping.is_set():  # when stopping, tenacity re-raises the last error
+                _LOGGER.exception("The MQTT connection failed for good")
+                self.failed.set()
+
+    def _pause_before_reconnect(self, short_sessions: int) -> bool:
+        """Wait a jittered delay that grows while connections keep dropping; False if stopping.
+
+        Without it a fleet reconnects in lockstep after a broker restart, and two agents with
+        the same client id would take the session from each other in a tight loop.
+        """
+        low, high = self._config.reconnect_min, self._config.reconnect_max
+        delay = random.uniform(low, min(high, low * 2 ** (short_sessions + 1)))  # noqa: S311
+        _LOGGER.info("Reconnecting in %.2f s", delay)
+        return not self._stopping.wait(delay)
 
     def _connect_with_backoff(self, *, first: bool) -> None:
         retrying = Retrying(
@@ -207,6 +247,9 @@ class MqttLink:
         except (OSError, AttributeError):
             _LOGGER.debug("TCP_NODELAY not set", exc_info=True)
 
+    def _on_socket_register_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
+        """Nothing to do: the network thread's select() sees the pending write."""
+
     def _on_connect(
         self,
         client: mqtt.Client,
@@ -225,7 +268,8 @@ class MqttLink:
                 self._config.port,
                 flags.session_present,
             )
-            options = SubscribeOptions(qos=1)
+            # Never replay a retained speak message at (re)subscribe: it was said when sent.
+            options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
             client.subscribe([(topic, options) for topic in self._handlers])
             client.publish(self._status_topic, ONLINE, qos=1, retain=True)
             self.connected.set()
@@ -241,11 +285,21 @@ class MqttLink:
         properties: Properties | None,
     ) -> None:
         self.connected.clear()
-        if not self._stopping.is_set():
+        if self._stopping.is_set():
+            return
+        if reason_code.value == _SESSION_TAKEN_OVER:
+            _LOGGER.error(
+                "Another client connected with this client id and took the session: "
+                "is a second agent running with the same node_id?"
+            )
+        else:
             _LOGGER.warning("Disconnected from the broker: %s", reason_code)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        delivery = Delivery(message.mid, message.qos, redelivered=bool(message.dup))
+        fingerprint = hashlib.blake2b(
+            message.topic.encode() + b"\0" + message.payload, digest_size=16
+        ).hexdigest()
+        delivery = Delivery(message.mid, message.qos, bool(message.dup), fingerprint)
         try:
             handler = self._handlers.get(message.topic)
             if handler is None:

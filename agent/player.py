@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 import numpy as np
@@ -36,6 +36,8 @@ class Chunk:
     end: bool = False
     error: Reason | None = None
     detail: str = ""
+    info: Mapping[str, object] = field(default_factory=dict)
+    """With `end`: extra fields for the utterance's last event."""
 
 
 class Pcm(Protocol):
@@ -199,9 +201,9 @@ class Player:
             error = (chunk.error, chunk.detail)
         seconds = frames / self._rate
         if error is None:
-            self._report(UtteranceEnded(chunk.id, seconds))
+            self._report(UtteranceEnded(chunk.id, seconds, info=chunk.info))
         else:
-            self._report(UtteranceEnded(chunk.id, seconds, error[0], error[1]))
+            self._report(UtteranceEnded(chunk.id, seconds, error[0], error[1], chunk.info))
 
     def _close_after_error(self) -> None:
         if self._pcm is not None:

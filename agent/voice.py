@@ -14,7 +14,9 @@ import json
 import logging
 import os
 import platform
+import re
 import tempfile
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,15 +25,20 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
+from piper import espeakbridge
 from piper.config import PhonemeType, PiperConfig
 from piper.phoneme_ids import phonemes_to_ids
-from piper.phonemize_espeak import EspeakPhonemizer
+from piper.phonemize_espeak import ESPEAK_DATA_DIR, _merge_known_vowel_clusters
 
 _LOGGER = logging.getLogger(__name__)
 
 PCM16 = npt.NDArray[np.int16]
 _MAX_INT16: Final = 32767.0
 _PREWARM_TEXT: Final = "Ready."
+_LANGUAGE_FLAG: Final = re.compile(r"\([^)]+\)")
+
+Clause = tuple[str, ...]
+"""The phonemes of one clause, its punctuation included (as piper-tts makes them)."""
 
 
 def bundled_voice() -> Path:
@@ -61,12 +68,14 @@ class Voice:
     ) -> None:
         self._session = session
         self._config = config
-        self._phonemizer = EspeakPhonemizer()
+        espeakbridge.initialize(str(ESPEAK_DATA_DIR))
         self._has_sid = any(i.name == "sid" for i in session.get_inputs())
         self.sha256 = sha256
         """Digest of the model file (identifies the model in caches and reports)."""
         self.path = path
         self.sample_rate: int = config.sample_rate
+        self.inferences = 0
+        """Inference runs so far (telemetry; a cached phrase adds none)."""
         self.default_params = SynthesisParams(
             config.noise_scale, config.length_scale, config.noise_w_scale
         )
@@ -85,12 +94,40 @@ class Voice:
         session = _session(model_bytes, digest, threads, cache_dir)
         return cls(session, config, digest, model_path)
 
-    def sentence_ids(self, text: str) -> list[list[int]]:
-        """Phoneme ids for each sentence of the text (espeak-ng decides the sentences)."""
-        sentences = self._phonemizer.phonemize(
-            self._config.espeak_voice, text, vowel_clusters=self._config.vowel_clusters
+    def sentences(self, text: str) -> list[list[Clause]]:
+        """Phonemes per clause, grouped by sentence; espeak-ng decides both boundaries.
+
+        Joined, a sentence's clauses are exactly the phonemes piper-tts makes for it, so
+        synthesizing clause groups changes where the model is run, not what is said.
+        """
+        espeakbridge.set_voice(self._config.espeak_voice)
+        sentences: list[list[Clause]] = []
+        current: list[Clause] = []
+        for phonemes, terminator, sentence_end in espeakbridge.get_phonemes(text):
+            marked = _LANGUAGE_FLAG.sub("", phonemes) + terminator
+            if terminator in (",", ":", ";"):
+                marked += " "
+            clause = list(unicodedata.normalize("NFD", marked))
+            if self._config.vowel_clusters:
+                clause = _merge_known_vowel_clusters(clause, self._config.vowel_clusters)
+            if clause:
+                current.append(tuple(clause))
+            if sentence_end and current:
+                sentences.append(current)
+                current = []
+        if current:
+            sentences.append(current)
+        return sentences
+
+    def ids(self, clauses: list[Clause]) -> list[int]:
+        """Model input ids for consecutive clauses (BOS, each phoneme then a pad, EOS)."""
+        return phonemes_to_ids(
+            [p for clause in clauses for p in clause], self._config.phoneme_id_map
         )
-        return [phonemes_to_ids(p, self._config.phoneme_id_map) for p in sentences if p]
+
+    def sentence_ids(self, text: str) -> list[list[int]]:
+        """Phoneme ids for each whole sentence of the text."""
+        return [self.ids(sentence) for sentence in self.sentences(text)]
 
     def ids_to_audio(self, ids: list[int], params: SynthesisParams) -> npt.NDArray[np.float32]:
         """One inference: phoneme ids to float samples in [-1, 1] (not normalized)."""
@@ -104,6 +141,7 @@ class Voice:
         if self._has_sid:
             feed["sid"] = np.array([self._config.default_speaker_id], dtype=np.int64)
         output = self._session.run(None, feed)[0]
+        self.inferences += 1
         return np.asarray(output, dtype=np.float32).reshape(-1)
 
     def synthesize(self, text: str, params: SynthesisParams | None = None) -> Iterator[PCM16]:
@@ -116,6 +154,11 @@ class Voice:
         """Run one short inference so the first real request does not pay for warm-up."""
         for _ in self.synthesize(_PREWARM_TEXT, replace(self.default_params, noise_scale=0.0)):
             pass
+
+
+def seed_random(seed: int) -> None:
+    """Seed ONNX Runtime's generators; call before sessions are made (reproducible noise)."""
+    ort.set_seed(seed)
 
 
 def to_pcm16(audio: npt.NDArray[np.float32]) -> PCM16:

@@ -41,7 +41,8 @@ if timeout 2 bash -c "exec 3<>/dev/tcp/$HOST/$PORT" 2>/dev/null; then
 elif [[ "$HOST" == 127.0.0.1 || "$HOST" == localhost || "$HOST" == ::1 ]]; then
   echo "No broker answers at $HOST:$PORT: starting a loopback Mosquitto (config/mosquitto-dev.conf)."
   mkdir -p .run/mosquitto
-  sed "s/^listener .*/listener $PORT 127.0.0.1/" config/mosquitto-dev.conf > .run/mosquitto.conf
+  LISTEN="$HOST"; [ "$HOST" = localhost ] && LISTEN=127.0.0.1
+  sed "s/^listener .*/listener $PORT $LISTEN/" config/mosquitto-dev.conf > .run/mosquitto.conf
   [ "$(id -u)" -eq 0 ] && echo "user root" >> .run/mosquitto.conf
   # setsid: Ctrl-C reaches the agent only, so it can still say `offline` before the broker stops.
   setsid mosquitto -c .run/mosquitto.conf > .run/mosquitto.log 2>&1 &

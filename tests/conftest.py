@@ -81,28 +81,34 @@ StartAgent = Callable[..., RunningAgent]
 
 
 @pytest.fixture
-def start_agent(broker: Broker, tmp_path: Path, cache_dir: Path) -> Iterator[StartAgent]:
+def start_agent(
+    broker: Broker, tmp_path: Path, cache_dir: Path, request: pytest.FixtureRequest
+) -> Iterator[StartAgent]:
     """Start the real agent (real voice unless `voice` is given) against the test's broker."""
     started: list[RunningAgent] = []
 
-    def start(voice: Path | None = None, **speak: Any) -> RunningAgent:
-        node_id = f"t{uuid.uuid4().hex[:8]}"
-        capture = tmp_path / f"{node_id}.raw"
+    def start(
+        voice: Path | None = None,
+        node_id: str | None = None,
+        voices: dict[str, str] | None = None,
+        **speak: Any,
+    ) -> RunningAgent:
+        node_id = node_id or f"t{uuid.uuid4().hex[:8]}"
+        capture = tmp_path / f"{node_id}-{len(started)}.raw"
         config: dict[str, Any] = {
             "node_id": node_id,
             "mqtt": {"host": broker.host, "port": broker.port, "reconnect_max": 2.0},
             "audio": {"device": f"file:FILE={capture},FORMAT=raw"},
-            "tts": {"voice": str(voice) if voice else None},
+            "tts": {"voice": str(voice) if voice else None, "voices": voices or {}},
             "cache": {"dir": str(cache_dir)},
             "speak": speak,
         }
-        path = tmp_path / f"{node_id}.yaml"
+        path = tmp_path / f"{node_id}-{len(started)}.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         topics = Topics("voice", node_id)
         watcher = Watcher(broker, f"voice/{node_id}/#")
-        agent = RunningAgent(
-            AgentProcess(path, tmp_path / f"{node_id}.log"), topics, capture, watcher
-        )
+        log = tmp_path / f"{node_id}-{len(started)}.log"
+        agent = RunningAgent(AgentProcess(path, log), topics, capture, watcher)
         agent.process.start()
         started.append(agent)
         agent.wait_online()
@@ -113,3 +119,7 @@ def start_agent(broker: Broker, tmp_path: Path, cache_dir: Path) -> Iterator[Sta
         if agent.process.alive():
             agent.process.signal(signal.SIGTERM)
         agent.watcher.close()
+    if not request.node.get_closest_marker("allow_error_logs"):
+        for agent in started:  # an agent that logged an error failed, even if it carried on
+            errors = [line for line in agent.process.output().splitlines() if " ERROR " in line]
+            assert not errors, errors

@@ -123,3 +123,22 @@ def test_recent_ids_forget_the_oldest() -> None:
     assert "a" not in ids
     assert "b" in ids
     assert "c" in ids
+
+
+def test_an_unknown_voice_is_rejected_and_its_id_not_remembered() -> None:
+    core = SpeakCore(queue_size=4, remembered_ids=10, voices=frozenset({"default", "lessac"}))
+    actions = core.handle(SpeakReceived(SpeakRequest("a", "hi", voice="nope"), D1))
+    assert kinds(actions) == ["rejected:a", "ack:1"]
+    assert actions[0].details["reason"] == "unknown_voice"  # type: ignore[union-attr]
+    assert actions[0].details["field"] == "voice"  # type: ignore[union-attr]
+    fixed = core.handle(SpeakReceived(SpeakRequest("a", "hi", voice="lessac"), D2))
+    assert kinds(fixed) == ["accepted:a", "synth:a", "ack:2"]
+
+
+def test_a_redelivered_message_without_id_is_recognized_by_its_fingerprint() -> None:
+    core = SpeakCore(queue_size=4, remembered_ids=10)
+    core.handle(SpeakReceived(req("gen-1"), Delivery(1, 1, False, "fp1")))
+    again = Delivery(5, 1, True, "fp1")  # same message, a fresh generated id
+    assert core.handle(SpeakReceived(req("gen-2"), again)) == [Acknowledge(again)]
+    other = Delivery(6, 1, False, "fp1")  # the same text published again: a new message
+    assert kinds(core.handle(SpeakReceived(req("gen-3"), other))) == ["accepted:gen-3", "ack:6"]

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
+import uuid
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import RunningAgent, StartAgent
@@ -173,7 +177,74 @@ def test_agent_reconnects_after_a_broker_restart(start_agent: StartAgent, broker
     broker.start()  # same port, persisted session
     agent.watcher.close()
     agent.watcher = Watcher(broker, f"voice/{agent.topics.node_id}/#")
-    agent.wait_online()  # the retained status says online again once it is back
+    wait_until(lambda: agent.process.output().count("Connected to") == 2, what="a reconnect")
+    assert "Reconnecting in" in agent.process.output()
     publish(broker, agent.topics.speak, b'{"id": "back", "text": "Connection restored."}')
     agent.watcher.wait_event("back", "finished")
     assert "Disconnected from the broker" in agent.process.output()
+
+
+def test_a_retained_speak_message_is_not_replayed_at_connect(
+    start_agent: StartAgent, broker: Broker
+) -> None:
+    agent = start_agent()
+    args = ["mosquitto_pub", "-h", broker.host, "-p", str(broker.port), "-q", "1", "-r"]
+    subprocess.run(
+        [*args, "-t", agent.topics.speak, "-m", '{"id": "kept", "text": "Retained."}'],
+        check=True,
+    )
+    agent.watcher.wait_event("kept", "finished")  # said once, when it was sent
+    agent.process.signal(signal.SIGTERM)
+    agent.process.start()
+    agent.wait_online()
+    publish(broker, agent.topics.speak, b'{"id": "later", "text": "Later."}')
+    agent.watcher.wait_event("later", "finished")
+    assert [e["event"] for e in agent.watcher.events("kept")].count("accepted") == 1
+
+
+def test_two_agents_with_one_node_id_are_reported_without_a_reconnect_storm(
+    start_agent: StartAgent,
+) -> None:
+    first = start_agent()
+    second = start_agent(node_id=first.topics.node_id)
+    time.sleep(10)
+    connects = sum(a.process.output().count("Connected to") for a in (first, second))
+    assert connects < 30, connects  # thousands without the growing reconnect pause
+    logs = first.process.output() + second.process.output()
+    assert "same node_id" in logs
+
+
+def spoken(
+    agent: RunningAgent, broker: Broker, payload: dict[str, object]
+) -> tuple[dict[str, object], np.ndarray]:
+    """Publish one JSON speak message; its finished event and exactly the samples it played."""
+    before = len(read_pcm(agent.capture)) if agent.capture.exists() else 0
+    publish(broker, agent.topics.speak, json.dumps(payload).encode())
+    finished = agent.watcher.wait_event(str(payload["id"]), "finished")
+    return finished, read_pcm(agent.capture)[before:]
+
+
+def test_per_request_voice_rate_and_volume(
+    start_agent: StartAgent, broker: Broker, tiny_voice: Path
+) -> None:
+    agent = start_agent(voices={"tiny": str(tiny_voice)})
+    text = f"Gate {uuid.uuid4().int % 1000} is open."  # not in the session-wide cache yet
+    normal, samples = spoken(agent, broker, {"id": "n", "text": text})
+    assert normal["cached_sentences"] == 0
+
+    fast, _ = spoken(agent, broker, {"id": "f", "text": text, "rate": 2.0})
+    ratio = float(fast["audio_seconds"]) / float(normal["audio_seconds"])  # type: ignore[arg-type]
+    assert 0.35 < ratio < 0.8, ratio  # durations are noisy (noise_w), but clearly shorter
+
+    quiet, quiet_samples = spoken(agent, broker, {"id": "q", "text": text, "volume": 0.5})
+    assert quiet["cached_sentences"] == 1  # same text and rate: from the cache, rescaled
+    assert np.array_equal(quiet_samples, np.round(samples * np.float32(0.5)).astype(np.int16))
+
+    _, tiny = spoken(agent, broker, {"id": "t", "text": text, "voice": "tiny"})
+    spectrum = np.abs(np.fft.rfft(tiny.astype(np.float64)))
+    peak_hz = np.argmax(spectrum) * RATE / len(tiny)
+    assert abs(peak_hz - RATE * 4 / 256) < 5  # the tiny voice's tone, not joe's speech
+
+    publish(broker, agent.topics.speak, b'{"id": "x", "text": "Hello.", "voice": "../../etc"}')
+    rejected = agent.watcher.wait_event("x", "rejected")
+    assert (rejected["reason"], rejected["field"]) == ("unknown_voice", "voice")

@@ -8,14 +8,15 @@ import json
 import pytest
 
 from agent.messages import Lifecycle, Reason, Rejection, SpeakRequest
-from agent.payloads import encode_event, parse_speak
+from agent.payloads import SpeakLimits, encode_event, parse_speak
 
 LIMIT = 256
+LIMITS = SpeakLimits(max_bytes=LIMIT, max_text_chars=40)
 
 
 def parse(payload: bytes) -> SpeakRequest | Rejection:
     counter = itertools.count(1)
-    return parse_speak(payload, LIMIT, lambda: f"gen-{next(counter)}")
+    return parse_speak(payload, LIMITS, lambda: f"gen-{next(counter)}")
 
 
 @pytest.mark.parametrize(
@@ -67,7 +68,7 @@ def test_invalid_payloads_are_rejected_with_a_reason(
 
 def test_deeply_nested_json_is_rejected_not_raised() -> None:
     deep = b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    result = parse_speak(deep, len(deep), lambda: "g")
+    result = parse_speak(deep, SpeakLimits(len(deep), 100), lambda: "g")
     assert isinstance(result, Rejection)
     assert result.reason == Reason.INVALID_JSON
 
@@ -83,3 +84,37 @@ def test_event_encoding() -> None:
         "node": "kitchen",
         "audio_seconds": 1.5,
     }
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        (b'{"text": "a", "voice": ""}', "voice"),
+        (b'{"text": "a", "voice": 3}', "voice"),
+        (b'{"text": "a", "rate": 0.2}', "rate"),
+        (b'{"text": "a", "rate": "fast"}', "rate"),
+        (b'{"text": "a", "rate": true}', "rate"),
+        (b'{"text": "a", "volume": 1.5}', "volume"),
+        (b'{"text": "a", "volume": -0.1}', "volume"),
+        (b'{"text": "a", "volume": null}', "volume"),
+    ],
+)
+def test_invalid_voice_rate_and_volume_name_their_field(payload: bytes, field: str) -> None:
+    result = parse(payload)
+    assert isinstance(result, Rejection)
+    assert (result.reason, result.field) == (Reason.INVALID_FIELD, field)
+
+
+def test_voice_rate_and_volume_are_carried() -> None:
+    result = parse(b'{"text": "Hi", "voice": "lessac", "rate": 1.5, "volume": 0}')
+    assert result == SpeakRequest("gen-1", "Hi", (), "lessac", 1.5, 0.0)
+
+
+def test_text_is_cleaned_and_capped() -> None:
+    assert parse(b"<b>Fire</b>  alarm\x00") == SpeakRequest("gen-1", "Fire alarm")
+    long = parse(b"y" * 41)
+    assert isinstance(long, Rejection)
+    assert long.reason == Reason.TEXT_TOO_LONG
+    only_tags = parse(b'{"id": "t", "text": "<speak></speak>"}')
+    assert isinstance(only_tags, Rejection)
+    assert only_tags.reason == Reason.EMPTY_TEXT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -53,14 +54,19 @@ def test_played_samples_are_exactly_the_chunks_in_order(tmp_path: Path) -> None:
     assert player.underruns == 0
 
 
-def test_the_buffer_is_bounded() -> None:
-    assert BUFFER_CHUNKS == 2
+def test_put_blocks_while_the_buffer_is_full_and_returns_false_on_stop() -> None:
     events: queue.Queue[Event] = queue.Queue()
-    player = Player(alsa_opener("null", RATE, 20, 4), RATE, events.put)  # not started: no reader
+    player = Player(alsa_opener("null", RATE, 20, 4), RATE, events.put)  # writer not started
     for _ in range(BUFFER_CHUNKS):
-        player._buffer.put(Chunk("x", tone(0.01)), timeout=1)
-    with pytest.raises(queue.Full):
-        player._buffer.put(Chunk("x", tone(0.01)), timeout=0.1)
+        assert player.put(Chunk("x", tone(0.01)))
+    results: list[bool] = []
+    blocked = threading.Thread(target=lambda: results.append(player.put(Chunk("x", tone(0.01)))))
+    blocked.start()
+    blocked.join(0.5)
+    assert blocked.is_alive()  # a third chunk waits: the buffer holds two
+    player.stop()
+    blocked.join(5)
+    assert results == [False]
 
 
 def test_a_synthesis_error_after_some_audio_fails_the_utterance(tmp_path: Path) -> None:

@@ -1,0 +1,137 @@
+"""The synthesis worker on the tiny voice, a real phrase cache and real ALSA (file PCM)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.messages import Event, SpeakRequest, SynthesisDone, UtteranceEnded
+from agent.phrase_cache import PhraseCache
+from agent.player import Player, alsa_opener
+from agent.synthesizer import Synthesizer, VoiceChoice
+from agent.voice import Voice
+from tests.support import read_pcm, wait_until
+
+RATE = 22050
+LONG = (
+    "Attention please, the delivery van has arrived at the loading dock, and someone from "
+    "receiving should come and sign for the pallets, before the driver leaves. Thank you."
+)
+
+
+@dataclass
+class Rig:
+    voice: Voice
+    synthesizer: Synthesizer
+    events: queue.Queue[Event]
+    capture: Path
+    player: Player
+    last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
+
+    def say(self, request: SpeakRequest) -> UtteranceEnded:
+        """Speak one request and wait until it has been played."""
+        start = len(read_pcm(self.capture)) if self.capture.exists() else 0
+        self.synthesizer.submit(request)
+        ended: UtteranceEnded | None = None
+        done = False
+        while ended is None or not done:
+            event = self.events.get(timeout=30)
+            if isinstance(event, UtteranceEnded):
+                ended = event
+            done = done or isinstance(event, SynthesisDone)
+        self.last = read_pcm(self.capture)[start:]
+        return ended
+
+
+def make_rig(
+    tiny_voice: Path, tmp_path: Path, cache: PhraseCache, phrases: tuple[str, ...] = ()
+) -> Rig:
+    voice = Voice.load(tiny_voice, threads=1, cache_dir=None)
+    events: queue.Queue[Event] = queue.Queue()
+    capture = tmp_path / f"capture-{id(cache)}.raw"
+    player = Player(alsa_opener(f"file:FILE={capture},FORMAT=raw", RATE, 20, 4), RATE, events.put)
+    choice = VoiceChoice("default", voice, voice.default_params)
+    synthesizer = Synthesizer({"default": choice}, cache, 20, player.put, events.put, phrases)
+    player.start()
+    synthesizer.start()
+    return Rig(voice, synthesizer, events, capture, player)
+
+
+@pytest.fixture
+def rig(tiny_voice: Path, tmp_path: Path) -> Iterator[Rig]:
+    made = make_rig(tiny_voice, tmp_path, PhraseCache(tmp_path / "phrases", 10**7, 10**8))
+    yield made
+    made.synthesizer.stop()
+    made.player.stop()
+
+
+def test_a_long_sentence_streams_in_clause_chunks_that_add_up(rig: Rig) -> None:
+    ended = rig.say(SpeakRequest("a", LONG))
+    assert ended.error is None
+    assert ended.info == {"sentences": 2, "cached_sentences": 0}
+    assert rig.voice.inferences > 2  # the first sentence went out in several chunks
+    assert len(rig.last) == round(ended.audio_seconds * RATE)
+
+
+def test_cached_playback_does_not_call_the_engine(rig: Rig) -> None:
+    first = rig.say(SpeakRequest("a", LONG))
+    runs = rig.voice.inferences
+    second = rig.say(SpeakRequest("b", LONG))
+    assert rig.voice.inferences == runs
+    assert second.info == {"sentences": 2, "cached_sentences": 2}
+    assert second.audio_seconds == first.audio_seconds
+
+
+def test_volume_scales_the_cached_samples(rig: Rig) -> None:
+    rig.say(SpeakRequest("a", "The door is open."))
+    full = rig.last
+    rig.say(SpeakRequest("b", "The door is open.", volume=0.5))
+    assert np.array_equal(rig.last, np.round(full.astype(np.float32) * 0.5).astype(np.int16))
+    rig.say(SpeakRequest("c", "The door is open.", volume=0.0))
+    assert not rig.last.any()
+
+
+def test_a_corrupt_cache_entry_is_synthesized_again(
+    tiny_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "phrases"
+    first = make_rig(tiny_voice, tmp_path, PhraseCache(directory, 10**7, 10**8))
+    try:
+        original = first.say(SpeakRequest("a", "The door is open."))
+    finally:
+        first.synthesizer.stop()
+        first.player.stop()
+    (entry,) = directory.glob("*/*.pcm")
+    entry.write_bytes(entry.read_bytes()[:-100])  # truncated, as after a power cut
+    second = make_rig(tiny_voice, tmp_path, PhraseCache(directory, 10**7, 10**8))
+    try:
+        with caplog.at_level(logging.WARNING):
+            again = second.say(SpeakRequest("b", "The door is open."))
+    finally:
+        second.synthesizer.stop()
+        second.player.stop()
+    assert second.voice.inferences > 0
+    assert again.info == {"sentences": 1, "cached_sentences": 0}
+    assert again.audio_seconds == original.audio_seconds
+    assert "corrupt" in caplog.text
+
+
+def test_configured_phrases_are_rendered_in_the_background(
+    tiny_voice: Path, tmp_path: Path
+) -> None:
+    phrases = ("Fire alarm. Leave now.", "Gas leak in hall two.")
+    made = make_rig(tiny_voice, tmp_path, PhraseCache(None, 10**7, 0), phrases)
+    try:
+        wait_until(lambda: made.voice.inferences == 3, 30, "three phrase sentences rendered")
+        ended = made.say(SpeakRequest("a", "Fire alarm. Leave now."))
+        assert made.voice.inferences == 3
+        assert ended.info == {"sentences": 2, "cached_sentences": 2}
+    finally:
+        made.synthesizer.stop()
+        made.player.stop()
