@@ -49,6 +49,8 @@ def load_voice(config: AgentConfig, voice_id: str = "default") -> VoiceChoice:
     """Load and prewarm one voice (`default` is `tts.voice`, the bundled one when null)."""
     tts = config.tts
     path = (tts.voice or bundled_voice()) if voice_id == "default" else tts.voices[voice_id]
+    if tts.seed is not None:
+        seed_random(tts.seed)  # before the session is made: it starts from this seed
     started = time.monotonic()
     voice = Voice.load(path, tts.threads, resolve_cache_dir(config.cache, os.environ))
     loaded = time.monotonic()
@@ -71,9 +73,7 @@ def load_voice(config: AgentConfig, voice_id: str = "default") -> VoiceChoice:
 
 
 def load_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
-    """Every configured voice, loaded and prewarmed (the seed, if any, set first)."""
-    if config.tts.seed is not None:
-        seed_random(config.tts.seed)
+    """Every configured voice, loaded and prewarmed."""
     return {vid: load_voice(config, vid) for vid in ("default", *config.tts.voices)}
 
 
