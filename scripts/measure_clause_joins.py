@@ -10,7 +10,6 @@ the whole and the streamed sentence, and both durations.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
