@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from . import __version__
+from . import version
 from .config import DEFAULT_CONFIG_PATH, AgentConfig, ConfigError, key_docs, load
 
 _LOGGER = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="voice-agent", description="Speak MQTT messages on this device."
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="print the version")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the agent", description="Run the agent.")
@@ -49,6 +49,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("file", type=Path, metavar="FILE", help="config file to check")
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """Print the version only when asked (looking it up costs start-up time)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"voice-agent {version()}")
+        parser.exit()
 
 
 def _config_option(parser: argparse.ArgumentParser) -> None:

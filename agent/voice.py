@@ -36,6 +36,7 @@ PCM16 = npt.NDArray[np.int16]
 _MAX_INT16: Final = 32767.0
 _PREWARM_TEXT: Final = "Ready."
 _LANGUAGE_FLAG: Final = re.compile(r"\([^)]+\)")
+_SHA256: Final = re.compile(r"[0-9a-f]{64}")
 
 Clause = tuple[str, ...]
 """The phonemes of one clause, its punctuation included (as piper-tts makes them)."""
@@ -89,9 +90,8 @@ class Voice:
             raise ValueError(
                 f"{config_path}: phoneme_type {config.phoneme_type.value!r} unsupported"
             )
-        model_bytes = model_path.read_bytes()
-        digest = hashlib.sha256(model_bytes).hexdigest()
-        session = _session(model_bytes, digest, threads, cache_dir)
+        digest = model_digest(model_path, cache_dir)
+        session = _session(model_path, digest, threads, cache_dir)
         return cls(session, config, digest, model_path)
 
     def sentences(self, text: str) -> list[list[Clause]]:
@@ -176,8 +176,38 @@ def _options(threads: int, level: ort.GraphOptimizationLevel) -> ort.SessionOpti
     return options
 
 
+def model_digest(path: Path, cache_dir: Path | None) -> str:
+    """The sha256 of a model file, remembered in cache_dir while the file is unchanged.
+
+    Hashing 63 MB costs ~0.1 s and a full read at every start. The memo is keyed by the file's
+    path, size, inode and modification and change times; any write changes the change time,
+    so a file altered in place is hashed again.
+    """
+    memo: Path | None = None
+    if cache_dir is not None:
+        stat = path.stat()
+        ident = (
+            f"{path.resolve()}|{stat.st_size}|{stat.st_ino}|{stat.st_mtime_ns}|{stat.st_ctime_ns}"
+        )
+        memo = cache_dir / "models" / f"digest-{hashlib.sha256(ident.encode()).hexdigest()[:32]}"
+        with contextlib.suppress(OSError):
+            remembered = memo.read_text(encoding="ascii").strip()
+            if _SHA256.fullmatch(remembered):
+                return remembered
+    with path.open("rb") as model:
+        digest = hashlib.file_digest(model, "sha256").hexdigest()
+    if memo is not None:
+        with contextlib.suppress(OSError):
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=memo.parent, suffix=".partial")
+            with os.fdopen(fd, "w", encoding="ascii") as out:
+                out.write(digest)
+            os.replace(tmp, memo)
+    return digest
+
+
 def _session(
-    model_bytes: bytes, digest: str, threads: int, cache_dir: Path | None
+    model_path: Path, digest: str, threads: int, cache_dir: Path | None
 ) -> ort.InferenceSession:
     """A session over the model, via a cached EXTENDED-optimized copy when a cache is given.
 
@@ -188,7 +218,7 @@ def _session(
     providers = ["CPUExecutionProvider"]
     load_options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     if cache_dir is None:
-        return ort.InferenceSession(model_bytes, load_options, providers=providers)
+        return ort.InferenceSession(str(model_path), load_options, providers=providers)
     models = cache_dir / "models"
     cached = models / f"{digest}-ort{ort.__version__}-{platform.machine()}.onnx"
     if cached.is_file():
@@ -203,7 +233,7 @@ def _session(
     try:
         save_options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
         save_options.optimized_model_filepath = tmp
-        ort.InferenceSession(model_bytes, save_options, providers=providers)
+        ort.InferenceSession(str(model_path), save_options, providers=providers)
         os.replace(tmp, cached)
         _LOGGER.info("Saved optimized model %s", cached)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.voice import Voice, to_pcm16
+from agent.voice import Voice, model_digest, to_pcm16
 from tests.tiny_voice import SAMPLES_PER_ID, write_tiny_voice
 
 
@@ -74,3 +75,18 @@ def test_non_espeak_voices_are_refused_clearly(tiny_voice: Path, tmp_path: Path)
     Path(f"{model}.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="phoneme_type 'text' unsupported"):
         Voice.load(model, threads=1, cache_dir=None)
+
+
+def test_model_digest_is_remembered_until_the_file_changes(tmp_path: Path) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"first model bytes")
+    expected = hashlib.sha256(b"first model bytes").hexdigest()
+    assert model_digest(model, tmp_path) == expected
+    (memo,) = (tmp_path / "models").glob("digest-*")
+    assert memo.read_text() == expected
+    memo.write_text("f" * 64)  # prove the memo is what answers while the file is unchanged
+    assert model_digest(model, tmp_path) == "f" * 64
+    with model.open("ab") as f:
+        f.write(b"!")  # changed in place: size and change time differ, so it is hashed again
+    assert model_digest(model, tmp_path) == hashlib.sha256(b"first model bytes!").hexdigest()
+    assert model_digest(model, None) == hashlib.sha256(b"first model bytes!").hexdigest()

@@ -1,0 +1,161 @@
+"""The quantization tool: the log-mel/DTW metric, the publish gate, and runs on the tiny voice."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from ota.quantize import (
+    frame_distance_db,
+    is_publishable,
+    log_mel_db,
+    log_mel_distance_db,
+    main,
+    run,
+)
+from ota.variants import BuildInputs, Variant, build_dynamic
+
+RATE = 22050
+
+
+def tones(pitches: list[float], seconds: float = 0.25) -> npt.NDArray[np.float64]:
+    """A melody of harmonic tones (fundamental and 4 overtones), one per pitch."""
+    t = np.arange(int(seconds * RATE)) / RATE
+    notes = [
+        sum(0.3 / k * np.sin(2 * np.pi * pitch * k * t) for k in range(1, 6)) for pitch in pitches
+    ]
+    return np.concatenate(notes)
+
+
+def silence(seconds: float) -> npt.NDArray[np.float64]:
+    return np.zeros(int(seconds * RATE))
+
+
+MELODY = tones([220.0, 440.0, 330.0, 880.0, 550.0])
+
+
+def test_log_mel_shape_and_floor() -> None:
+    mel = log_mel_db(np.concatenate([silence(0.5), MELODY]), RATE)
+    assert mel.shape[1] == 80
+    assert mel[:10].max() == pytest.approx(-80.0)  # silence sits on the floor
+    assert mel.max() > -30.0
+
+
+def test_identical_audio_has_zero_distance() -> None:
+    audio = np.concatenate([silence(0.2), MELODY, silence(0.2)])
+    assert log_mel_distance_db(audio, audio.copy(), RATE) == 0.0
+
+
+def test_time_shift_and_padding_are_aligned_by_dtw() -> None:
+    reference = np.concatenate([silence(0.2), MELODY, silence(0.3)])
+    shifted = np.concatenate([silence(0.4), MELODY, silence(0.1)])  # same length, 0.2 s later
+    padded = np.concatenate([silence(0.25), MELODY, silence(0.9)])  # longer, 0.05 s later
+    for copy in (shifted, padded):
+        aligned = log_mel_distance_db(reference, copy, RATE)
+        unaligned = frame_distance_db(reference, copy, RATE)
+        assert aligned < 1.0
+        assert unaligned > 10.0
+        assert unaligned > 10 * aligned
+
+
+def test_white_noise_is_far_from_a_harmonic_signal() -> None:
+    noise = np.random.default_rng(7).normal(scale=0.1, size=len(MELODY))
+    assert log_mel_distance_db(MELODY, noise, RATE) > 10.0
+
+
+def test_a_quieter_copy_is_at_its_level_difference() -> None:
+    audio = np.concatenate([silence(0.2), MELODY, silence(0.2)])
+    distance = log_mel_distance_db(audio, audio * 10 ** (-3 / 20), RATE)  # 3 dB quieter
+    assert 1.0 < distance < 3.0  # 3 dB where there is sound, 0 on the floor
+
+
+@pytest.mark.parametrize(
+    ("speedup", "distance", "expected"),
+    [
+        (1.3, 2.0, True),  # both limits are inclusive
+        (2.5, 0.1, True),
+        (1.29, 0.1, False),  # too slow
+        (2.5, 2.01, False),  # too far
+        (1.0, 0.0, False),  # the baseline itself
+        (0.3, 6.2, False),  # dynamic INT8 as measured on the platform
+        (None, 0.1, False),  # not timed (failed)
+        (2.5, None, False),  # not compared (failed)
+        (math.nan, 0.1, False),
+        (2.5, math.nan, False),
+    ],
+)
+def test_publish_gate(speedup: float | None, distance: float | None, expected: bool) -> None:
+    assert is_publishable(speedup, distance) is expected
+
+
+def test_cli_builds_every_variant_of_the_tiny_voice(
+    tiny_voice: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    assert main([str(tiny_voice), "--out-dir", str(out), "--repeat", "2"]) == 0
+    report = json.loads((out / "quantize.json").read_text(encoding="utf-8"))
+    variants = {v["name"]: v for v in report["variants"]}
+    for name in ("fp32", "int8-dynamic"):
+        assert variants[name]["error"] is None
+        assert variants[name]["size_bytes"] > 0
+        assert len(variants[name]["round_seconds"]) == 2
+        assert variants[name]["speedup"] > 0
+        assert len(variants[name]["sentence_distances_db"]) == report["sentences"] == 9
+    assert variants["fp32"]["speedup"] == 1.0
+    assert variants["fp32"]["distance_db"] == 0.0  # own session matches the agent's Voice
+    assert Path(variants["int8-dynamic"]["file"]).is_file()
+    table = [
+        line
+        for line in (out / "quantize.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("| ") and not line.startswith("| variant")
+    ]
+    assert [row.split(" | ")[0].removeprefix("| ") for row in table] == list(variants)
+    assert "| fp32 |" in capsys.readouterr().out
+
+
+def test_texts_file_and_variant_subset(tiny_voice: Path, tmp_path: Path) -> None:
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Hello there.\n\nThe door is open.\n", encoding="utf-8")
+    out = tmp_path / "out"
+    args = [str(tiny_voice), "--out-dir", str(out), "--texts", str(texts), "--repeat", "1"]
+    assert main([*args, "--variants", "int8-dynamic"]) == 0
+    report = json.loads((out / "quantize.json").read_text(encoding="utf-8"))
+    assert report["texts"] == ["Hello there.", "The door is open."]
+    assert [v["name"] for v in report["variants"]] == ["fp32", "int8-dynamic"]
+    assert main([*args, "--variants", "int4-magic"]) == 2
+
+
+def _broken_build(inputs: BuildInputs, destination: Path) -> list[str]:
+    raise RuntimeError("no calibration today")
+
+
+def _garbage_build(inputs: BuildInputs, destination: Path) -> list[str]:
+    destination.write_bytes(b"not an onnx model")
+    return ["wrote garbage on purpose"]
+
+
+def test_failing_variants_are_reported_not_raised(tiny_voice: Path, tmp_path: Path) -> None:
+    variants = [
+        Variant("fp32", "baseline"),
+        Variant("broken", "fails to build", _broken_build),
+        Variant("garbage", "builds, fails to load", _garbage_build),
+        Variant("int8-dynamic", "still measured after the failures", build_dynamic),
+    ]
+    report = run(tiny_voice, tmp_path, texts=["Hello there."], repeat=1, variants=variants)
+    by_name = {r.name: r for r in report.variants}
+    assert by_name["broken"].error == "build failed: RuntimeError: no calibration today"
+    assert (by_name["garbage"].error or "").startswith("run failed: ")
+    assert by_name["garbage"].notes == ["wrote garbage on purpose"]
+    for name in ("broken", "garbage"):
+        assert by_name[name].publishable is False
+        assert by_name[name].speedup is None
+    assert by_name["int8-dynamic"].error is None
+    assert by_name["int8-dynamic"].speedup is not None
+    markdown = (tmp_path / "quantize.md").read_text(encoding="utf-8")
+    assert "| broken | — | — | — | no (error) |" in markdown
+    assert "no calibration today" in markdown
