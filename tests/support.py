@@ -199,6 +199,12 @@ class AgentProcess:
         self._process = None
         return code
 
+    @property
+    def pid(self) -> int:
+        """The running process's id."""
+        assert self._process is not None, "not started"
+        return self._process.pid
+
     def alive(self) -> bool:
         """Whether the process is still running."""
         return self._process is not None and self._process.poll() is None

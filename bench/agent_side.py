@@ -1,0 +1,148 @@
+"""The agent under test, driven only through its MQTT contract (README.md) and its process.
+
+`python -m agent run --config FILE` runs as a subprocess (tests.support.AgentProcess) against a
+real Mosquitto (tests.support.Broker); a `Probe` publishes speak messages and sees events and
+status with arrival timestamps. Memory is read from /proc/<pid>/status.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from bench.probe import Arrival, Probe
+from tests.support import TIMEOUT, AgentProcess, Broker
+
+NODE_ID: Final = "bench"
+PREFIX: Final = "voice"
+SPEAK_TOPIC: Final = f"{PREFIX}/{NODE_ID}/speak"
+EVENTS_TOPIC: Final = f"{PREFIX}/{NODE_ID}/events"
+STATUS_TOPIC: Final = f"{PREFIX}/{NODE_ID}/status"
+_ENDS: Final = frozenset({"failed", "rejected"})
+_LOG_TAIL: Final = 3000
+
+
+def write_config(directory: Path, broker: Broker, cache_dir: Path) -> Path:
+    """The agent's config: the given broker, ALSA's null PCM, a cache in cache_dir."""
+    config = {
+        "node_id": NODE_ID,
+        "mqtt": {
+            "host": broker.host,
+            "port": broker.port,
+            "topic_prefix": PREFIX,
+            "reconnect_max": 2.0,
+        },
+        "audio": {"device": "null"},
+        "cache": {"dir": str(cache_dir)},
+    }
+    path = directory / "agent.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True)
+class SpeakTiming:
+    """One announcement, seen from the publisher (seconds after the publish call)."""
+
+    started: float
+    finished: float
+    audio_seconds: float
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A process's peak (VmHWM) and current (VmRSS) resident set, in MB."""
+
+    peak_mb: float
+    rss_mb: float
+
+    @classmethod
+    def from_kib(cls, peak: str, rss: str) -> Memory:
+        """From /proc values in KiB (`123 kB` or `123`)."""
+        return cls(_kib_to_mb(peak), _kib_to_mb(rss))
+
+
+def _kib_to_mb(value: str) -> float:
+    return int(value.split(maxsplit=1)[0]) * 1024 / 1e6
+
+
+def read_memory(pid: int | str) -> Memory:
+    """VmHWM and VmRSS of a process (`self` for this one)."""
+    fields: dict[str, str] = {}
+    for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
+        name, _, value = line.partition(":")
+        fields[name] = value
+    return Memory.from_kib(fields["VmHWM"], fields["VmRSS"])
+
+
+def _event(arrival: Arrival) -> dict[str, Any] | None:
+    if arrival.topic != EVENTS_TOPIC:
+        return None
+    value = json.loads(arrival.payload)
+    return value if isinstance(value, dict) else None
+
+
+class AgentUnderTest:
+    """One agent process with the probe that talks to it."""
+
+    def __init__(self, config: Path, log: Path, probe: Probe) -> None:
+        self._process = AgentProcess(config, log)
+        self._probe = probe
+
+    def start(self) -> float:
+        """Spawn it and wait for a live `online` status; returns spawn-to-online seconds."""
+        since = self._probe.mark()
+        spawned = time.perf_counter()
+        self._process.start()
+        online = self._wait(
+            lambda a: a.topic == STATUS_TOPIC and a.payload == b"online", since, "online"
+        )
+        return online.at - spawned
+
+    def stop(self) -> None:
+        """SIGTERM and wait for the exit (no-op when not running)."""
+        if self._process.alive():
+            self._process.signal(signal.SIGTERM)
+
+    def speak(self, text: str, request_id: str) -> SpeakTiming:
+        """Publish a JSON speak message; wait for `started` and `finished`."""
+        since = self._probe.mark()
+        payload = json.dumps({"text": text, "id": request_id}).encode()
+        sent = self._probe.publish(SPEAK_TOPIC, payload)
+        started = self._wait_event(request_id, "started", since)
+        finished = self._wait_event(request_id, "finished", since)
+        audio = float((_event(finished) or {}).get("audio_seconds", 0.0))
+        return SpeakTiming(started.at - sent, finished.at - sent, audio)
+
+    def memory(self) -> Memory:
+        """The agent process's VmHWM and VmRSS now."""
+        return read_memory(self._process.pid)
+
+    def _wait_event(self, request_id: str, name: str, since: int) -> Arrival:
+        def match(arrival: Arrival) -> bool:
+            event = _event(arrival)
+            return (
+                event is not None
+                and event.get("id") == request_id
+                and event.get("event") in {name} | _ENDS
+            )
+
+        arrival = self._wait(match, since, f"{name} of {request_id}")
+        event = _event(arrival) or {}
+        if event.get("event") in _ENDS:
+            raise RuntimeError(f"the agent did not speak {request_id}: {event}")
+        return arrival
+
+    def _wait(self, match: Callable[[Arrival], bool], since: int, what: str) -> Arrival:
+        try:
+            return self._probe.wait_for(match, since, TIMEOUT, lambda: not self._process.alive())
+        except TimeoutError as err:
+            tail = self._process.output()[-_LOG_TAIL:]
+            raise RuntimeError(f"no {what} from the agent; its log ends:\n{tail}") from err

@@ -1,0 +1,221 @@
+"""Benchmark the voice agent against piper-tts 1.8 on the same voice, on this machine, in one run.
+
+Measures warm synthesis speed, time to first audio of uncached text, cached-phrase latency
+through a real Mosquitto, cold start and memory, then writes `results.json`, `REPORT.md` and
+`latency.png` to --out-dir. Usage: `python -m bench.run [--out-dir bench] [--quick]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import asdict
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from piper import PiperVoice
+
+from agent.voice import Voice, bundled_voice
+from bench import metrics, synth
+from bench.agent_side import EVENTS_TOPIC, STATUS_TOPIC, AgentUnderTest, write_config
+from bench.metrics import Measured, Plan
+from bench.probe import Probe
+from bench.report import Panel, write_chart, write_json, write_markdown
+from bench.stats import Entry
+from bench.texts import CACHED_PHRASE, COLD_START_SENTENCE, SPEED_TEXTS
+from tests.support import Broker
+
+_THREADS = 2
+
+
+class Progress:
+    """Prints `[bench  12s] message` lines, flushed at once."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        print(f"[bench {self.elapsed():4.0f}s] {message}", flush=True)
+
+    def elapsed(self) -> float:
+        """Seconds since the benchmark started."""
+        return time.monotonic() - self.began
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, kernel and the versions that matter, with the date."""
+    return {
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "onnxruntime": version("onnxruntime"),
+        "piper-tts": version("piper-tts"),
+        "numpy": version("numpy"),
+        "paho-mqtt": version("paho-mqtt"),
+        "mosquitto": _mosquitto_version(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load_average_at_start": _load_average(),
+    }
+
+
+def _load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return platform.processor() or "unknown"
+
+
+def _mosquitto_version() -> str:
+    done = subprocess.run(["mosquitto", "-h"], capture_output=True, text=True, check=False)
+    lines = done.stdout.splitlines()
+    return lines[0].strip() if lines else "mosquitto (version unknown)"
+
+
+def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Measured]:
+    """Every measurement, in an order where nothing else runs beside the timed work."""
+    tag = uuid.uuid4().hex[:8]
+    model = bundled_voice()
+    cache_dir = work / "cache"
+    say("loading our voice and piper-tts's in this process")
+    ours = synth.ours(Voice.load(model, threads=_THREADS, cache_dir=cache_dir))
+    piper = synth.piper(PiperVoice.load(model))
+    results = [metrics.warm_speed(ours, piper, plan.speed_reps, say)]
+
+    broker = Broker(work / "broker")
+    stack.callback(broker.stop)
+    broker.start()
+    probe = Probe(broker.host, broker.port, [EVENTS_TOPIC, STATUS_TOPIC])
+    stack.callback(probe.close)
+    config = write_config(work, broker, cache_dir)
+
+    def new_agent() -> AgentUnderTest:
+        agent = AgentUnderTest(config, work / "agent.log", probe)
+        stack.callback(agent.stop)
+        return agent
+
+    def agent_cold_start() -> float:
+        agent = new_agent()
+        try:
+            return agent.start()
+        finally:
+            agent.stop()
+
+    def piper_child(texts: Sequence[str]) -> synth.ChildRun:
+        return synth.run_piper_child(model, texts, work / "piper-child.log")
+
+    def piper_cold_start() -> float:
+        return piper_child([COLD_START_SENTENCE]).seconds
+
+    results.append(metrics.cold_start(agent_cold_start, piper_cold_start, plan.cold_starts, say))
+    agent = new_agent()
+    say(f"agent online after {agent.start():.2f} s; measuring time to first audio")
+    first = metrics.first_audio(agent, piper, plan.ttfa_trials, tag, say)
+    results.append(first)
+    results.append(metrics.cached_latency(agent, plan.cached_messages, tag, say))
+    say("memory: the agent speaks the short, medium and long texts; piper-tts does the same")
+    results.append(
+        metrics.memory(agent, piper_child, [*first.details["texts"], CACHED_PHRASE], tag)
+    )
+    results[-1].details["publisher_tcp_nodelay"] = probe.nodelay
+    agent.stop()
+    return results
+
+
+def panels(entries: dict[str, Entry]) -> list[Panel]:
+    """The chart: first audio, cached latency, cold start."""
+    ttfa_whole = entries["ttfa_vs_piper_whole_text"]
+    ttfa_first = entries["ttfa_vs_piper_first_sentence"]
+    cached = entries["cached_latency_p50"]
+    cold = entries["cold_start"]
+    return [
+        Panel(
+            "Time to first audio, uncached 3 sentences",
+            "ms",
+            {
+                "ours (MQTT,\npublish → started)": ttfa_whole.ours,
+                "piper-tts\nfirst sentence": ttfa_first.piper or [],
+                "piper-tts\nwhole text": ttfa_whole.piper or [],
+            },
+        ),
+        Panel(
+            "Cached phrase, publish → started",
+            "ms",
+            {"ours": cached.ours},
+            {"target p50 10 ms": 10.0, "target p99 30 ms": 30.0},
+        ),
+        Panel(
+            "Cold start",
+            "s",
+            {
+                "ours\n(spawn → online)": cold.ours,
+                "piper-tts\n(spawn → 1st sentence)": cold.piper or [],
+            },
+        ),
+    ]
+
+
+def write_outputs(
+    out: Path, machine: dict[str, Any], run: dict[str, Any], done: list[Measured]
+) -> None:
+    """results.json, REPORT.md and latency.png in out."""
+    entries = [entry for measured in done for entry in measured.entries]
+    by_key = {entry.key: entry for entry in entries}
+    details: dict[str, Any] = {}
+    for measured in done:
+        details.update(measured.details)
+    write_json(
+        out / "results.json",
+        {
+            "machine": machine,
+            "run": run,
+            "metrics": {entry.key: entry.to_json() for entry in entries},
+            "details": details,
+        },
+    )
+    write_markdown(out / "REPORT.md", machine, run, entries)
+    write_chart(out / "latency.png", panels(by_key))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and write its outputs."""
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--out-dir", type=Path, default=Path("bench"), help="output folder")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    args = parser.parse_args(argv)
+    plan = metrics.QUICK if args.quick else metrics.FULL
+    say = Progress()
+    machine = machine_info()
+    say(f"{machine['cpu_model']}, {machine['cores']} cores; plan {asdict(plan)}")
+    with tempfile.TemporaryDirectory(prefix="voice-agent-bench-") as tmp, ExitStack() as stack:
+        done = measure(Path(tmp), plan, say, stack)
+    run = {
+        "quick": args.quick,
+        "plan": asdict(plan),
+        "duration_s": round(say.elapsed(), 1),
+        "load_average_at_end": _load_average(),
+        "speed_texts": SPEED_TEXTS,
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    write_outputs(args.out_dir, machine, run, done)
+    for entry in (entry for measured in done for entry in measured.entries):
+        say(" | ".join(entry.row()))
+    say(f"wrote results.json, REPORT.md and latency.png to {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

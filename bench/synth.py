@@ -1,0 +1,129 @@
+"""Timed synthesis: our Voice and piper-tts in this process, and piper-tts in a fresh process.
+
+In process, both sides are timed the same way: from the call to the first chunk (sentence) and
+to the last, with the seconds of audio produced. The piper-tts child process loads the voice,
+synthesizes the given texts and prints a marker line with its VmHWM and VmRSS, for cold start
+and memory.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, TypeVar
+
+from piper import PiperVoice
+from piper.voice import AudioChunk
+
+from agent.voice import PCM16, Voice
+from bench.agent_side import Memory
+from tests.support import TIMEOUT
+
+T = TypeVar("T")
+
+MARKER: Final = "BENCH-DONE"
+PIPER_CHILD: Final = """
+import json, sys
+from piper import PiperVoice
+voice = PiperVoice.load(sys.argv[1])
+for text in json.loads(sys.argv[2]):
+    for _ in voice.synthesize(text):
+        pass
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print("BENCH-DONE", status["VmHWM"].split()[0], status["VmRSS"].split()[0], flush=True)
+"""
+"""Run as `python -c PIPER_CHILD MODEL TEXTS_JSON`; prints `BENCH-DONE <VmHWM kB> <VmRSS kB>`."""
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """One synthesis: seconds to the first chunk, to the last, and seconds of audio."""
+
+    first: float
+    total: float
+    audio: float
+
+    @property
+    def speed(self) -> float:
+        """Seconds of audio per second of compute."""
+        return self.audio / self.total
+
+
+Synth = Callable[[str], StreamTiming]
+"""Synthesizes a text, timed."""
+
+
+def time_stream(start: Callable[[], Iterable[T]], seconds_of: Callable[[T], float]) -> StreamTiming:
+    """Consume a chunk stream, timing the first chunk and the end."""
+    began = time.perf_counter()
+    first: float | None = None
+    audio = 0.0
+    for chunk in start():
+        if first is None:
+            first = time.perf_counter() - began
+        audio += seconds_of(chunk)
+    total = time.perf_counter() - began
+    return StreamTiming(total if first is None else first, total, audio)
+
+
+def ours(voice: Voice) -> Synth:
+    """Our voice with its default parameters (from the voice JSON)."""
+    rate = voice.sample_rate
+
+    def seconds(pcm: PCM16) -> float:
+        return len(pcm) / rate
+
+    return lambda text: time_stream(lambda: voice.synthesize(text), seconds)
+
+
+def piper(voice: PiperVoice) -> Synth:
+    """piper-tts with its defaults."""
+
+    def seconds(chunk: AudioChunk) -> float:
+        return len(chunk.audio_float_array) / chunk.sample_rate
+
+    return lambda text: time_stream(lambda: voice.synthesize(text), seconds)
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """A piper-tts child: spawn-to-marker seconds and its memory at the end."""
+
+    seconds: float
+    memory: Memory
+
+
+def run_piper_child(model: Path, texts: Sequence[str], stderr_log: Path) -> ChildRun:
+    """Spawn a fresh Python that loads the voice with piper-tts and synthesizes texts."""
+    args = [sys.executable, "-c", PIPER_CHILD, str(model), json.dumps(list(texts))]
+    with stderr_log.open("ab") as errors:
+        spawned = time.perf_counter()
+        child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors, text=True)
+        watchdog = threading.Timer(TIMEOUT, child.kill)  # a hung child ends the read
+        watchdog.start()
+        try:
+            line = _marker_line(child)
+            elapsed = time.perf_counter() - spawned
+            child.wait(TIMEOUT)
+        finally:
+            watchdog.cancel()
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    _, peak_kib, rss_kib = line.split()
+    return ChildRun(elapsed, Memory.from_kib(peak_kib, rss_kib))
+
+
+def _marker_line(child: subprocess.Popen[str]) -> str:
+    if child.stdout is None:
+        raise RuntimeError("the piper-tts child has no stdout pipe")
+    for line in child.stdout:
+        if line.startswith(MARKER):
+            return line
+    raise RuntimeError(f"the piper-tts child exited with {child.wait()} before {MARKER}")
