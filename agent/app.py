@@ -7,6 +7,7 @@ crosses threads through bounded queues.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -16,23 +17,33 @@ import uuid
 from collections.abc import Callable
 from typing import Final
 
-from .config import AgentConfig, resolve_cache_dir
+from .chimes import ChimePlan, chime_bank
+from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir
 from .core import SpeakCore
 from .messages import (
     Acknowledge,
+    AckRequested,
     Action,
+    AudioStatus,
+    Cut,
     Delivery,
     Event,
     Notify,
+    Priority,
     Rejection,
+    SetVolume,
     SpeakInvalid,
     SpeakReceived,
+    StopRequested,
     Synthesize,
+    Tick,
+    UtteranceEnded,
+    VolumeRequested,
 )
 from .mqtt_link import MqttLink
-from .payloads import SpeakLimits, encode_event, parse_speak
+from .payloads import SpeakLimits, encode_event, parse_ack, parse_speak, parse_stop, parse_volume
 from .phrase_cache import PhraseCache
-from .player import Player, alsa_opener
+from .player import PcmOpener, Player, alsa_opener
 from .synthesizer import Synthesizer, VoiceChoice
 from .topics import Topics
 from .voice import SynthesisParams, Voice, bundled_voice, seed_random
@@ -42,7 +53,8 @@ _LOGGER = logging.getLogger(__name__)
 INBOX_SIZE: Final = 1024
 """Events waiting for the core. MQTT can hold at most `mqtt.receive_maximum` unacknowledged
 QoS 1 messages in it; the rest are bounded per utterance by the player's buffer."""
-_POLL_SECONDS: Final = 0.2
+_TICK_SECONDS: Final = 0.1
+"""How often time passes for the core when nothing else happens (deadlines, repeats)."""
 
 
 def load_voice(config: AgentConfig, voice_id: str = "default") -> VoiceChoice:
@@ -80,21 +92,31 @@ def load_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
 class App:
     """One running agent: the core and its edges, wired."""
 
-    def __init__(self, config: AgentConfig, voices: dict[str, VoiceChoice]) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        voices: dict[str, VoiceChoice],
+        open_pcm: PcmOpener | None = None,
+    ) -> None:
         self._config = config
         self._topics = Topics(config.mqtt.topic_prefix, config.node_id)
         self._inbox: queue.Queue[Event] = queue.Queue(maxsize=INBOX_SIZE)
-        speak = config.speak
+        speak, audio, cache = config.speak, config.audio, config.cache
         self._limits = SpeakLimits(speak.max_payload_bytes, speak.max_text_chars)
-        self._core = SpeakCore(speak.queue_size, speak.remembered_ids, frozenset(voices))
-        self._stopping = threading.Event()
         rate = _common_rate(voices)
-        audio = config.audio
-        opener = alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
-        self._player = Player(opener, rate, self._inbox.put)
-        cache = config.cache
+        bank = chime_bank(audio.chime_files, rate)
+        self._core = SpeakCore(
+            speak.queue_size, speak.remembered_ids, frozenset(voices), frozenset(bank)
+        )
+        self._stopping = threading.Event()
+        opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
+        self._player = Player(opener, rate, self._inbox.put, audio.volume, audio.alarm_volume_floor)
         self._cache = PhraseCache(
             resolve_cache_dir(cache, os.environ) / "phrases", cache.memory_bytes, cache.disk_bytes
+        )
+        by_class = {**DEFAULT_CHIMES, **audio.chimes}
+        plan = ChimePlan(
+            bank, {p: by_class[p.label] for p in Priority if by_class[p.label] != "none"}
         )
         self._synthesizer = Synthesizer(
             voices,
@@ -103,13 +125,22 @@ class App:
             self._player.put,
             self._inbox.put,
             cache.phrases,
+            plan,
         )
-        on_speak = self._on_speak_message
+        self._audio_available = True
+        topics = self._topics
         self._link = MqttLink(
             config.mqtt,
             client_id=f"voice-agent-{config.node_id}",
-            status_topic=self._topics.status,
-            handlers={self._topics.speak: on_speak, self._topics.speak_all: on_speak},
+            status_topic=topics.status,
+            handlers={
+                topics.speak: self._on_speak_message,
+                topics.speak_all: self._on_speak_message,
+                topics.stop: self._on_stop_message,
+                topics.ack: self._on_ack_message,
+                topics.volume: self._on_volume_message,
+            },
+            retained=frozenset({topics.volume}),
         )
 
     def request_stop(self) -> None:
@@ -122,28 +153,39 @@ class App:
         self._player.start()
         self._synthesizer.start()
         self._link.start()
-        _LOGGER.info(
-            "Serving node %s: speak on %s and %s",
-            self._config.node_id,
-            self._topics.speak,
-            self._topics.speak_all,
-        )
+        self._publish_state()
+        _LOGGER.info("Serving node %s on %s/…", self._config.node_id, self._topics.speak[:-6])
+        next_tick = time.monotonic()
         try:
             while not self._stopping.is_set():
                 if self._link.failed.is_set():
                     return 1
                 try:
-                    event = self._inbox.get(timeout=_POLL_SECONDS)
+                    event: Event = self._inbox.get(timeout=_TICK_SECONDS)
                 except queue.Empty:
-                    continue
-                for action in self._core.handle(event):
-                    self._execute(action)
+                    event = Tick()
+                now = time.monotonic()
+                if isinstance(event, Tick):
+                    next_tick = now + _TICK_SECONDS
+                elif now >= next_tick:  # busy: still let time pass for deadlines and repeats
+                    self._handle(Tick(), now)
+                    next_tick = now + _TICK_SECONDS
+                self._handle(event, now)
         finally:
             self._link.stop()
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._synthesizer.stop()
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
         return 0
+
+    def _handle(self, event: Event, now: float) -> None:
+        for action in self._core.handle(event, now):
+            self._execute(action)
+        if isinstance(event, AudioStatus):
+            self._audio_available = event.available
+            self._publish_state()
+        elif isinstance(event, SpeakReceived | UtteranceEnded | StopRequested | AckRequested):
+            self._publish_state()
 
     def _execute(self, action: Action) -> None:
         match action:
@@ -155,21 +197,64 @@ class App:
                 )
                 self._link.publish(self._topics.events, payload)
                 _LOGGER.info("%s %s %s", request_id, event, dict(details) or "")
-            case Synthesize(request):
+            case Synthesize(request, play):
                 self._synthesizer.submit(request)
+                _LOGGER.debug("Synthesizing %s, play %d", request.id, play)
+            case Cut(request_id):
+                self._synthesizer.cancel(request_id)
+                self._player.cut(request_id)
+            case SetVolume(volume):
+                self._player.volume = volume
+                self._publish_state()
+
+    def _publish_state(self) -> None:
+        state = {
+            "audio": "available" if self._audio_available else "unavailable",
+            "volume": round(self._player.volume, 3),
+            "queue_depth": self._core.queue_depth,
+            "underruns": self._player.underruns,
+        }
+        self._link.publish(self._topics.state, json.dumps(state), retain=True)
+
+    # ---- on the MQTT thread: parse, then hand off without blocking ------------------------
 
     def _on_speak_message(self, payload: bytes, delivery: Delivery) -> None:
-        """On the MQTT thread: parse, then hand off without blocking."""
         parsed = parse_speak(payload, self._limits, _new_id)
-        event: Event
-        if isinstance(parsed, Rejection):
-            event = SpeakInvalid(parsed, delivery)
-        else:
-            event = SpeakReceived(parsed, delivery)
+        self._hand_off(
+            SpeakInvalid(parsed, delivery)
+            if isinstance(parsed, Rejection)
+            else SpeakReceived(parsed, delivery)
+        )
+
+    def _on_stop_message(self, payload: bytes, delivery: Delivery) -> None:
+        parsed = parse_stop(payload, _new_id)
+        self._hand_off(
+            SpeakInvalid(parsed, delivery)
+            if isinstance(parsed, Rejection)
+            else StopRequested(parsed, delivery)
+        )
+
+    def _on_ack_message(self, payload: bytes, delivery: Delivery) -> None:
+        parsed = parse_ack(payload, _new_id)
+        self._hand_off(
+            SpeakInvalid(parsed, delivery)
+            if isinstance(parsed, Rejection)
+            else AckRequested(parsed, delivery)
+        )
+
+    def _on_volume_message(self, payload: bytes, delivery: Delivery) -> None:
+        parsed = parse_volume(payload, _new_id)
+        self._hand_off(
+            SpeakInvalid(parsed, delivery)
+            if isinstance(parsed, Rejection)
+            else VolumeRequested(parsed, delivery)
+        )
+
+    def _hand_off(self, event: Event) -> None:
         try:
             self._inbox.put_nowait(event)
         except queue.Full:
-            _LOGGER.error("Inbox full: a speak message was dropped unacknowledged")
+            _LOGGER.error("Inbox full: a message was dropped unacknowledged")
 
 
 def _new_id() -> str:

@@ -79,6 +79,19 @@ def _key(
     return field(default=default, metadata=metadata)
 
 
+CLASSES: Final = ("critical", "alarm", "warning", "info", "chat")
+"""Announcement classes, highest first."""
+BUILTIN_CHIMES: Final = ("alert", "alarm", "attention", "ding")
+"""Chimes the agent generates (see `chimes.BUILTIN`)."""
+DEFAULT_CHIMES: Final[Mapping[str, str]] = {
+    "critical": "alert",
+    "alarm": "alarm",
+    "warning": "attention",
+    "info": "none",
+    "chat": "none",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class MqttConfig:
     """Connection to the MQTT broker."""
@@ -117,6 +130,29 @@ class AudioConfig:
     device: str = _key("ALSA PCM name, passed to ALSA verbatim.", "default")
     period_ms: int = _key("ALSA period length (milliseconds).", 20, _between(10, 20))
     periods: int = _key("ALSA periods in the device buffer (count).", 4, _between(2, 32))
+    volume: float = _key(
+        "Global volume at start, 0 to 1 (set at run time on `<prefix>/<node_id>/volume`).",
+        1.0,
+        _between(0, 1),
+    )
+    alarm_volume_floor: float = _key(
+        "Least volume of alarm and critical announcements, 0 to 1, whatever the global and "
+        "requested volumes.",
+        0.5,
+        _between(0, 1),
+    )
+    chimes: Mapping[str, str] = _key(
+        "The chime before each class's announcements, by class: a built-in (alert, alarm, "
+        "attention, ding), a name from `audio.chime_files`, or none. Classes not listed keep "
+        "their default: critical alert, alarm alarm, warning attention, info and chat none.",
+        check=None,
+        factory=dict,
+    )
+    chime_files: Mapping[str, Path] = _key(
+        "More chimes: a map from name to a 16-bit PCM WAV file (any rate; resampled).",
+        check=_readable_file,
+        factory=dict,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +342,13 @@ def _cross_checks(config: AgentConfig) -> list[str]:
         problems.append("mqtt.password_file: set, but mqtt.username is null (it would be ignored)")
     if mqtt.reconnect_min > mqtt.reconnect_max:
         problems.append("mqtt.reconnect_min: larger than mqtt.reconnect_max")
+    chimes = {*BUILTIN_CHIMES, *config.audio.chime_files, "none"}
+    for name, chime in config.audio.chimes.items():
+        if name not in CLASSES:
+            problems.append(f"audio.chimes.{name}: expected a class ({', '.join(CLASSES)})")
+        elif chime not in chimes:
+            known = ", ".join(sorted(chimes))
+            problems.append(f"audio.chimes.{name}: unknown chime {chime!r} (known: {known})")
     if config.speak.remembered_ids < config.speak.queue_size:
         problems.append(
             "speak.remembered_ids: smaller than speak.queue_size (ids still waiting could be "

@@ -1,30 +1,62 @@
-"""The pure core: decides what happens to each speak request. Events in, actions out.
+"""The pure core: decides what happens to every announcement. Events and time in, actions out.
 
-No I/O, no clock, no threads: `SpeakCore.handle` is a plain function of its state and the event,
-so every decision can be tested table by table. Allowed imports: stdlib and `messages`.
+No I/O, no clock, no threads: `SpeakCore.handle(event, now)` is a plain function of its state,
+the event and the time it is given, so every rule is tested table by table.
+
+The rules:
+- Classes, highest first: critical, alarm, warning, info, chat. Waiting announcements are
+  taken highest class first, and first in, first out within a class.
+- One announcement is active at a time (synthesized and played). A new one of a higher class
+  that interrupts (by default alarm and critical do) cuts the active one, which fades out.
+  The cut one is re-queued (info, warning, alarm: it plays again from the start, ahead of
+  later ones of its class) or dropped (chat). Lower or equal classes never preempt.
+- The queue is bounded: when full, the lowest-class, oldest announcement is rejected with
+  `queue_full` (the newcomer itself if it is the lowest), so a critical is never dropped for a
+  lower one.
+- `ttl`: not started by then, it expires (also a repeat that has not started).
+- `repeat`: after each play the announcement waits `repeat_interval` and plays again, until the
+  count runs out or, for `repeat: 0`, until acknowledged; `ack` with its id ends it at once.
+- `stop` cuts what is playing; with `clear` it also drops everything waiting.
+- `dedupe_key`: a newcomer replaces a waiting announcement with the same key and takes its place.
+- No announcement starts while the audio device is unavailable; they wait (their ttl runs).
+
+Allowed imports: stdlib and `messages`.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from dataclasses import dataclass
 
 from .messages import (
+    UNTIL_ACKNOWLEDGED,
     Acknowledge,
+    AckRequested,
     Action,
+    AudioStatus,
+    Cut,
     Delivery,
     Event,
     Lifecycle,
     Notify,
+    Priority,
     Reason,
     Rejection,
+    SetVolume,
     SpeakInvalid,
     SpeakReceived,
     SpeakRequest,
+    StopRequested,
     SynthesisDone,
     Synthesize,
+    Tick,
     UtteranceEnded,
     UtteranceStarted,
+    VolumeRequested,
 )
+
+REQUEUED_WHEN_PREEMPTED = frozenset({Priority.INFO, Priority.WARNING, Priority.ALARM})
+"""Classes that are played again after a preemption; chat is dropped (critical is never cut)."""
 
 
 class RecentIds:
@@ -45,87 +77,287 @@ class RecentIds:
             self._ids.popitem(last=False)
 
 
-class SpeakCore:
-    """First in, first out announcements; each id spoken once; one utterance synthesized at a time.
+@dataclass(slots=True)
+class _Item:
+    """An accepted announcement and its schedule."""
 
-    The synthesizer works one request ahead of the player (the player's bounded buffer throttles
-    it), so the next request is synthesized while the current one plays.
-    """
+    request: SpeakRequest
+    seq: int
+    deadline: float | None
+    not_before: float = 0.0
+    plays: int = 0
+    """Plays finished so far."""
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Queue order: highest class first, then first in, first out."""
+        return (-self.request.priority, self.seq)
+
+
+@dataclass(slots=True)
+class _Active:
+    """The announcement handed to the synthesizer and the player."""
+
+    item: _Item
+    started: bool = False
+    cut: bool = False
+    """Cut (preempted, stopped, acknowledged, expired): its last event is already out."""
+    synthesized: bool = False
+    played: bool = False
+
+
+class SpeakCore:
+    """Scheduling of announcements by class, with preemption, expiry, repeats and stop."""
 
     def __init__(
-        self, queue_size: int, remembered_ids: int, voices: frozenset[str] = frozenset({"default"})
+        self,
+        queue_size: int,
+        remembered_ids: int,
+        voices: frozenset[str] = frozenset({"default"}),
+        chimes: frozenset[str] = frozenset(),
     ) -> None:
         self._queue_size = queue_size
         self._voices = voices
-        self._pending: deque[SpeakRequest] = deque()
-        self._synthesizing: str | None = None
+        self._chimes = chimes
+        self._queue: list[_Item] = []
+        self._active: _Active | None = None
+        self._audio_available = True
+        self._seq = 0
         self._seen = RecentIds(remembered_ids)
         self._fingerprints = RecentIds(remembered_ids)
 
     @property
     def queue_depth(self) -> int:
-        """Requests accepted and not yet handed to the synthesizer."""
-        return len(self._pending)
+        """Announcements waiting (not the active one)."""
+        return len(self._queue)
 
-    def handle(self, event: Event) -> list[Action]:  # noqa: PLR0911 - one return per event kind
-        """Decide the actions that follow from one event."""
+    def handle(self, event: Event, now: float) -> list[Action]:  # noqa: PLR0911 - one per kind
+        """Decide the actions that follow from one event at time `now` (seconds)."""
         match event:
             case SpeakReceived(request, delivery):
                 if delivery.redelivered and (
                     request.id in self._seen or delivery.fingerprint in self._fingerprints
                 ):
                     return [Acknowledge(delivery)]  # the broker resent what we already took
-                return [*self._on_speak(request, delivery), Acknowledge(delivery)]
+                admitted = self._admit(request, delivery, now)
+                return [*admitted, Acknowledge(delivery), *self._next(now)]
             case SpeakInvalid(rejection, delivery):
                 return [_rejected(rejection), Acknowledge(delivery)]
+            case StopRequested(clear, delivery):
+                return [*self._stop(clear), Acknowledge(delivery), *self._next(now)]
+            case AckRequested(request_id, delivery):
+                return [*self._acknowledge(request_id), Acknowledge(delivery), *self._next(now)]
+            case VolumeRequested(volume, delivery):
+                return [SetVolume(volume), Acknowledge(delivery)]
+            case Tick():
+                return [*self._expire(now), *self._next(now)]
+            case AudioStatus(available, _):
+                self._audio_available = available
+                return self._next(now)
             case SynthesisDone(request_id):
-                if self._synthesizing == request_id:
-                    self._synthesizing = None
-                return self._next()
+                if self._active is not None and self._active.item.request.id == request_id:
+                    self._active.synthesized = True
+                return self._finish_active(now)
             case UtteranceStarted(request_id):
-                return [Notify(request_id, Lifecycle.STARTED)]
-            case UtteranceEnded(request_id, audio_seconds, None, _, info):
-                seconds = {"audio_seconds": round(audio_seconds, 3)}
-                return [Notify(request_id, Lifecycle.FINISHED, {**seconds, **info})]
-            case UtteranceEnded(request_id, _, error, detail, info):
-                failure = {"reason": str(error), "detail": detail}
-                return [Notify(request_id, Lifecycle.FAILED, {**failure, **info})]
+                return self._started(request_id)
+            case UtteranceEnded():
+                return [*self._ended(event, now), *self._finish_active(now)]
         raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
 
-    def _on_speak(self, request: SpeakRequest, delivery: Delivery) -> list[Action]:
-        if request.id in self._seen:
-            return [
-                _rejected(
-                    Rejection(request.id, Reason.DUPLICATE_ID, "this id was already accepted")
-                )
-            ]
-        if request.voice not in self._voices:
-            known = ", ".join(sorted(self._voices))
-            unknown = Rejection(request.id, Reason.UNKNOWN_VOICE, f"known voices: {known}", "voice")
-            return [_rejected(unknown)]
-        if len(self._pending) >= self._queue_size:
-            full = f"{self._queue_size} announcements waiting"
-            return [_rejected(Rejection(request.id, Reason.QUEUE_FULL, full))]
+    # ---- arrivals ---------------------------------------------------------------------------
+
+    def _admit(self, request: SpeakRequest, delivery: Delivery, now: float) -> list[Action]:
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return [_rejected(refusal)]
         self._seen.add(request.id)
         if delivery.fingerprint:
             self._fingerprints.add(delivery.fingerprint)
-        self._pending.append(request)
-        start = self._next()
-        details: dict[str, object] = {"queue_depth": len(self._pending)}
+        self._seq += 1
+        deadline = None if request.ttl is None else now + request.ttl
+        item = _Item(request, self._seq, deadline)
+        actions: list[Action] = []
+        replaced = self._waiting_with_key(request.dedupe_key)
+        if replaced is not None:
+            self._queue.remove(replaced)
+            item.seq = replaced.seq  # the newcomer takes its place in the queue
+            actions.append(_notify(replaced, Lifecycle.COALESCED, into=request.id))
+        if len(self._queue) >= self._queue_size:
+            victim = min([*self._queue, item], key=lambda i: (i.request.priority, i.seq))
+            full = f"{self._queue_size} announcements waiting; dropped the lowest, oldest"
+            actions.append(_rejected(_rejection(victim, Reason.QUEUE_FULL, full)))
+            if victim is item:
+                return actions
+            self._queue.remove(victim)
+        self._enqueue(item)
+        details: dict[str, object] = {"queue_depth": len(self._queue)}
         if request.unknown_fields:
             details["unknown_fields"] = list(request.unknown_fields)
-        return [Notify(request.id, Lifecycle.ACCEPTED, details), *start]
+        actions.insert(0, _notify(item, Lifecycle.ACCEPTED, **details))
+        return [*actions, *self._preempt_for(item)]
 
-    def _next(self) -> list[Action]:
-        if self._synthesizing is not None or not self._pending:
+    def _refusal(self, request: SpeakRequest) -> Rejection | None:
+        priority = request.priority
+        if request.id in self._seen:
+            return Rejection(
+                request.id, Reason.DUPLICATE_ID, "this id was already accepted", None, priority
+            )
+        if request.voice not in self._voices:
+            known = ", ".join(sorted(self._voices))
+            return Rejection(
+                request.id, Reason.UNKNOWN_VOICE, f"known voices: {known}", "voice", priority
+            )
+        if isinstance(request.chime, str) and request.chime not in self._chimes:
+            known = ", ".join(sorted(self._chimes))
+            return Rejection(
+                request.id, Reason.UNKNOWN_CHIME, f"known chimes: {known}", "chime", priority
+            )
+        return None
+
+    def _waiting_with_key(self, key: str | None) -> _Item | None:
+        if key is None:
+            return None
+        return next((i for i in self._queue if i.request.dedupe_key == key), None)
+
+    def _enqueue(self, item: _Item) -> None:
+        self._queue.append(item)
+        self._queue.sort(key=lambda i: i.order)
+
+    def _preempt_for(self, item: _Item) -> list[Action]:
+        active = self._active
+        if active is None or active.cut or not item.request.interrupts:
             return []
-        request = self._pending.popleft()
-        self._synthesizing = request.id
-        return [Synthesize(request)]
+        current = active.item
+        if item.request.priority <= current.request.priority:
+            return []
+        active.cut = True
+        actions: list[Action] = [
+            Cut(current.request.id),
+            _notify(current, Lifecycle.PREEMPTED, by=item.request.id),
+        ]
+        if current.request.priority in REQUEUED_WHEN_PREEMPTED:
+            current.not_before = 0.0
+            self._enqueue(current)
+            actions.append(_notify(current, Lifecycle.REQUEUED, queue_depth=len(self._queue)))
+        return actions
+
+    # ---- operator commands ------------------------------------------------------------------
+
+    def _stop(self, clear: bool) -> list[Action]:
+        actions: list[Action] = []
+        active = self._active
+        if active is not None and not active.cut:
+            active.cut = True
+            actions += [Cut(active.item.request.id), _notify(active.item, Lifecycle.STOPPED)]
+        if clear:
+            actions += [_notify(i, Lifecycle.STOPPED, cleared=True) for i in self._queue]
+            self._queue.clear()
+        return actions
+
+    def _acknowledge(self, request_id: str) -> list[Action]:
+        active = self._active
+        if active is not None and not active.cut and active.item.request.id == request_id:
+            active.cut = True
+            return [Cut(request_id), _notify(active.item, Lifecycle.ACKNOWLEDGED)]
+        waiting = next((i for i in self._queue if i.request.id == request_id), None)
+        if waiting is not None:
+            self._queue.remove(waiting)
+            return [_notify(waiting, Lifecycle.ACKNOWLEDGED)]
+        nothing = Rejection(
+            request_id, Reason.UNKNOWN_ID, "nothing with this id is playing or waiting"
+        )
+        return [_rejected(nothing)]
+
+    # ---- time -------------------------------------------------------------------------------
+
+    def _expire(self, now: float) -> list[Action]:
+        actions: list[Action] = []
+        for item in [i for i in self._queue if _past(i.deadline, now)]:
+            self._queue.remove(item)
+            actions.append(_notify(item, Lifecycle.EXPIRED))
+        active = self._active
+        if active is None or active.cut or active.started:
+            return actions
+        if _past(active.item.deadline, now):  # e.g. it waited for the audio device
+            active.cut = True
+            actions += [Cut(active.item.request.id), _notify(active.item, Lifecycle.EXPIRED)]
+        return actions
+
+    def _next(self, now: float) -> list[Action]:
+        if self._active is not None or not self._audio_available:
+            return []
+        actions = self._expire(now)
+        ready = next((i for i in self._queue if i.not_before <= now), None)
+        if ready is None:
+            return actions
+        self._queue.remove(ready)
+        self._active = _Active(ready)
+        return [*actions, Synthesize(ready.request, ready.plays + 1)]
+
+    # ---- playback ---------------------------------------------------------------------------
+
+    def _started(self, request_id: str) -> list[Action]:
+        active = self._active
+        if active is None or active.cut or active.item.request.id != request_id:
+            return []
+        active.started = True
+        return [_notify(active.item, Lifecycle.STARTED, play=active.item.plays + 1)]
+
+    def _ended(self, event: UtteranceEnded, now: float) -> list[Action]:
+        active = self._active
+        if active is None or active.item.request.id != event.id:
+            return []
+        active.played = True
+        if active.cut:
+            return []  # its last event went out when it was cut
+        item = active.item
+        if event.error is not None:
+            return [_notify(item, Lifecycle.FAILED, reason=str(event.error), detail=event.detail)]
+        item.plays += 1
+        request = item.request
+        more = request.repeat == UNTIL_ACKNOWLEDGED or item.plays < request.repeat
+        left: object = (
+            "until_acknowledged"
+            if request.repeat == UNTIL_ACKNOWLEDGED
+            else (request.repeat - item.plays)
+        )
+        finished = _notify(
+            item,
+            Lifecycle.FINISHED,
+            audio_seconds=round(event.audio_seconds, 3),
+            play=item.plays,
+            repeats_left=left,
+            **event.info,
+        )
+        if more:
+            item.not_before = now + request.repeat_interval
+            self._enqueue(item)
+        return [finished]
+
+    def _finish_active(self, now: float) -> list[Action]:
+        active = self._active
+        if active is None or not (active.synthesized and active.played):
+            return []
+        self._active = None
+        return self._next(now)
+
+
+def _past(deadline: float | None, now: float) -> bool:
+    return deadline is not None and now >= deadline
+
+
+def _notify(item: _Item, event: Lifecycle, **details: object) -> Notify:
+    return Notify(item.request.id, event, {"priority": item.request.priority.label, **details})
+
+
+def _rejection(item: _Item, reason: Reason, detail: str) -> Rejection:
+    return Rejection(item.request.id, reason, detail, None, item.request.priority)
 
 
 def _rejected(rejection: Rejection) -> Notify:
     details: dict[str, object] = {"reason": str(rejection.reason), "detail": rejection.detail}
     if rejection.field is not None:
         details["field"] = rejection.field
+    if rejection.priority is not None:
+        details["priority"] = rejection.priority.label
     return Notify(rejection.id, Lifecycle.REJECTED, details)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 
 
 class Lifecycle(StrEnum):
@@ -18,6 +18,12 @@ class Lifecycle(StrEnum):
     FINISHED = "finished"
     REJECTED = "rejected"
     FAILED = "failed"
+    PREEMPTED = "preempted"
+    REQUEUED = "requeued"
+    EXPIRED = "expired"
+    STOPPED = "stopped"
+    ACKNOWLEDGED = "acknowledged"
+    COALESCED = "coalesced"
 
 
 class Reason(StrEnum):
@@ -30,11 +36,32 @@ class Reason(StrEnum):
     EMPTY_TEXT = "empty_text"
     TEXT_TOO_LONG = "text_too_long"
     UNKNOWN_VOICE = "unknown_voice"
+    UNKNOWN_CHIME = "unknown_chime"
+    UNKNOWN_ID = "unknown_id"
     DUPLICATE_ID = "duplicate_id"
     QUEUE_FULL = "queue_full"
     SYNTHESIS_ERROR = "synthesis_error"
     NO_SPEECH = "no_speech"
     AUDIO_ERROR = "audio_error"
+
+
+class Priority(IntEnum):
+    """Announcement classes, lowest first: a higher class may preempt a lower one."""
+
+    CHAT = 0
+    INFO = 1
+    WARNING = 2
+    ALARM = 3
+    CRITICAL = 4
+
+    @property
+    def label(self) -> str:
+        """The name used in payloads and events."""
+        return self.name.lower()
+
+
+UNTIL_ACKNOWLEDGED = 0
+"""`repeat` value: play again and again until an `ack` (or `stop`, or the `ttl`) ends it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +90,27 @@ class SpeakRequest:
     rate: float = 1.0
     """Speaking rate: 2.0 is twice as fast (the voice's length scale is divided by it)."""
     volume: float = 1.0
-    """Gain applied to the samples, 0 to 1."""
+    """Gain asked for, 0 to 1 (the global volume and the class's floor also apply)."""
+    priority: Priority = Priority.INFO
+    ttl: float | None = None
+    """Seconds from arrival: not started by then, it expires."""
+    interrupt: bool | None = None
+    """Preempt a lower class at once; None means the class default (alarm and critical do)."""
+    chime: bool | str = True
+    """True: the class's chime; False: none; a name: that chime."""
+    repeat: int = 1
+    """Plays in all; UNTIL_ACKNOWLEDGED (0) repeats until an ack."""
+    repeat_interval: float = 10.0
+    """Seconds from the end of one play to the start of the next."""
+    dedupe_key: str | None = None
+    """A later request with the same key replaces this one while it waits."""
+
+    @property
+    def interrupts(self) -> bool:
+        """Whether it preempts a lower class that is playing."""
+        if self.interrupt is not None:
+            return self.interrupt
+        return self.priority >= Priority.ALARM
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +122,8 @@ class Rejection:
     detail: str
     field: str | None = None
     """The payload field at fault, for `invalid_field`."""
+    priority: Priority | None = None
+    """The request's class, when the payload got that far."""
 
 
 # ---- events: edges -> core -------------------------------------------------------------
@@ -90,15 +139,52 @@ class SpeakReceived:
 
 @dataclass(frozen=True, slots=True)
 class SpeakInvalid:
-    """A speak message arrived that cannot be served as it is."""
+    """A message arrived that cannot be served as it is (speak, stop, ack or volume)."""
 
     rejection: Rejection
     delivery: Delivery
 
 
 @dataclass(frozen=True, slots=True)
+class StopRequested:
+    """Stop what is playing; with `clear`, also drop everything waiting."""
+
+    clear: bool
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class AckRequested:
+    """An operator acknowledged announcement `id` (ends its repeats)."""
+
+    id: str
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeRequested:
+    """Set the global volume (0 to 1)."""
+
+    volume: float
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passes: deadlines and repeat intervals are checked."""
+
+
+@dataclass(frozen=True, slots=True)
+class AudioStatus:
+    """The audio device became available or unavailable."""
+
+    available: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SynthesisDone:
-    """The synthesizer handed the last audio of this utterance to the player and is free."""
+    """The synthesizer handed the last audio of this job to the player and is free."""
 
     id: str
 
@@ -112,7 +198,7 @@ class UtteranceStarted:
 
 @dataclass(frozen=True, slots=True)
 class UtteranceEnded:
-    """The last sample of this utterance was played (or it could not be)."""
+    """The last sample of this utterance was played (or it could not be, or it was cut)."""
 
     id: str
     audio_seconds: float
@@ -122,7 +208,18 @@ class UtteranceEnded:
     """Extra fields for the `finished` or `failed` event (e.g. how much came from the cache)."""
 
 
-Event = SpeakReceived | SpeakInvalid | SynthesisDone | UtteranceStarted | UtteranceEnded
+Event = (
+    SpeakReceived
+    | SpeakInvalid
+    | StopRequested
+    | AckRequested
+    | VolumeRequested
+    | Tick
+    | AudioStatus
+    | SynthesisDone
+    | UtteranceStarted
+    | UtteranceEnded
+)
 
 
 # ---- actions: core -> edges ------------------------------------------------------------
@@ -146,9 +243,25 @@ class Notify:
 
 @dataclass(frozen=True, slots=True)
 class Synthesize:
-    """Synthesize and play this request (the synthesizer is free)."""
+    """Synthesize and play this request (the synthesizer and the player are free)."""
 
     request: SpeakRequest
+    play: int = 1
+    """Which play this is (repeats count up from 1)."""
 
 
-Action = Acknowledge | Notify | Synthesize
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Stop this announcement now: cancel its synthesis, fade out what is playing."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetVolume:
+    """Apply a new global volume (at once, to what is playing too)."""
+
+    volume: float
+
+
+Action = Acknowledge | Notify | Synthesize | Cut | SetVolume

@@ -64,11 +64,13 @@ class MqttLink:
         client_id: str,
         status_topic: str,
         handlers: Mapping[str, MessageHandler],
+        retained: frozenset[str] = frozenset(),
     ) -> None:
         self._config = config
         self._client_id = client_id
         self._status_topic = status_topic
         self._handlers = dict(handlers)
+        self._retained = retained
         self._stopping = threading.Event()
         self._connack: ReasonCode | None = None
         self.connected = threading.Event()
@@ -268,9 +270,13 @@ class MqttLink:
                 self._config.port,
                 flags.session_present,
             )
-            # Never replay a retained speak message at (re)subscribe: it was said when sent.
-            options = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
-            client.subscribe([(topic, options) for topic in self._handlers])
+            # Never replay a retained command at (re)subscribe (a speak was said when sent),
+            # except where a retained value is state to restore (the volume).
+            keep = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)
+            skip = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+            client.subscribe(
+                [(topic, keep if topic in self._retained else skip) for topic in self._handlers]
+            )
             client.publish(self._status_topic, ONLINE, qos=1, retain=True)
             self.connected.set()
         except Exception:

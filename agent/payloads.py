@@ -1,26 +1,86 @@
-"""MQTT payloads to domain messages and back: parsing speak requests, encoding lifecycle events.
+"""MQTT payloads to domain messages and back: speak, stop, ack and volume in; events out.
 
-Pure functions: no I/O, no clock (timestamps and fresh ids are passed in). Allowed imports:
-stdlib, `messages` and `text`.
+Pure functions: no I/O, no clock (timestamps and fresh ids are passed in). Every input gets a
+result or a `Rejection` with a reason; nothing raises. Allowed imports: stdlib, `messages`, `text`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .messages import Lifecycle, Reason, Rejection, SpeakRequest
+from .messages import Lifecycle, Priority, Reason, Rejection, SpeakRequest
 from .text import clean_text
 
-SPEAK_FIELDS: Final = frozenset({"id", "text", "voice", "rate", "volume"})
-"""JSON fields of a speak payload that this version understands."""
-
 MAX_ID_CHARS: Final = 128
-RATE_RANGE: Final = (0.5, 2.0)
-VOLUME_RANGE: Final = (0.0, 1.0)
+_PRIORITIES: Final = {p.label: p for p in Priority}
+
+Check = Callable[[object], tuple[object, str | None]]
+"""Validates one JSON value: (converted value, None) or (None, what was expected)."""
+
+
+def _number(low: float, high: float) -> Check:
+    def check(value: object) -> tuple[object, str | None]:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if number and math.isfinite(value) and low <= value <= high:  # type: ignore[arg-type, operator]
+            return float(value), None  # type: ignore[arg-type]
+        return None, f"expected a number from {low:g} to {high:g}"
+
+    return check
+
+
+def _integer(low: int, high: int) -> Check:
+    def check(value: object) -> tuple[object, str | None]:
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+            return value, None
+        return None, f"expected a whole number from {low} to {high}"
+
+    return check
+
+
+def _name(max_chars: int) -> Check:
+    def check(value: object) -> tuple[object, str | None]:
+        if isinstance(value, str) and 0 < len(value) <= max_chars and value.isprintable():
+            return value, None
+        return None, f"expected a string of 1-{max_chars} printable characters"
+
+    return check
+
+
+def _boolean(value: object) -> tuple[object, str | None]:
+    return (value, None) if isinstance(value, bool) else (None, "expected true or false")
+
+
+def _priority(value: object) -> tuple[object, str | None]:
+    if isinstance(value, str) and value in _PRIORITIES:
+        return _PRIORITIES[value], None
+    return None, f"expected one of {', '.join(_PRIORITIES)}"
+
+
+def _chime(value: object) -> tuple[object, str | None]:
+    if isinstance(value, bool):
+        return value, None
+    named, problem = _name(64)(value)
+    return (named, None) if problem is None else (None, "expected true, false or a chime name")
+
+
+SPEAK_FIELDS: Final[Mapping[str, Check]] = {
+    "voice": _name(64),
+    "rate": _number(0.5, 2.0),
+    "volume": _number(0.0, 1.0),
+    "priority": _priority,
+    "ttl": _number(0.001, 7 * 86400),
+    "interrupt": _boolean,
+    "chime": _chime,
+    "repeat": _integer(0, 1000),
+    "repeat_interval": _number(0.0, 86400),
+    "dedupe_key": _name(MAX_ID_CHARS),
+}
+"""Optional JSON fields of a speak payload (besides `id` and `text`), with their checks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,77 +95,118 @@ def parse_speak(
     payload: bytes, limits: SpeakLimits, new_id: Callable[[], str]
 ) -> SpeakRequest | Rejection:
     """Parse a speak payload: plain UTF-8 text, or a JSON object when it starts with '{'."""
-    if len(payload) > limits.max_bytes:
-        detail = f"{len(payload)} bytes, at most {limits.max_bytes} allowed"
+    decoded = _decode(payload, limits.max_bytes, new_id)
+    if isinstance(decoded, Rejection):
+        return decoded
+    if not isinstance(decoded, dict):
+        return _request(SpeakRequest(new_id(), decoded), limits)
+    request_id = _request_id(decoded, new_id)
+    if isinstance(request_id, Rejection):
+        return request_id
+    values: dict[str, Any] = {}
+    priority, problem = _priority(decoded.get("priority", "info"))
+    known = priority if isinstance(priority, Priority) else None
+    for name, check in SPEAK_FIELDS.items():
+        if name in decoded:
+            values[name], problem = check(decoded[name])
+            if problem is not None:
+                return Rejection(request_id, Reason.INVALID_FIELD, problem, name, known)
+    text = decoded.get("text")
+    if not isinstance(text, str):
+        got = "missing" if "text" not in decoded else f"expected a string, got {_kind(text)}"
+        return Rejection(request_id, Reason.INVALID_FIELD, got, "text", known)
+    unknown = tuple(sorted(set(decoded) - set(SPEAK_FIELDS) - {"id", "text"}))
+    return _request(SpeakRequest(request_id, text, unknown, **values), limits)
+
+
+def parse_stop(payload: bytes, new_id: Callable[[], str]) -> bool | Rejection:
+    """A stop command: empty or any text stops; JSON `{"clear": true}` also empties the queue."""
+    decoded = _decode(payload, 4096, new_id)
+    if isinstance(decoded, Rejection) or not isinstance(decoded, dict):
+        return decoded if isinstance(decoded, Rejection) else False
+    clear, problem = _boolean(decoded.get("clear", False))
+    if problem is not None:
+        return Rejection(new_id(), Reason.INVALID_FIELD, problem, "clear")
+    return bool(clear)
+
+
+def parse_ack(payload: bytes, new_id: Callable[[], str]) -> str | Rejection:
+    """An acknowledgement: the announcement's id, as plain text or JSON `{"id": ...}`."""
+    decoded = _decode(payload, 4096, new_id)
+    if isinstance(decoded, Rejection):
+        return decoded
+    if isinstance(decoded, dict):
+        if "id" not in decoded:
+            return Rejection(new_id(), Reason.INVALID_FIELD, "missing", "id")
+        return _request_id(decoded, new_id)
+    text = decoded.strip()
+    if not text:
+        return Rejection(new_id(), Reason.INVALID_FIELD, "missing", "id")
+    return _request_id({"id": text}, new_id)
+
+
+def parse_volume(payload: bytes, new_id: Callable[[], str]) -> float | Rejection:
+    """A global volume from 0 to 1, as plain text (`0.6`) or JSON `{"volume": 0.6}`."""
+    decoded = _decode(payload, 4096, new_id)
+    if isinstance(decoded, Rejection):
+        return decoded
+    if isinstance(decoded, dict):
+        raw: object = decoded.get("volume")
+    else:
+        try:
+            raw = float(decoded.strip())
+        except ValueError:
+            raw = decoded
+    value, problem = _number(0.0, 1.0)(raw)
+    if problem is not None:
+        return Rejection(new_id(), Reason.INVALID_FIELD, problem, "volume")
+    assert isinstance(value, float)  # noqa: S101 - _number converts to float
+    return value
+
+
+def _decode(
+    payload: bytes, max_bytes: int, new_id: Callable[[], str]
+) -> str | dict[str, Any] | Rejection:
+    """Text, or a JSON object when the text starts with '{'; or why it is neither."""
+    if len(payload) > max_bytes:
+        detail = f"{len(payload)} bytes, at most {max_bytes} allowed"
         return Rejection(new_id(), Reason.PAYLOAD_TOO_LARGE, detail)
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as err:
         return Rejection(new_id(), Reason.INVALID_UTF8, f"invalid UTF-8 at byte {err.start}")
     if not text.lstrip().startswith("{"):
-        return _request(SpeakRequest(new_id(), text), limits)
+        return text
     try:
-        obj = json.loads(text)
+        obj: dict[str, Any] = json.loads(text)  # text starting with '{' that parses is an object
     except (ValueError, RecursionError) as err:
         return Rejection(new_id(), Reason.INVALID_JSON, f"not a valid JSON object: {err}"[:200])
-    return _from_json(obj, limits, new_id)  # text starting with '{' that parses is an object
+    return obj
 
 
-def _from_json(
-    obj: dict[str, Any], limits: SpeakLimits, new_id: Callable[[], str]
-) -> SpeakRequest | Rejection:
+def _request_id(obj: dict[str, Any], new_id: Callable[[], str]) -> str | Rejection:
     raw_id = obj.get("id")
     if raw_id is None:
-        request_id = new_id()
-    elif isinstance(raw_id, int) and not isinstance(raw_id, bool):
-        request_id = str(raw_id)
-    elif isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_CHARS and raw_id.isprintable():
-        request_id = raw_id
-    else:
-        return Rejection(
-            new_id(),
-            Reason.INVALID_FIELD,
-            f"expected a string of 1-{MAX_ID_CHARS} printable characters or an integer",
-            "id",
-        )
-    if "text" not in obj:
-        return Rejection(request_id, Reason.INVALID_FIELD, "missing", "text")
-    text = obj["text"]
-    if not isinstance(text, str):
-        return _invalid(request_id, "text", f"expected a string, got {_json_kind(text)}")
-    voice = obj.get("voice", "default")
-    if not isinstance(voice, str) or not voice:
-        return _invalid(request_id, "voice", "expected a voice id (a non-empty string)")
-    numbers: dict[str, float] = {}
-    for name, (low, high) in (("rate", RATE_RANGE), ("volume", VOLUME_RANGE)):
-        value = obj.get(name, 1.0)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not low <= value <= high
-        ):
-            return _invalid(request_id, name, f"expected a number from {low:g} to {high:g}")
-        numbers[name] = float(value)
-    unknown = tuple(sorted(set(obj) - SPEAK_FIELDS))
-    request = SpeakRequest(request_id, text, unknown, voice, numbers["rate"], numbers["volume"])
-    return _request(request, limits)
-
-
-def _invalid(request_id: str, field: str, detail: str) -> Rejection:
-    return Rejection(request_id, Reason.INVALID_FIELD, detail, field)
+        return new_id()
+    if isinstance(raw_id, int) and not isinstance(raw_id, bool):
+        return str(raw_id)
+    if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_CHARS and raw_id.isprintable():
+        return raw_id
+    expected = f"expected a string of 1-{MAX_ID_CHARS} printable characters or an integer"
+    return Rejection(new_id(), Reason.INVALID_FIELD, expected, "id")
 
 
 def _request(request: SpeakRequest, limits: SpeakLimits) -> SpeakRequest | Rejection:
     text = clean_text(request.text)
     if not text:
-        return Rejection(request.id, Reason.EMPTY_TEXT, "nothing to say")
+        return Rejection(request.id, Reason.EMPTY_TEXT, "nothing to say", None, request.priority)
     if len(text) > limits.max_text_chars:
         detail = f"{len(text)} characters, at most {limits.max_text_chars} allowed"
-        return Rejection(request.id, Reason.TEXT_TOO_LONG, detail)
+        return Rejection(request.id, Reason.TEXT_TOO_LONG, detail, None, request.priority)
     return replace(request, text=text)
 
 
-def _json_kind(value: object) -> str:
+def _kind(value: object) -> str:
     kinds: dict[type, str] = {
         bool: "a boolean",
         int: "a number",

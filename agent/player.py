@@ -1,9 +1,14 @@
 """Audio out: one ALSA PCM, opened once and kept open, fed by a writer thread from a bounded buffer.
 
-The buffer holds at most two chunks (one sentence each), so synthesis runs one chunk ahead of
-playback and blocks when it is that far ahead: double buffering without an unbounded queue. The
-PCM is drained at the end of each utterance, so `finished` means the last sample was played.
-Allowed imports: stdlib, numpy, alsaaudio, `messages`.
+The buffer holds at most two chunks (a chime, or a group of clauses), so synthesis runs one chunk
+ahead of playback and blocks when it is that far ahead: double buffering without an unbounded
+queue. Samples are written one period at a time; between periods the writer applies the
+volume (requested x global, with the alarm floor) and notices a cut, which it turns into a
+one-period fade to silence. The PCM is drained at the end of each announcement, so `finished`
+means played. An underrun is recovered and counted; a device that fails or cannot be opened is
+closed and opened again with backoff (tenacity), reported as unavailable meanwhile; the
+announcement it broke fails with `audio_error`, later ones wait. Allowed imports: stdlib,
+numpy, tenacity, alsaaudio, `messages`, `volume`.
 """
 
 from __future__ import annotations
@@ -17,19 +22,22 @@ from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
-from .messages import Event, Reason, UtteranceEnded, UtteranceStarted
+from .messages import AudioStatus, Event, Priority, Reason, UtteranceEnded, UtteranceStarted
+from .volume import effective_volume
 
 _LOGGER = logging.getLogger(__name__)
 
 BUFFER_CHUNKS: Final = 2
 """Chunks the double buffer holds between synthesis and the ALSA writer."""
-_POLL_SECONDS: Final = 0.2
+_POLL_SECONDS: Final = 0.05
+_REOPEN_MAX_SECONDS: Final = 10.0
 
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Audio for one utterance; `end=True` closes the utterance (with its error, if any)."""
+    """Audio for one announcement; `end=True` closes it (with its error, if any)."""
 
     id: str
     pcm: npt.NDArray[np.int16] | None = None
@@ -37,7 +45,10 @@ class Chunk:
     error: Reason | None = None
     detail: str = ""
     info: Mapping[str, object] = field(default_factory=dict)
-    """With `end`: extra fields for the utterance's last event."""
+    """With `end`: extra fields for the announcement's last event."""
+    volume: float = 1.0
+    """The requested volume (the global volume and the floor are applied at write time)."""
+    priority: Priority = Priority.INFO
 
 
 class Pcm(Protocol):
@@ -55,6 +66,10 @@ class Pcm(Protocol):
 
 PcmOpener = Callable[[], tuple[Pcm, int]]
 """Opens the PCM; returns it with its period size in frames."""
+
+
+class AudioUnavailableError(OSError):
+    """The device cannot be opened or failed while in use."""
 
 
 def alsa_opener(device: str, rate: int, period_ms: int, periods: int) -> PcmOpener:
@@ -86,10 +101,27 @@ def alsa_opener(device: str, rate: int, period_ms: int, periods: int) -> PcmOpen
     return open_pcm
 
 
-class Player:
-    """Writer thread over a kept-open PCM; reports started and ended per utterance."""
+@dataclass(slots=True)
+class _Utterance:
+    """What the writer knows about the announcement it is playing."""
 
-    def __init__(self, open_pcm: PcmOpener, rate: int, report: Callable[[Event], None]) -> None:
+    id: str
+    frames: int = 0
+    error: tuple[Reason, str] | None = None
+    cut: bool = False
+
+
+class Player:
+    """Writer thread over a kept-open PCM; reports started, ended and device availability."""
+
+    def __init__(
+        self,
+        open_pcm: PcmOpener,
+        rate: int,
+        report: Callable[[Event], None],
+        volume: float = 1.0,
+        floor: float = 0.0,
+    ) -> None:
         self._open_pcm = open_pcm
         self._rate = rate
         self._report = report
@@ -98,12 +130,36 @@ class Player:
         self._thread = threading.Thread(target=self._run_blocking, name="alsa-writer", daemon=True)
         self._pcm: Pcm | None = None
         self._period_frames = 0
+        self._lock = threading.Lock()
+        self._cuts: set[str] = set()
+        self._volume = volume
+        self._floor = floor
+        self._available: bool | None = None
         self.underruns = 0
-        """Buffer underruns reported by ALSA since start."""
+        """Buffer underruns reported by ALSA since start (each was recovered)."""
+
+    # ---- any thread -------------------------------------------------------------------------
+
+    @property
+    def volume(self) -> float:
+        """The global volume, 0 to 1."""
+        return self._volume
+
+    @volume.setter
+    def volume(self, value: float) -> None:
+        self._volume = value  # read by the writer at each period: applies at once
+
+    def cut(self, request_id: str) -> None:
+        """Fade out this announcement at the next period boundary and drop the rest of it."""
+        with self._lock:
+            self._cuts.add(request_id)
 
     def open(self) -> None:
-        """Open the device now (so a start-up problem shows early); a failure is retried later."""
-        self._ensure_open()
+        """Open the device now, so a problem shows at start; a failure is retried later."""
+        try:
+            self._open_once()
+        except AudioUnavailableError as err:
+            self._set_available(False, str(err))
 
     def start(self) -> None:
         """Start the writer thread."""
@@ -127,55 +183,57 @@ class Player:
         if self._thread.is_alive():
             _LOGGER.warning("The ALSA writer did not stop; leaving the device to process exit")
             return
-        if self._pcm is not None:
-            self._pcm.close()
-            self._pcm = None
+        self._close()
 
-    def _ensure_open(self) -> str | None:
-        """Open the PCM if needed; returns why it cannot be, or None."""
-        if self._pcm is not None:
-            return None
-        try:
-            self._pcm, self._period_frames = self._open_pcm()
-        except Exception as err:
-            _LOGGER.error("Cannot open the audio device: %s", err)
-            return str(err)
-        return None
+    # ---- the writer thread ------------------------------------------------------------------
 
     def _run_blocking(self) -> None:
-        current: str | None = None
-        frames = 0
-        error: tuple[Reason, str] | None = None
+        current: _Utterance | None = None
         while not self._stopping.is_set():
             try:
                 chunk = self._buffer.get(timeout=_POLL_SECONDS)
             except queue.Empty:
                 continue
-            if chunk.id != current:
-                current, frames, error = chunk.id, 0, None
-            if chunk.pcm is not None and error is None:
-                try:
-                    frames += self._play(chunk.id, chunk.pcm, first=frames == 0)
-                except Exception as err:
-                    error = (Reason.AUDIO_ERROR, str(err))
+            if current is None or current.id != chunk.id:
+                current = _Utterance(chunk.id)
+            if chunk.pcm is not None and current.error is None and not current.cut:
+                self._play(current, chunk)
             if chunk.end:
-                self._end(chunk, frames, error)
+                self._end(current, chunk)
                 current = None
 
-    def _play(self, request_id: str, pcm: npt.NDArray[np.int16], *, first: bool) -> int:
-        problem = self._ensure_open()
-        if problem is not None:
-            raise OSError(problem)
-        assert self._pcm is not None  # noqa: S101 - _ensure_open succeeded
+    def _is_cut(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._cuts
+
+    def _play(self, current: _Utterance, chunk: Chunk) -> None:
+        assert chunk.pcm is not None  # noqa: S101 - checked by the caller
+        try:
+            self._ensure_open(current.id)
+        except AudioUnavailableError as err:
+            current.error = (Reason.AUDIO_ERROR, str(err))
+            return
         step = self._period_frames
-        for start in range(0, len(pcm), step):
+        for start in range(0, len(chunk.pcm), step):
             if self._stopping.is_set():
-                break
-            self._write(pcm[start : start + step].tobytes())
-            if first:
-                self._report(UtteranceStarted(request_id))
-                first = False
-        return len(pcm)
+                return
+            period = chunk.pcm[start : start + step].astype(np.float32)
+            period *= effective_volume(chunk.volume, self._volume, chunk.priority, self._floor)
+            if self._is_cut(current.id):
+                current.cut = True
+                if current.frames == 0:
+                    return  # cut before a sample was heard: nothing to fade
+                period *= np.linspace(1.0, 0.0, len(period), dtype=np.float32)  # no click
+            try:
+                self._write(np.round(period).astype(np.int16).tobytes())
+            except AudioUnavailableError as err:
+                current.error = (Reason.AUDIO_ERROR, str(err))
+                return
+            if current.frames == 0:
+                self._report(UtteranceStarted(current.id))
+            current.frames += len(period)
+            if current.cut:
+                return
 
     def _write(self, data: bytes) -> None:
         assert self._pcm is not None  # noqa: S101 - called after _ensure_open
@@ -184,31 +242,80 @@ class Player:
                 written = self._pcm.write(data)
                 if written < 0:  # underrun: ALSA re-prepared the stream, the data was not taken
                     self.underruns += 1
+                    _LOGGER.warning("Audio underrun (%d so far); recovered", self.underruns)
                     continue
                 data = data[written * 2 :]
-        except Exception:
-            self._close_after_error()
-            raise
+        except Exception as err:
+            self._close()
+            self._set_available(False, str(err))
+            raise AudioUnavailableError(str(err)) from err
 
-    def _end(self, chunk: Chunk, frames: int, error: tuple[Reason, str] | None) -> None:
-        if error is None and frames and self._pcm is not None:
+    def _end(self, current: _Utterance, chunk: Chunk) -> None:
+        if current.error is None and current.frames and not current.cut and self._pcm is not None:
             try:
                 self._pcm.drain()
-            except Exception as err:
-                self._close_after_error()
-                error = (Reason.AUDIO_ERROR, str(err))
+            except Exception as err:  # noqa: BLE001 - a device lost while draining
+                self._close()
+                self._set_available(False, str(err))
+                current.error = (Reason.AUDIO_ERROR, str(err))
+        with self._lock:
+            self._cuts.discard(current.id)
+        error = current.error
         if error is None and chunk.error is not None:
             error = (chunk.error, chunk.detail)
-        seconds = frames / self._rate
+        seconds = current.frames / self._rate
         if error is None:
-            self._report(UtteranceEnded(chunk.id, seconds, info=chunk.info))
+            self._report(UtteranceEnded(current.id, seconds, info=chunk.info))
         else:
-            self._report(UtteranceEnded(chunk.id, seconds, error[0], error[1], chunk.info))
+            self._report(UtteranceEnded(current.id, seconds, error[0], error[1], chunk.info))
 
-    def _close_after_error(self) -> None:
+    # ---- the device -------------------------------------------------------------------------
+
+    def _ensure_open(self, request_id: str) -> None:
+        """Open the PCM if needed, retrying with backoff until it opens, or the announcement
+        is cut (its ttl ran out, a stop), or the player stops."""
+        if self._pcm is not None:
+            return
+
+        def give_up(state: RetryCallState) -> bool:
+            return self._stopping.is_set() or self._is_cut(request_id)
+
+        retrying = Retrying(
+            wait=wait_exponential(multiplier=0.5, max=_REOPEN_MAX_SECONDS),
+            retry=retry_if_exception_type(AudioUnavailableError),
+            stop=give_up,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                self._open_once()
+
+    def _open_once(self) -> None:
+        try:
+            self._pcm, self._period_frames = self._open_pcm()
+        except Exception as err:
+            self._set_available(False, str(err))
+            raise AudioUnavailableError(str(err)) from err
+        self._set_available(True)
+
+    def _sleep(self, seconds: float) -> None:
+        self._stopping.wait(seconds)
+
+    def _set_available(self, available: bool, detail: str = "") -> None:
+        if self._available == available:
+            return
+        self._available = available
+        if available:
+            _LOGGER.info("Audio device available")
+        else:
+            _LOGGER.error("Audio device unavailable: %s", detail)
+        self._report(AudioStatus(available, detail))
+
+    def _close(self) -> None:
         if self._pcm is not None:
             try:
                 self._pcm.close()
             except Exception:
-                _LOGGER.debug("Closing the failed PCM raised", exc_info=True)
+                _LOGGER.debug("Closing the PCM raised", exc_info=True)
             self._pcm = None

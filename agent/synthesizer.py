@@ -20,16 +20,23 @@ from dataclasses import astuple, dataclass, replace
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
+from onnxruntime import RunOptions
 
+from .chimes import ChimePlan
 from .chunking import group_clauses
 from .messages import Event, Reason, SpeakRequest, SynthesisDone
 from .phrase_cache import PCM16, PhraseCache, cache_key
 from .player import Chunk
 from .text import clean_text
-from .voice import Clause, SynthesisParams, Voice, to_pcm16
+from .voice import Clause, SynthesisParams, Voice, cancellable_run, to_pcm16
 
 _LOGGER = logging.getLogger(__name__)
 _POLL_SECONDS: Final = 0.2
+
+
+class _CancelledError(Exception):
+    """The request was cut (or the worker is stopping): synthesize no more of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +59,20 @@ class Synthesizer:
         put: Callable[[Chunk], bool],
         report: Callable[[Event], None],
         phrases: Sequence[str] = (),
+        chimes: ChimePlan | None = None,
     ) -> None:
         self._voices = voices
         self._cache = cache
         self._first_chunk = first_chunk_phonemes
         self._put = put
         self._report = report
+        self._chimes = chimes or ChimePlan({}, {})
         self._phrases = deque(phrases)
         self._phrase_counts = {"total": len(phrases), "rendered": 0, "cached": 0}
         self._jobs: queue.Queue[SpeakRequest] = queue.Queue(maxsize=1)
+        self._lock = threading.Lock()
+        self._cancelled: set[str] = set()
+        self._run: tuple[str, RunOptions] | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run_blocking, name="synthesis", daemon=True)
 
@@ -73,6 +85,13 @@ class Synthesizer:
     def submit(self, request: SpeakRequest) -> None:
         """Hand over a request; the core only does so when the worker is free."""
         self._jobs.put_nowait(request)
+
+    def cancel(self, request_id: str) -> None:
+        """Stop synthesizing this request: abort its running inference, skip the rest."""
+        with self._lock:
+            self._cancelled.add(request_id)
+            if self._run is not None and self._run[0] == request_id:
+                self._run[1].terminate = True
 
     def stop(self) -> None:
         """Stop after the current chunk."""
@@ -93,49 +112,86 @@ class Synthesizer:
                     self._render_phrase_blocking(self._phrases.popleft(), started)
                 continue
             self._speak_blocking(request)
+            with self._lock:
+                self._cancelled.discard(request.id)
             self._report(SynthesisDone(request.id))
 
     # ---- requests ---------------------------------------------------------------------------
 
     def _speak_blocking(self, request: SpeakRequest) -> None:
+        """Put the request's chime and speech into the player's buffer, then its end."""
         choice = self._voices[request.voice]
         params = replace(choice.params, length_scale=choice.params.length_scale / request.rate)
-        budget = self._first_chunk
-        cached = 0
+        end = Chunk(request.id, end=True, priority=request.priority)
         try:
-            sentences = choice.voice.sentences(request.text)
-            for sentence in sentences:
-                key = self._key(choice, params, sentence)
-                pcm = self._cache.get(key, choice.voice.sample_rate)
-                if pcm is not None:
-                    cached += 1
-                    budget *= 2
-                    if not self._emit(request, pcm):
-                        return
-                    continue
-                parts: list[PCM16] = []
-                groups = group_clauses([len(clause) for clause in sentence], budget)
-                for group in groups:
-                    ids = choice.voice.ids(sentence[group.start : group.stop])
-                    parts.append(to_pcm16(choice.voice.ids_to_audio(ids, params)))
-                    if self._stopping.is_set() or not self._emit(request, parts[-1]):
-                        return
-                budget *= 2 ** len(groups)
-                self._cache.put(key, np.concatenate(parts), choice.voice.sample_rate)
+            chime = self._chimes.for_request(request)
+            if chime is not None and not self._emit(request, chime):
+                return
+            sentences, cached = self._speech_blocking(request, choice, params)
+        except _CancelledError:
+            self._put(end)
+            return
         except Exception as err:
             _LOGGER.exception("Synthesis of %s failed", request.id)
-            self._put(Chunk(request.id, end=True, error=Reason.SYNTHESIS_ERROR, detail=str(err)))
+            self._put(replace(end, error=Reason.SYNTHESIS_ERROR, detail=str(err)))
             return
-        if not sentences:
-            self._put(Chunk(request.id, end=True, error=Reason.NO_SPEECH, detail="no phonemes"))
+        if sentences == 0:
+            self._put(replace(end, error=Reason.NO_SPEECH, detail="no phonemes"))
         else:
-            info = {"sentences": len(sentences), "cached_sentences": cached}
-            self._put(Chunk(request.id, end=True, info=info))
+            self._put(replace(end, info={"sentences": sentences, "cached_sentences": cached}))
+
+    def _speech_blocking(
+        self, request: SpeakRequest, choice: VoiceChoice, params: SynthesisParams
+    ) -> tuple[int, int]:
+        """Stream every sentence (cached, or synthesized in clause groups); (sentences, cached)."""
+        budget = self._first_chunk
+        cached = 0
+        sentences = choice.voice.sentences(request.text)
+        for sentence in sentences:
+            key = self._key(choice, params, sentence)
+            pcm = self._cache.get(key, choice.voice.sample_rate)
+            if pcm is not None:
+                cached += 1
+                budget *= 2
+                self._emit_or_cancel(request, pcm)
+                continue
+            parts: list[PCM16] = []
+            groups = group_clauses([len(clause) for clause in sentence], budget)
+            for group in groups:
+                ids = choice.voice.ids(sentence[group.start : group.stop])
+                parts.append(to_pcm16(self._infer(request.id, choice, ids, params)))
+                self._emit_or_cancel(request, parts[-1])
+            budget *= 2 ** len(groups)
+            self._cache.put(key, np.concatenate(parts), choice.voice.sample_rate)
+        return len(sentences), cached
+
+    def _infer(
+        self, request_id: str, choice: VoiceChoice, ids: list[int], params: SynthesisParams
+    ) -> npt.NDArray[np.float32]:
+        options = cancellable_run()
+        with self._lock:
+            if request_id in self._cancelled:
+                raise _CancelledError
+            self._run = (request_id, options)
+        try:
+            return choice.voice.ids_to_audio(ids, params, options)
+        except Exception:
+            if options.terminate:
+                raise _CancelledError from None
+            raise
+        finally:
+            with self._lock:
+                self._run = None
 
     def _emit(self, request: SpeakRequest, pcm: PCM16) -> bool:
-        if request.volume != 1.0:
-            pcm = np.round(pcm.astype(np.float32) * request.volume).astype(np.int16)
-        return self._put(Chunk(request.id, pcm))
+        chunk = Chunk(request.id, pcm, volume=request.volume, priority=request.priority)
+        return self._put(chunk)
+
+    def _emit_or_cancel(self, request: SpeakRequest, pcm: PCM16) -> None:
+        with self._lock:
+            cancelled = request.id in self._cancelled
+        if cancelled or self._stopping.is_set() or not self._emit(request, pcm):
+            raise _CancelledError
 
     @staticmethod
     def _key(choice: VoiceChoice, params: SynthesisParams, sentence: list[Clause]) -> str:

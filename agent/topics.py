@@ -23,6 +23,26 @@ class Topics:
         return f"{self.prefix}/all/speak"
 
     @property
+    def stop(self) -> str:
+        """Stop what is playing; `{"clear": true}` also empties the queue (subscribed, QoS 1)."""
+        return f"{self.prefix}/{self.node_id}/stop"
+
+    @property
+    def ack(self) -> str:
+        """Acknowledge a repeating announcement by id (subscribed, QoS 1)."""
+        return f"{self.prefix}/{self.node_id}/ack"
+
+    @property
+    def volume(self) -> str:
+        """Set the global volume, 0 to 1 (subscribed, QoS 1; a retained value applies at start)."""
+        return f"{self.prefix}/{self.node_id}/volume"
+
+    @property
+    def state(self) -> str:
+        """The agent's state as JSON (published retained, QoS 1)."""
+        return f"{self.prefix}/{self.node_id}/state"
+
+    @property
     def events(self) -> str:
         """Lifecycle events of this node's requests (published, QoS 1)."""
         return f"{self.prefix}/{self.node_id}/events"

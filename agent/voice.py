@@ -129,8 +129,13 @@ class Voice:
         """Phoneme ids for each whole sentence of the text."""
         return [self.ids(sentence) for sentence in self.sentences(text)]
 
-    def ids_to_audio(self, ids: list[int], params: SynthesisParams) -> npt.NDArray[np.float32]:
-        """One inference: phoneme ids to float samples in [-1, 1] (not normalized)."""
+    def ids_to_audio(
+        self, ids: list[int], params: SynthesisParams, run_options: ort.RunOptions | None = None
+    ) -> npt.NDArray[np.float32]:
+        """One inference: phoneme ids to float samples in [-1, 1] (not normalized).
+
+        Setting `run_options.terminate` from another thread aborts the inference (it raises).
+        """
         feed: dict[str, npt.NDArray[np.generic]] = {
             "input": np.array([ids], dtype=np.int64),
             "input_lengths": np.array([len(ids)], dtype=np.int64),
@@ -140,7 +145,7 @@ class Voice:
         }
         if self._has_sid:
             feed["sid"] = np.array([self._config.default_speaker_id], dtype=np.int64)
-        output = self._session.run(None, feed)[0]
+        output = self._session.run(None, feed, run_options)[0]
         self.inferences += 1
         return np.asarray(output, dtype=np.float32).reshape(-1)
 
@@ -154,6 +159,11 @@ class Voice:
         """Run one short inference so the first real request does not pay for warm-up."""
         for _ in self.synthesize(_PREWARM_TEXT, replace(self.default_params, noise_scale=0.0)):
             pass
+
+
+def cancellable_run() -> ort.RunOptions:
+    """Options for one inference that another thread can abort (`.terminate = True`)."""
+    return ort.RunOptions()
 
 
 def seed_random(seed: int) -> None:
@@ -224,7 +234,7 @@ def _session(
     if cached.is_file():
         try:
             return ort.InferenceSession(str(cached), load_options, providers=providers)
-        except Exception:
+        except Exception:  # noqa: BLE001 - any load failure means a damaged copy: rebuild it
             _LOGGER.warning("Optimized model %s is damaged; rebuilding it", cached)
             cached.unlink(missing_ok=True)
     models.mkdir(parents=True, exist_ok=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "agent"
-PURE = {"core", "messages", "payloads", "topics", "config", "text", "chunking"}
+PURE = {"core", "messages", "payloads", "topics", "config", "text", "chunking", "volume"}
 IMPURE_STDLIB = {"threading", "time", "socket", "queue", "subprocess", "random", "uuid", "signal"}
-EDGES = {"mqtt_link", "player", "voice", "synthesizer", "phrase_cache"}
+EDGES = {"mqtt_link", "player", "voice", "synthesizer", "phrase_cache", "chimes"}
 ALLOWED_AGENT_IMPORTS = {
     "core": {"messages"},
     "messages": set(),
@@ -20,10 +20,12 @@ ALLOWED_AGENT_IMPORTS = {
     "text": set(),
     "chunking": set(),
     "mqtt_link": {"config", "messages"},
-    "player": {"messages"},
+    "volume": {"messages"},
+    "chimes": {"messages"},
+    "player": {"messages", "volume"},
     "voice": set(),
     "phrase_cache": set(),
-    "synthesizer": {"chunking", "messages", "phrase_cache", "player", "text", "voice"},
+    "synthesizer": {"chimes", "chunking", "messages", "phrase_cache", "player", "text", "voice"},
 }
 
 
@@ -53,7 +55,7 @@ def test_modules_import_only_what_their_layer_allows(module: str) -> None:
     if module in PURE - {"config"}:
         assert not external & IMPURE_STDLIB, external
         pure_stdlib = {"__future__", "collections", "dataclasses", "datetime", "enum", "html"}
-        pure_stdlib |= {"json", "re", "typing", "unicodedata"}
+        pure_stdlib |= {"json", "math", "re", "typing", "unicodedata"}
         assert not external - pure_stdlib, external
 
 

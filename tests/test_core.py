@@ -1,35 +1,51 @@
-"""The pure core, table by table: events in, actions out."""
+"""The pure core, rule by rule: events and time in, actions out."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+
+import pytest
 
 from agent.core import RecentIds, SpeakCore
 from agent.messages import (
+    UNTIL_ACKNOWLEDGED,
     Acknowledge,
+    AckRequested,
+    Action,
+    AudioStatus,
+    Cut,
     Delivery,
+    Event,
     Lifecycle,
     Notify,
+    Priority,
     Reason,
     Rejection,
+    SetVolume,
     SpeakInvalid,
     SpeakReceived,
     SpeakRequest,
+    StopRequested,
     SynthesisDone,
     Synthesize,
+    Tick,
     UtteranceEnded,
     UtteranceStarted,
+    VolumeRequested,
 )
 
-D1 = Delivery(mid=1, qos=1)
-D2 = Delivery(mid=2, qos=1)
-
-
-def req(request_id: str, text: str = "hello") -> SpeakRequest:
-    return SpeakRequest(request_id, text)
+CHAT, INFO, WARNING, ALARM, CRITICAL = (
+    Priority.CHAT,
+    Priority.INFO,
+    Priority.WARNING,
+    Priority.ALARM,
+    Priority.CRITICAL,
+)
 
 
 def kinds(actions: Sequence[object]) -> list[str]:
+    """Actions as short strings: `accepted:a`, `synth:a`, `cut:a`, `ack:3`, `volume:0.5`."""
     out = []
     for action in actions:
         match action:
@@ -37,83 +53,418 @@ def kinds(actions: Sequence[object]) -> list[str]:
                 out.append(f"{event}:{request_id}")
             case Acknowledge(delivery):
                 out.append(f"ack:{delivery.mid}")
-            case Synthesize(request):
-                out.append(f"synth:{request.id}")
+            case Synthesize(request, play):
+                out.append(f"synth:{request.id}" + (f"#{play}" if play > 1 else ""))
+            case Cut(request_id):
+                out.append(f"cut:{request_id}")
+            case SetVolume(volume):
+                out.append(f"volume:{volume}")
     return out
 
 
+def details(actions: Sequence[Action], request_id: str, event: Lifecycle) -> dict[str, object]:
+    found = [
+        a for a in actions if isinstance(a, Notify) and a.id == request_id and a.event == event
+    ]
+    assert len(found) == 1, kinds(actions)
+    return dict(found[0].details)
+
+
+class Driver:
+    """Feeds a core events at given times; numbers MQTT deliveries."""
+
+    def __init__(self, **options: object) -> None:
+        defaults: dict[str, object] = {"queue_size": 4, "remembered_ids": 50}
+        self.core = SpeakCore(**{**defaults, **options})  # type: ignore[arg-type]
+        self.now = 0.0
+        self._mids = itertools.count(1)
+
+    def at(self, now: float) -> Driver:
+        self.now = now
+        return self
+
+    def send(self, event: Event) -> list[Action]:
+        return self.core.handle(event, self.now)
+
+    def speak(self, request_id: str, priority: Priority = INFO, **fields: object) -> list[Action]:
+        request = SpeakRequest(request_id, f"text of {request_id}", priority=priority, **fields)  # type: ignore[arg-type]
+        return self.send(SpeakReceived(request, Delivery(next(self._mids), 1)))
+
+    def play_out(self, request_id: str, seconds: float = 1.0) -> list[Action]:
+        """The synthesizer and the player report the whole announcement."""
+        return [
+            *self.send(SynthesisDone(request_id)),
+            *self.send(UtteranceStarted(request_id)),
+            *self.send(UtteranceEnded(request_id, seconds)),
+        ]
+
+    def cut_reported(self, request_id: str) -> list[Action]:
+        """What the edges report after a Cut: synthesis stopped, playback ended (faded)."""
+        return [*self.send(SynthesisDone(request_id)), *self.send(UtteranceEnded(request_id, 0.2))]
+
+
+# ---- arrival, order, lifecycle ---------------------------------------------------------------
+
+
 def test_first_request_is_accepted_synthesized_and_acknowledged() -> None:
-    core = SpeakCore(queue_size=4, remembered_ids=10)
-    actions = core.handle(SpeakReceived(req("a"), D1))
-    assert kinds(actions) == ["accepted:a", "synth:a", "ack:1"]
-    assert actions[0] == Notify("a", Lifecycle.ACCEPTED, {"queue_depth": 0})
+    d = Driver()
+    actions = d.speak("a")
+    assert kinds(actions) == ["accepted:a", "ack:1", "synth:a"]
+    assert details(actions, "a", Lifecycle.ACCEPTED) == {"priority": "info", "queue_depth": 1}
 
 
-def test_requests_wait_first_in_first_out_for_the_synthesizer() -> None:
-    core = SpeakCore(queue_size=4, remembered_ids=10)
-    core.handle(SpeakReceived(req("a"), D1))
-    assert kinds(core.handle(SpeakReceived(req("b"), D2))) == ["accepted:b", "ack:2"]
-    assert kinds(core.handle(SpeakReceived(req("c"), Delivery(3, 1)))) == ["accepted:c", "ack:3"]
-    assert core.queue_depth == 2
-    assert kinds(core.handle(SynthesisDone("a"))) == ["synth:b"]
-    assert kinds(core.handle(SynthesisDone("b"))) == ["synth:c"]
-    assert kinds(core.handle(SynthesisDone("c"))) == []
+def test_every_event_carries_the_priority() -> None:
+    d = Driver()
+    actions = [*d.speak("a", WARNING), *d.play_out("a")]
+    notes = [a for a in actions if isinstance(a, Notify)]
+    assert [n.event for n in notes] == ["accepted", "started", "finished"]
+    assert all(n.details["priority"] == "warning" for n in notes)
 
 
-def test_lifecycle_of_playback() -> None:
-    core = SpeakCore(queue_size=4, remembered_ids=10)
-    assert core.handle(UtteranceStarted("a")) == [Notify("a", Lifecycle.STARTED)]
-    assert core.handle(UtteranceEnded("a", 1.23456)) == [
-        Notify("a", Lifecycle.FINISHED, {"audio_seconds": 1.235})
-    ]
-    assert core.handle(UtteranceEnded("b", 0.0, Reason.AUDIO_ERROR, "no device")) == [
-        Notify("b", Lifecycle.FAILED, {"reason": "audio_error", "detail": "no device"})
-    ]
+def test_equal_priority_is_first_in_first_out_and_one_plays_at_a_time() -> None:
+    d = Driver()
+    d.speak("a")
+    assert kinds(d.speak("b")) == ["accepted:b", "ack:2"]
+    assert kinds(d.speak("c")) == ["accepted:c", "ack:3"]
+    assert kinds(d.send(SynthesisDone("a"))) == []  # still playing
+    assert kinds(d.send(UtteranceStarted("a"))) == ["started:a"]
+    assert kinds(d.send(UtteranceEnded("a", 1.0))) == ["finished:a", "synth:b"]
+    assert kinds(d.play_out("b")) == ["started:b", "finished:b", "synth:c"]
+
+
+def test_a_higher_class_waiting_goes_before_lower_ones() -> None:
+    d = Driver()
+    d.speak("playing", CHAT)
+    d.speak("info", INFO)
+    d.speak("chat2", CHAT)
+    d.speak("warn", WARNING, interrupt=False)
+    assert kinds(d.play_out("playing"))[-1] == "synth:warn"
+    assert kinds(d.play_out("warn"))[-1] == "synth:info"
+    assert kinds(d.play_out("info"))[-1] == "synth:chat2"
+
+
+def test_finished_reports_seconds_and_play_count() -> None:
+    d = Driver()
+    d.speak("a")
+    d.send(SynthesisDone("a"))
+    d.send(UtteranceStarted("a"))
+    info = {"sentences": 2, "cached_sentences": 1}
+    finished = d.send(UtteranceEnded("a", 1.23456, info=info))
+    assert details(finished, "a", Lifecycle.FINISHED) == {
+        "priority": "info",
+        "audio_seconds": 1.235,
+        "play": 1,
+        "repeats_left": 0,
+        **info,
+    }
+
+
+def test_a_failure_ends_the_announcement() -> None:
+    d = Driver()
+    d.speak("a", repeat=3)
+    d.send(SynthesisDone("a"))
+    failed = d.send(UtteranceEnded("a", 0.0, Reason.AUDIO_ERROR, "no device"))
+    assert kinds(failed) == ["failed:a"]
+    assert details(failed, "a", Lifecycle.FAILED)["reason"] == "audio_error"
+    assert d.core.queue_depth == 0  # no repeat after a failure
+
+
+# ---- validation and duplicates -----------------------------------------------------------------
 
 
 def test_invalid_message_is_rejected_and_still_acknowledged() -> None:
-    core = SpeakCore(queue_size=4, remembered_ids=10)
-    rejection = Rejection("x", Reason.INVALID_FIELD, "expected a string", "text")
-    assert core.handle(SpeakInvalid(rejection, D1)) == [
+    d = Driver()
+    rejection = Rejection("x", Reason.INVALID_FIELD, "expected a string", "text", ALARM)
+    assert d.send(SpeakInvalid(rejection, Delivery(1, 1))) == [
         Notify(
             "x",
             Lifecycle.REJECTED,
-            {"reason": "invalid_field", "detail": "expected a string", "field": "text"},
+            {
+                "reason": "invalid_field",
+                "detail": "expected a string",
+                "field": "text",
+                "priority": "alarm",
+            },
         ),
-        Acknowledge(D1),
+        Acknowledge(Delivery(1, 1)),
     ]
 
 
 def test_same_id_is_spoken_once() -> None:
-    core = SpeakCore(queue_size=4, remembered_ids=10)
-    core.handle(SpeakReceived(req("a"), D1))
-    actions = core.handle(SpeakReceived(req("a"), D2))
+    d = Driver()
+    d.speak("a")
+    actions = d.speak("a")
     assert kinds(actions) == ["rejected:a", "ack:2"]
-    assert actions[0].details["reason"] == "duplicate_id"  # type: ignore[union-attr]
+    assert details(actions, "a", Lifecycle.REJECTED)["reason"] == "duplicate_id"
 
 
-def test_a_broker_redelivery_of_a_known_id_is_only_acknowledged() -> None:
-    core = SpeakCore(queue_size=4, remembered_ids=10)
-    core.handle(SpeakReceived(req("a"), D1))
-    again = Delivery(mid=7, qos=1, redelivered=True)
-    assert core.handle(SpeakReceived(req("a"), again)) == [Acknowledge(again)]
+def test_a_broker_redelivery_of_a_known_message_is_only_acknowledged() -> None:
+    d = Driver()
+    d.send(SpeakReceived(SpeakRequest("gen-1", "hi"), Delivery(1, 1, False, "fp1")))
+    again = Delivery(5, 1, True, "fp1")  # same message, a fresh generated id
+    assert d.send(SpeakReceived(SpeakRequest("gen-2", "hi"), again)) == [Acknowledge(again)]
+    by_id = Delivery(6, 1, True, "other")
+    assert d.send(SpeakReceived(SpeakRequest("gen-1", "hi"), by_id)) == [Acknowledge(by_id)]
+    new = Delivery(7, 1, False, "fp1")  # the same text published again: a new message
+    assert kinds(d.send(SpeakReceived(SpeakRequest("gen-3", "hi"), new))) == [
+        "accepted:gen-3",
+        "ack:7",
+    ]
 
 
-def test_a_redelivery_of_an_unknown_id_is_served() -> None:
-    core = SpeakCore(queue_size=4, remembered_ids=10)
-    first = Delivery(mid=7, qos=1, redelivered=True)
-    assert kinds(core.handle(SpeakReceived(req("a"), first))) == ["accepted:a", "synth:a", "ack:7"]
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [("voice", "nope", Reason.UNKNOWN_VOICE), ("chime", "kazoo", Reason.UNKNOWN_CHIME)],
+)
+def test_unknown_voice_or_chime_is_rejected_and_the_id_not_remembered(
+    field: str, value: str, reason: Reason
+) -> None:
+    d = Driver(voices=frozenset({"default", "lessac"}), chimes=frozenset({"ding"}))
+    fields: dict[str, object] = {field: value}
+    actions = d.speak("a", **fields)
+    assert kinds(actions) == ["rejected:a", "ack:1"]
+    assert details(actions, "a", Lifecycle.REJECTED) | {"detail": ""} == {
+        "reason": str(reason),
+        "detail": "",
+        "field": field,
+        "priority": "info",
+    }
+    assert kinds(d.speak("a", voice="lessac", chime="ding")) == ["accepted:a", "ack:2", "synth:a"]
 
 
-def test_full_queue_rejects_without_remembering_the_id() -> None:
-    core = SpeakCore(queue_size=1, remembered_ids=10)
-    core.handle(SpeakReceived(req("a"), D1))  # synthesizing
-    core.handle(SpeakReceived(req("b"), D2))  # waiting: the queue is full
-    actions = core.handle(SpeakReceived(req("c"), Delivery(3, 1)))
-    assert kinds(actions) == ["rejected:c", "ack:3"]
-    assert actions[0].details["reason"] == "queue_full"  # type: ignore[union-attr]
-    core.handle(SynthesisDone("a"))
-    assert kinds(core.handle(SpeakReceived(req("c"), Delivery(4, 1)))) == ["accepted:c", "ack:4"]
+# ---- preemption ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("playing", "arriving", "interrupt", "preempts", "requeued"),
+    [
+        (CHAT, ALARM, None, True, False),  # chat is dropped when preempted
+        (INFO, ALARM, None, True, True),
+        (WARNING, CRITICAL, None, True, True),
+        (ALARM, CRITICAL, None, True, True),
+        (INFO, WARNING, None, False, False),  # warning does not interrupt by default
+        (INFO, WARNING, True, True, True),  # unless asked to
+        (CHAT, INFO, True, True, False),
+        (ALARM, ALARM, True, False, False),  # equal never preempts
+        (CRITICAL, ALARM, True, False, False),  # lower never preempts
+        (INFO, ALARM, False, False, False),  # an alarm may choose to wait
+    ],
+)
+def test_preemption_table(
+    playing: Priority, arriving: Priority, interrupt: bool | None, preempts: bool, requeued: bool
+) -> None:
+    d = Driver()
+    d.speak("old", playing)
+    d.send(UtteranceStarted("old"))
+    actions = d.speak("new", arriving, interrupt=interrupt)
+    expected = ["accepted:new"]
+    if preempts:
+        expected += ["cut:old", "preempted:old"] + (["requeued:old"] if requeued else [])
+    assert kinds(actions) == [*expected, "ack:2"]
+    if preempts:
+        assert details(actions, "old", Lifecycle.PREEMPTED)["by"] == "new"
+
+
+def test_after_a_preemption_the_preemptor_plays_then_the_requeued_one_from_the_start() -> None:
+    d = Driver()
+    d.speak("weather", INFO)
+    d.send(UtteranceStarted("weather"))
+    d.speak("later", INFO)
+    d.speak("fire", ALARM)
+    assert kinds(d.cut_reported("weather")) == ["synth:fire"]  # once the cut is done
+    assert kinds(d.play_out("fire")) == ["started:fire", "finished:fire", "synth:weather"]
+    # the requeued one keeps its place ahead of later ones of its class
+    assert kinds(d.play_out("weather")) == ["started:weather", "finished:weather", "synth:later"]
+
+
+def test_a_cut_announcement_reports_nothing_more() -> None:
+    d = Driver()
+    d.speak("chat", CHAT)
+    d.send(UtteranceStarted("chat"))
+    d.speak("fire", ALARM)
+    late = [
+        *d.send(UtteranceStarted("chat")),
+        *d.send(UtteranceEnded("chat", 3.0, Reason.AUDIO_ERROR, "x")),
+    ]
+    assert [k for k in kinds(late) if k.endswith(":chat")] == []
+
+
+# ---- queue bound -------------------------------------------------------------------------------
+
+
+def test_full_queue_drops_the_lowest_oldest_and_never_a_critical_for_a_lower_one() -> None:
+    d = Driver(queue_size=3)
+    d.speak("playing", CRITICAL)
+    d.speak("c1", CHAT)
+    d.speak("i1", INFO)
+    d.speak("c2", CHAT)
+    actions = d.speak("a1", ALARM, interrupt=False)
+    assert kinds(actions) == ["accepted:a1", "rejected:c1", "ack:5"]
+    assert details(actions, "c1", Lifecycle.REJECTED)["reason"] == "queue_full"
+    same_class = d.speak("c3", CHAT)  # lowest class: its oldest goes, not the newcomer
+    assert kinds(same_class) == ["accepted:c3", "rejected:c2", "ack:6"]
+    crit = Driver(queue_size=2)
+    crit.speak("p", CRITICAL)
+    crit.speak("k1", CRITICAL)
+    crit.speak("k2", CRITICAL)
+    refused = crit.speak("w", WARNING)
+    assert kinds(refused) == ["rejected:w", "ack:4"]  # criticals stay
+
+
+def test_a_full_queue_of_equals_drops_the_oldest() -> None:
+    d = Driver(queue_size=2)
+    d.speak("playing", CHAT)
+    d.speak("c1", CHAT)
+    d.speak("c2", CHAT)
+    actions = d.speak("i1", INFO)
+    assert kinds(actions) == ["accepted:i1", "rejected:c1", "ack:4"]
+
+
+# ---- ttl -------------------------------------------------------------------------------------
+
+
+def test_an_announcement_not_started_by_its_ttl_expires() -> None:
+    d = Driver()
+    d.speak("long", INFO)
+    d.at(1.0).speak("soon", INFO, ttl=5.0)
+    assert kinds(d.at(5.9).send(Tick())) == []
+    assert kinds(d.at(6.0).send(Tick())) == ["expired:soon"]
+    assert kinds(d.play_out("long")) == ["started:long", "finished:long"]
+
+
+def test_an_active_announcement_waiting_for_the_device_expires_too() -> None:
+    d = Driver()
+    d.speak("a", ttl=2.0)
+    assert kinds(d.at(2.5).send(Tick())) == ["cut:a", "expired:a"]
+    assert kinds(Driver().speak("b", ttl=2.0)) == ["accepted:b", "ack:1", "synth:b"]
+
+
+def test_a_started_announcement_does_not_expire() -> None:
+    d = Driver()
+    d.speak("a", ttl=2.0)
+    d.send(UtteranceStarted("a"))
+    assert kinds(d.at(10.0).send(Tick())) == []
+
+
+def test_nothing_starts_while_the_audio_device_is_unavailable() -> None:
+    d = Driver()
+    assert kinds(d.send(AudioStatus(False, "gone"))) == []
+    assert kinds(d.speak("a", ttl=30.0)) == ["accepted:a", "ack:1"]
+    d.speak("b", ttl=3.0)
+    assert kinds(d.at(3.0).send(Tick())) == ["expired:b"]
+    assert kinds(d.at(4.0).send(AudioStatus(True))) == ["synth:a"]
+
+
+# ---- repeat and ack ----------------------------------------------------------------------------
+
+
+def test_repeat_plays_the_count_with_the_interval_between() -> None:
+    d = Driver()
+    d.speak("r", ALARM, repeat=3, repeat_interval=5.0)
+    first = d.at(1.0).play_out("r")
+    assert details(first, "r", Lifecycle.FINISHED)["repeats_left"] == 2
+    assert kinds(d.at(5.9).send(Tick())) == []
+    assert kinds(d.at(6.0).send(Tick())) == ["synth:r#2"]
+    d.at(7.0).play_out("r")
+    assert kinds(d.at(12.0).send(Tick())) == ["synth:r#3"]
+    last = d.at(13.0).play_out("r")
+    assert details(last, "r", Lifecycle.FINISHED)["repeats_left"] == 0
+    assert kinds(d.at(100.0).send(Tick())) == []
+
+
+def test_repeat_until_acknowledged_ends_on_ack_while_waiting_or_playing() -> None:
+    d = Driver()
+    d.speak("r", ALARM, repeat=UNTIL_ACKNOWLEDGED, repeat_interval=2.0)
+    for n in range(1, 4):
+        finished = d.play_out("r")
+        assert details(finished, "r", Lifecycle.FINISHED)["repeats_left"] == "until_acknowledged"
+        assert details(finished, "r", Lifecycle.FINISHED)["play"] == n
+        assert kinds(d.at(d.now + 2.0).send(Tick())) == [f"synth:r#{n + 1}"]
+    d.send(UtteranceStarted("r"))
+    acked = d.send(AckRequested("r", Delivery(9, 1)))
+    assert kinds(acked) == ["cut:r", "acknowledged:r", "ack:9"]
+    d.cut_reported("r")
+    assert kinds(d.at(d.now + 60).send(Tick())) == []
+
+    waiting = Driver()
+    waiting.speak("r", ALARM, repeat=UNTIL_ACKNOWLEDGED, repeat_interval=30.0)
+    waiting.play_out("r")
+    assert kinds(waiting.send(AckRequested("r", Delivery(9, 1)))) == ["acknowledged:r", "ack:9"]
+    assert kinds(waiting.at(60.0).send(Tick())) == []
+
+
+def test_ack_of_an_unknown_id_is_rejected() -> None:
+    actions = Driver().send(AckRequested("ghost", Delivery(3, 1)))
+    assert kinds(actions) == ["rejected:ghost", "ack:3"]
+    assert details(actions, "ghost", Lifecycle.REJECTED)["reason"] == "unknown_id"
+
+
+def test_ttl_bounds_the_repeats() -> None:
+    d = Driver()
+    d.speak("r", ALARM, repeat=UNTIL_ACKNOWLEDGED, repeat_interval=10.0, ttl=15.0)
+    d.play_out("r")
+    assert kinds(d.at(10.0).send(Tick())) == ["synth:r#2"]
+    d.play_out("r")
+    assert kinds(d.at(20.0).send(Tick())) == ["expired:r"]
+
+
+# ---- stop --------------------------------------------------------------------------------------
+
+
+def test_stop_cuts_what_plays_and_clear_empties_the_queue() -> None:
+    d = Driver()
+    d.speak("a")
+    d.send(UtteranceStarted("a"))
+    d.speak("b")
+    d.speak("c", CHAT)
+    stop = d.send(StopRequested(False, Delivery(7, 1)))
+    assert kinds(stop) == ["cut:a", "stopped:a", "ack:7"]
+    assert kinds(d.cut_reported("a")) == ["synth:b"]
+    d.send(UtteranceStarted("b"))
+    clear = d.send(StopRequested(True, Delivery(8, 1)))
+    assert kinds(clear) == ["cut:b", "stopped:b", "stopped:c", "ack:8"]
+    assert details(clear, "c", Lifecycle.STOPPED) == {"priority": "chat", "cleared": True}
+    assert kinds(d.cut_reported("b")) == []
+
+
+def test_stop_with_nothing_playing_only_acknowledges() -> None:
+    assert kinds(Driver().send(StopRequested(False, Delivery(1, 1)))) == ["ack:1"]
+
+
+def test_a_stopped_repeating_announcement_does_not_come_back() -> None:
+    d = Driver()
+    d.speak("r", ALARM, repeat=5, repeat_interval=1.0)
+    d.send(UtteranceStarted("r"))
+    d.send(StopRequested(False, Delivery(4, 1)))
+    d.cut_reported("r")
+    assert kinds(d.at(30.0).send(Tick())) == []
+
+
+# ---- dedupe_key --------------------------------------------------------------------------------
+
+
+def test_dedupe_key_replaces_the_waiting_one_in_its_place() -> None:
+    d = Driver()
+    d.speak("playing")
+    d.speak("t1", dedupe_key="temperature")
+    d.speak("other")
+    actions = d.speak("t2", dedupe_key="temperature")
+    assert kinds(actions) == ["accepted:t2", "coalesced:t1", "ack:4"]
+    assert details(actions, "t1", Lifecycle.COALESCED)["into"] == "t2"
+    assert kinds(d.play_out("playing"))[-1] == "synth:t2"  # t1's place, before `other`
+
+
+def test_dedupe_key_does_not_touch_the_one_playing() -> None:
+    d = Driver()
+    d.speak("t1", dedupe_key="k")
+    assert kinds(d.speak("t2", dedupe_key="k")) == ["accepted:t2", "ack:2"]
+
+
+# ---- volume and misc ---------------------------------------------------------------------------
+
+
+def test_volume_is_applied_and_acknowledged() -> None:
+    assert kinds(Driver().send(VolumeRequested(0.25, Delivery(2, 1)))) == ["volume:0.25", "ack:2"]
 
 
 def test_recent_ids_forget_the_oldest() -> None:
@@ -123,22 +474,3 @@ def test_recent_ids_forget_the_oldest() -> None:
     assert "a" not in ids
     assert "b" in ids
     assert "c" in ids
-
-
-def test_an_unknown_voice_is_rejected_and_its_id_not_remembered() -> None:
-    core = SpeakCore(queue_size=4, remembered_ids=10, voices=frozenset({"default", "lessac"}))
-    actions = core.handle(SpeakReceived(SpeakRequest("a", "hi", voice="nope"), D1))
-    assert kinds(actions) == ["rejected:a", "ack:1"]
-    assert actions[0].details["reason"] == "unknown_voice"  # type: ignore[union-attr]
-    assert actions[0].details["field"] == "voice"  # type: ignore[union-attr]
-    fixed = core.handle(SpeakReceived(SpeakRequest("a", "hi", voice="lessac"), D2))
-    assert kinds(fixed) == ["accepted:a", "synth:a", "ack:2"]
-
-
-def test_a_redelivered_message_without_id_is_recognized_by_its_fingerprint() -> None:
-    core = SpeakCore(queue_size=4, remembered_ids=10)
-    core.handle(SpeakReceived(req("gen-1"), Delivery(1, 1, False, "fp1")))
-    again = Delivery(5, 1, True, "fp1")  # same message, a fresh generated id
-    assert core.handle(SpeakReceived(req("gen-2"), again)) == [Acknowledge(again)]
-    other = Delivery(6, 1, False, "fp1")  # the same text published again: a new message
-    assert kinds(core.handle(SpeakReceived(req("gen-3"), other))) == ["accepted:gen-3", "ack:6"]

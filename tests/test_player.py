@@ -1,19 +1,31 @@
-"""The ALSA writer on real ALSA: the file PCM captures exactly what was played."""
+"""The ALSA writer on real ALSA: the file PCM captures exactly what was played. Faults are
+injected by a wrapper around the real pyalsaaudio PCM."""
 
 from __future__ import annotations
 
+import errno
 import queue
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
+import alsaaudio
 import numpy as np
 import pytest
 
-from agent.messages import Event, Reason, UtteranceEnded, UtteranceStarted
-from agent.player import BUFFER_CHUNKS, Chunk, Player, alsa_opener
-from tests.support import read_pcm
+from agent.messages import (
+    AudioStatus,
+    Event,
+    Priority,
+    Reason,
+    UtteranceEnded,
+    UtteranceStarted,
+)
+from agent.player import BUFFER_CHUNKS, Chunk, Pcm, PcmOpener, Player, alsa_opener
+from tests.support import read_pcm, wait_until
 
 RATE = 22050
+PERIOD = RATE // 50  # 20 ms
 
 
 def tone(seconds: float, level: int = 8000) -> np.ndarray:
@@ -21,30 +33,46 @@ def tone(seconds: float, level: int = 8000) -> np.ndarray:
     return (np.sin(np.arange(n) * 2 * np.pi * 440 / RATE) * level).astype(np.int16)
 
 
-def drain(events: queue.Queue[Event], count: int) -> list[Event]:
+def collect(events: queue.Queue[Event], count: int) -> list[Event]:
     return [events.get(timeout=10) for _ in range(count)]
 
 
-def make_player(device: str, events: queue.Queue[Event]) -> Player:
-    player = Player(alsa_opener(device, RATE, period_ms=20, periods=4), RATE, events.put)
-    player.start()
-    return player
+def file_opener(capture: Path) -> PcmOpener:
+    return alsa_opener(f"file:FILE={capture},FORMAT=raw", RATE, period_ms=20, periods=4)
 
 
-def test_played_samples_are_exactly_the_chunks_in_order(tmp_path: Path) -> None:
-    capture = tmp_path / "out.raw"
-    events: queue.Queue[Event] = queue.Queue()
-    player = make_player(f"file:FILE={capture},FORMAT=raw", events)
-    a1, a2, b1 = tone(0.5), tone(0.33, 3000), tone(0.2, 12000)
-    try:
-        for chunk in (Chunk("a", a1), Chunk("a", a2), Chunk("a", end=True)):
-            assert player.put(chunk)
-        for chunk in (Chunk("b", b1), Chunk("b", end=True)):
-            assert player.put(chunk)
-        got = drain(events, 4)
-    finally:
+@pytest.fixture
+def events() -> queue.Queue[Event]:
+    return queue.Queue()
+
+
+@pytest.fixture
+def make_player(events: queue.Queue[Event]) -> Iterator[type[Player]]:
+    started: list[Player] = []
+
+    def make(opener: PcmOpener, **options: float) -> Player:
+        player = Player(opener, RATE, events.put, **options)
+        player.start()
+        started.append(player)
+        return player
+
+    yield make  # type: ignore[misc]
+    for player in started:
         player.stop()
-    assert got == [
+
+
+def test_played_samples_are_exactly_the_chunks_in_order(
+    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+) -> None:
+    capture = tmp_path / "out.raw"
+    player = make_player(file_opener(capture))  # type: ignore[call-arg]
+    a1, a2, b1 = tone(0.5), tone(0.33, 3000), tone(0.2, 12000)
+    for chunk in (Chunk("a", a1), Chunk("a", a2), Chunk("a", end=True)):
+        assert player.put(chunk)
+    for chunk in (Chunk("b", b1), Chunk("b", end=True)):
+        assert player.put(chunk)
+    assert collect(events, 5) == [
+        AudioStatus(True),
         UtteranceStarted("a"),
         UtteranceEnded("a", (len(a1) + len(a2)) / RATE),
         UtteranceStarted("b"),
@@ -54,8 +82,75 @@ def test_played_samples_are_exactly_the_chunks_in_order(tmp_path: Path) -> None:
     assert player.underruns == 0
 
 
-def test_put_blocks_while_the_buffer_is_full_and_returns_false_on_stop() -> None:
-    events: queue.Queue[Event] = queue.Queue()
+def test_volume_requested_times_global_with_the_alarm_floor(
+    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+) -> None:
+    capture = tmp_path / "out.raw"
+    player = make_player(file_opener(capture), volume=0.5, floor=0.4)  # type: ignore[call-arg]
+    sound = tone(0.1, 20000)
+    player.put(Chunk("info", sound, volume=0.5, priority=Priority.INFO))
+    player.put(Chunk("info", end=True))
+    player.put(Chunk("alarm", sound, volume=0.1, priority=Priority.ALARM))
+    player.put(Chunk("alarm", end=True))
+    collect(events, 5)
+    played = read_pcm(capture)
+    quarter = np.round(sound.astype(np.float32) * 0.25).astype(np.int16)
+    floored = np.round(sound.astype(np.float32) * 0.4).astype(np.int16)
+    assert np.array_equal(played, np.concatenate([quarter, floored]))
+
+
+def test_a_cut_fades_out_within_one_period_and_drops_the_rest(
+    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+) -> None:
+    capture = tmp_path / "out.raw"
+    gate = threading.Event()
+
+    def slow_open() -> tuple[Pcm, int]:
+        pcm, period = file_opener(capture)()
+        return _Gated(pcm, gate), period
+
+    player = make_player(slow_open)  # type: ignore[call-arg]
+    long_tone = tone(2.0, 20000)
+    player.put(Chunk("chat", long_tone))
+    player.put(Chunk("chat", end=True))
+    wait_until(lambda: _Gated.writes >= 3, 10, "three periods written")
+    player.cut("chat")
+    gate.set()
+    player.put(Chunk("next", tone(0.1)))
+    player.put(Chunk("next", end=True))
+    got = collect(events, 5)
+    assert [type(e).__name__ for e in got] == [
+        "AudioStatus",
+        "UtteranceStarted",
+        "UtteranceEnded",
+        "UtteranceStarted",
+        "UtteranceEnded",
+    ]
+    played = read_pcm(capture)
+    chat_frames = len(played) - len(tone(0.1))
+    assert chat_frames < len(long_tone) // 4  # most of the 2 s were dropped
+    fade = played[chat_frames - PERIOD : chat_frames].astype(np.int32)
+    assert abs(fade[-1]) < 200  # ends near silence: no click
+    own_slope = np.max(np.abs(np.diff(long_tone.astype(np.int32))))
+    jumps = np.abs(np.diff(played[:chat_frames].astype(np.int32)))
+    assert np.max(jumps) <= own_slope + 2  # the cut adds no step larger than the tone's own
+
+
+def test_a_cut_before_any_sample_plays_nothing(
+    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+) -> None:
+    capture = tmp_path / "out.raw"
+    player = make_player(file_opener(capture))  # type: ignore[call-arg]
+    player.cut("never")
+    player.put(Chunk("never", tone(0.5)))
+    player.put(Chunk("never", end=True))
+    assert collect(events, 2)[1] == UtteranceEnded("never", 0.0)
+    assert len(read_pcm(capture)) == 0
+
+
+def test_put_blocks_while_the_buffer_is_full_and_returns_false_on_stop(
+    events: queue.Queue[Event],
+) -> None:
     player = Player(alsa_opener("null", RATE, 20, 4), RATE, events.put)  # writer not started
     for _ in range(BUFFER_CHUNKS):
         assert player.put(Chunk("x", tone(0.01)))
@@ -69,30 +164,137 @@ def test_put_blocks_while_the_buffer_is_full_and_returns_false_on_stop() -> None
     assert results == [False]
 
 
-def test_a_synthesis_error_after_some_audio_fails_the_utterance(tmp_path: Path) -> None:
-    events: queue.Queue[Event] = queue.Queue()
-    player = make_player(f"file:FILE={tmp_path / 'o.raw'},FORMAT=raw", events)
-    try:
-        player.put(Chunk("a", tone(0.1)))
-        player.put(Chunk("a", end=True, error=Reason.SYNTHESIS_ERROR, detail="boom"))
-        got = drain(events, 2)
-    finally:
-        player.stop()
-    assert got == [UtteranceStarted("a"), UtteranceEnded("a", 0.1, Reason.SYNTHESIS_ERROR, "boom")]
+def test_a_synthesis_error_after_some_audio_fails_the_announcement(
+    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+) -> None:
+    player = make_player(file_opener(tmp_path / "o.raw"))  # type: ignore[call-arg]
+    player.put(Chunk("a", tone(0.1)))
+    player.put(Chunk("a", end=True, error=Reason.SYNTHESIS_ERROR, detail="boom"))
+    assert collect(events, 3)[1:] == [
+        UtteranceStarted("a"),
+        UtteranceEnded("a", 0.1, Reason.SYNTHESIS_ERROR, "boom"),
+    ]
+
+
+# ---- faults, injected around the real PCM ---------------------------------------------------
+
+
+class _Gated:
+    """The real PCM, whose writes wait at a gate after the third (so a test can act mid-play)."""
+
+    writes = 0
+
+    def __init__(self, pcm: Pcm, gate: threading.Event) -> None:
+        self._pcm, self._gate = pcm, gate
+        _Gated.writes = 0
+
+    def write(self, data: bytes) -> int:
+        _Gated.writes += 1
+        if _Gated.writes > 3:
+            self._gate.wait(10)
+        return self._pcm.write(data)
+
+    def drain(self) -> int:
+        return self._pcm.drain()
+
+    def close(self) -> None:
+        self._pcm.close()
+
+
+class _Faulty:
+    """The real PCM, with a fault at the n-th write: an underrun or a lost device."""
+
+    def __init__(self, pcm: Pcm, at: int, fault: str) -> None:
+        self._pcm, self._at, self._fault, self._writes = pcm, at, fault, 0
+
+    def write(self, data: bytes) -> int:
+        self._writes += 1
+        if self._writes == self._at:
+            if self._fault == "underrun":
+                return -errno.EPIPE  # what pyalsaaudio returns after recovering an underrun
+            raise alsaaudio.ALSAAudioError("No such device [hw:1,0]")
+        return self._pcm.write(data)
+
+    def drain(self) -> int:
+        return self._pcm.drain()
+
+    def close(self) -> None:
+        self._pcm.close()
 
 
 @pytest.mark.allow_error_logs
-def test_a_device_that_cannot_open_fails_each_utterance_and_the_player_goes_on() -> None:
-    events: queue.Queue[Event] = queue.Queue()
-    player = make_player("no_such_pcm_device", events)
-    try:
-        for request_id in ("a", "b"):
-            player.put(Chunk(request_id, tone(0.1)))
-            player.put(Chunk(request_id, end=True))
-        got = drain(events, 2)
-    finally:
-        player.stop()
-    for request_id, event in zip(("a", "b"), got, strict=True):
-        assert isinstance(event, UtteranceEnded)
-        assert (event.id, event.error) == (request_id, Reason.AUDIO_ERROR)
-        assert "no_such_pcm_device" in event.detail
+def test_an_underrun_is_recovered_and_counted(
+    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+) -> None:
+    capture = tmp_path / "out.raw"
+
+    def opener() -> tuple[Pcm, int]:
+        pcm, period = file_opener(capture)()
+        return _Faulty(pcm, 3, "underrun"), period
+
+    player = make_player(opener)  # type: ignore[call-arg]
+    sound = tone(0.3)
+    player.put(Chunk("a", sound))
+    player.put(Chunk("a", end=True))
+    assert collect(events, 3)[2] == UtteranceEnded("a", len(sound) / RATE)
+    assert player.underruns == 1
+    assert np.array_equal(read_pcm(capture), sound)  # the rejected period was written again
+
+
+@pytest.mark.allow_error_logs
+def test_a_lost_device_fails_the_announcement_then_is_reopened(
+    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+) -> None:
+    capture = tmp_path / "out.raw"
+    opened: list[int] = []
+
+    def opener() -> tuple[Pcm, int]:
+        pcm, period = file_opener(capture)()
+        opened.append(1)
+        return (_Faulty(pcm, 2, "lost") if len(opened) == 1 else pcm), period
+
+    player = make_player(opener)  # type: ignore[call-arg]
+    player.put(Chunk("a", tone(0.3)))
+    player.put(Chunk("a", end=True))
+    got = collect(events, 4)
+    assert got[0] == AudioStatus(True)
+    assert got[2] == AudioStatus(False, "No such device [hw:1,0]")
+    assert isinstance(got[3], UtteranceEnded)
+    assert got[3].error == Reason.AUDIO_ERROR
+    sound = tone(0.2)
+    player.put(Chunk("b", sound))
+    player.put(Chunk("b", end=True))
+    assert collect(events, 3) == [
+        AudioStatus(True),
+        UtteranceStarted("b"),
+        UtteranceEnded("b", len(sound) / RATE),
+    ]
+    assert len(opened) == 2
+
+
+@pytest.mark.allow_error_logs
+def test_a_device_that_cannot_open_is_retried_until_it_can(
+    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+) -> None:
+    capture = tmp_path / "out.raw"
+    attempts: list[int] = []
+
+    def opener() -> tuple[Pcm, int]:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise alsaaudio.ALSAAudioError("Device or resource busy [default]")
+        return file_opener(capture)()
+
+    player = make_player(opener)  # type: ignore[call-arg]
+    sound = tone(0.2)
+    player.put(Chunk("a", sound))
+    player.put(Chunk("a", end=True))
+    got = collect(events, 4)
+    assert got == [
+        AudioStatus(False, "Device or resource busy [default]"),
+        AudioStatus(True),
+        UtteranceStarted("a"),
+        UtteranceEnded("a", len(sound) / RATE),
+    ]
+    assert len(attempts) == 3
+    assert np.array_equal(read_pcm(capture), sound)

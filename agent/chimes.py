@@ -1,0 +1,98 @@
+"""Pre-announce chimes: built-in generated tones, or WAV files named in the config.
+
+Every chime is made once at start, at the voice's sample rate, as 16-bit mono. Built-in tones
+have a 5 ms fade at each note's ends (no clicks) and a level near speech (peak -14 dBFS).
+Allowed imports: stdlib, numpy, `messages`.
+"""
+
+from __future__ import annotations
+
+import wave
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from .messages import Priority, SpeakRequest
+
+PCM16 = npt.NDArray[np.int16]
+_PEAK: Final = 0.2
+_EDGE_SECONDS: Final = 0.005
+
+Note = tuple[float, float]
+"""(frequency in Hz, or 0 for a rest; duration in seconds)."""
+
+BUILTIN: Final[Mapping[str, tuple[Note, ...]]] = {
+    "alert": ((1319.0, 0.12), (0.0, 0.06)) * 3,  # three quick high beeps: critical
+    "alarm": ((880.0, 0.22), (660.0, 0.22)) * 2,  # two-tone, twice: alarm
+    "attention": ((784.0, 0.18), (523.0, 0.30)),  # falling pair: warning
+    "ding": ((1047.0, 0.35),),  # one soft note: info on request
+}
+"""Built-in chimes by name."""
+
+
+def render_notes(notes: tuple[Note, ...], rate: int) -> PCM16:
+    """A sequence of sine notes and rests, each note faded in and out."""
+    parts = []
+    for frequency, seconds in notes:
+        n = round(rate * seconds)
+        if frequency <= 0:
+            parts.append(np.zeros(n, dtype=np.float32))
+            continue
+        t = np.arange(n, dtype=np.float32) / rate
+        tone = np.sin(2 * np.pi * frequency * t) * _PEAK
+        edge = min(round(rate * _EDGE_SECONDS), n // 2)
+        ramp = np.linspace(0.0, 1.0, edge, dtype=np.float32)
+        tone[:edge] *= ramp
+        tone[n - edge :] *= ramp[::-1]
+        parts.append(tone.astype(np.float32))
+    parts.append(np.zeros(round(rate * 0.12), dtype=np.float32))  # a breath before speech
+    return np.round(np.concatenate(parts) * 32767).astype(np.int16)
+
+
+def load_wav(path: Path, rate: int) -> PCM16:
+    """A 16-bit PCM WAV file as mono at `rate` (channels averaged, linearly resampled)."""
+    with wave.open(str(path), "rb") as wav:
+        if wav.getsampwidth() != 2:
+            raise ValueError(f"{path}: expected 16-bit PCM, got {8 * wav.getsampwidth()}-bit")
+        channels, source_rate = wav.getnchannels(), wav.getframerate()
+        frames = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
+    mono = frames.reshape(-1, channels).astype(np.float32).mean(axis=1)
+    if source_rate != rate and len(mono) > 1:
+        duration = len(mono) / source_rate
+        positions = np.arange(round(duration * rate)) * (source_rate / rate)
+        mono = np.interp(positions, np.arange(len(mono)), mono).astype(np.float32)
+    pcm: PCM16 = np.round(mono).astype(np.int16)
+    return pcm
+
+
+def chime_bank(files: Mapping[str, Path], rate: int) -> dict[str, PCM16]:
+    """Every chime by name: the built-ins, then the configured files (which may replace them)."""
+    bank = {name: render_notes(notes, rate) for name, notes in BUILTIN.items()}
+    bank.update({name: load_wav(path, rate) for name, path in files.items()})
+    return bank
+
+
+@dataclass(frozen=True, slots=True)
+class ChimePlan:
+    """Which chime goes before which announcement."""
+
+    bank: Mapping[str, PCM16]
+    """Every chime by name."""
+    by_class: Mapping[Priority, str]
+    """The chime of each class that has one (`chime: true`)."""
+    fallback: str = "ding"
+    """The chime for `chime: true` in a class without one."""
+
+    def for_request(self, request: SpeakRequest) -> PCM16 | None:
+        """The samples to play before this request's speech, if any."""
+        if request.chime is False:
+            return None
+        if request.chime is True:
+            name = self.by_class.get(request.priority, self.fallback)
+        else:
+            name = request.chime
+        return self.bank.get(name)
