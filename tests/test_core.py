@@ -86,7 +86,9 @@ class Driver:
     def send(self, event: Event) -> list[Action]:
         return self.core.handle(event, self.now)
 
-    def speak(self, request_id: str, priority: Priority = INFO, **fields: object) -> list[Action]:
+    def speak(
+        self, request_id: str, priority: Priority = INFO, /, **fields: object
+    ) -> list[Action]:
         request = SpeakRequest(request_id, f"text of {request_id}", priority=priority, **fields)  # type: ignore[arg-type]
         return self.send(SpeakReceived(request, Delivery(next(self._mids), 1)))
 
