@@ -121,7 +121,7 @@ class App:
         self._synthesizer = Synthesizer(
             voices,
             self._cache,
-            config.tts.first_chunk_phonemes,
+            (config.tts.first_chunk_phonemes, config.tts.max_chunk_phonemes),
             self._player.put,
             self._inbox.put,
             cache.phrases,

@@ -89,10 +89,13 @@ class ChimePlan:
 
     def for_request(self, request: SpeakRequest) -> PCM16 | None:
         """The samples to play before this request's speech, if any."""
-        if request.chime is False:
-            return None
-        if request.chime is True:
-            name = self.by_class.get(request.priority, self.fallback)
-        else:
-            name = request.chime
+        match request.chime:
+            case False:
+                return None
+            case None:
+                name = self.by_class.get(request.priority, "")
+            case True:
+                name = self.by_class.get(request.priority, self.fallback)
+            case str(named):
+                name = named
         return self.bank.get(name)

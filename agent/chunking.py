@@ -15,12 +15,14 @@ MIN_CHUNK: Final = 12
 """Fewest phonemes in a chunk (about two words): tiny chunks sound choppy."""
 
 
-def group_clauses(lengths: Sequence[int], budget: int) -> list[range]:
+def group_clauses(lengths: Sequence[int], budget: int, cap: int | None = None) -> list[range]:
     """Group consecutive clauses (their phoneme counts) of one sentence into chunks.
 
     The first chunk stays within `budget` phonemes where the clauses allow it, and each later
-    chunk within twice the one before. A chunk is never cut inside a clause, never smaller than
-    MIN_CHUNK unless the whole sentence is, and a short tail joins the chunk before it.
+    chunk within twice the one before, but never above `cap` (bounding memory and the time one
+    inference takes, so a preemption never waits long). A chunk is never cut inside a clause,
+    never smaller than MIN_CHUNK unless the whole sentence is, and a short tail joins the chunk
+    before it.
     """
     groups: list[range] = []
     start, size = 0, 0
@@ -34,5 +36,11 @@ def group_clauses(lengths: Sequence[int], budget: int) -> list[range]:
         ):
             groups.append(range(start, index + 1))
             start, size = index + 1, 0
-            budget *= 2
+            budget = grow(budget, cap)
     return groups
+
+
+def grow(budget: int, cap: int | None, chunks: int = 1) -> int:
+    """The budget after `chunks` more chunks: doubled each time, up to `cap`."""
+    grown: int = budget * 2**chunks
+    return grown if cap is None else min(grown, cap)

@@ -201,6 +201,12 @@ class TtsConfig:
         40,
         _between(8, 1000),
     )
+    max_chunk_phonemes: int = _key(
+        "Largest chunk synthesized at once (phonemes) where clause boundaries allow: bounds the "
+        "memory and the time of one inference, so a preemption never waits long.",
+        160,
+        _between(8, 10000),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +355,8 @@ def _cross_checks(config: AgentConfig) -> list[str]:
         elif chime not in chimes:
             known = ", ".join(sorted(chimes))
             problems.append(f"audio.chimes.{name}: unknown chime {chime!r} (known: {known})")
+    if config.tts.max_chunk_phonemes < config.tts.first_chunk_phonemes:
+        problems.append("tts.max_chunk_phonemes: smaller than tts.first_chunk_phonemes")
     if config.speak.remembered_ids < config.speak.queue_size:
         problems.append(
             "speak.remembered_ids: smaller than speak.queue_size (ids still waiting could be "

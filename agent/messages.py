@@ -96,8 +96,9 @@ class SpeakRequest:
     """Seconds from arrival: not started by then, it expires."""
     interrupt: bool | None = None
     """Preempt a lower class at once; None means the class default (alarm and critical do)."""
-    chime: bool | str = True
-    """True: the class's chime; False: none; a name: that chime."""
+    chime: bool | str | None = None
+    """None: the class's chime, if it has one; True: the class's chime or, if it has none, the
+    default one; False: none; a name: that chime."""
     repeat: int = 1
     """Plays in all; UNTIL_ACKNOWLEDGED (0) repeats until an ack."""
     repeat_interval: float = 10.0

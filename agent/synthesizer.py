@@ -24,7 +24,7 @@ import numpy.typing as npt
 from onnxruntime import RunOptions
 
 from .chimes import ChimePlan
-from .chunking import group_clauses
+from .chunking import group_clauses, grow
 from .messages import Event, Reason, SpeakRequest, SynthesisDone
 from .phrase_cache import PCM16, PhraseCache, cache_key
 from .player import Chunk
@@ -55,7 +55,7 @@ class Synthesizer:
         self,
         voices: Mapping[str, VoiceChoice],
         cache: PhraseCache,
-        first_chunk_phonemes: int,
+        chunk_phonemes: tuple[int, int],
         put: Callable[[Chunk], bool],
         report: Callable[[Event], None],
         phrases: Sequence[str] = (),
@@ -63,7 +63,7 @@ class Synthesizer:
     ) -> None:
         self._voices = voices
         self._cache = cache
-        self._first_chunk = first_chunk_phonemes
+        self._first_chunk, self._max_chunk = chunk_phonemes
         self._put = put
         self._report = report
         self._chimes = chimes or ChimePlan({}, {})
@@ -152,16 +152,16 @@ class Synthesizer:
             pcm = self._cache.get(key, choice.voice.sample_rate)
             if pcm is not None:
                 cached += 1
-                budget *= 2
+                budget = grow(budget, self._max_chunk)
                 self._emit_or_cancel(request, pcm)
                 continue
             parts: list[PCM16] = []
-            groups = group_clauses([len(clause) for clause in sentence], budget)
+            groups = group_clauses([len(clause) for clause in sentence], budget, self._max_chunk)
             for group in groups:
                 ids = choice.voice.ids(sentence[group.start : group.stop])
                 parts.append(to_pcm16(self._infer(request.id, choice, ids, params)))
                 self._emit_or_cancel(request, parts[-1])
-            budget *= 2 ** len(groups)
+            budget = grow(budget, self._max_chunk, len(groups))
             self._cache.put(key, np.concatenate(parts), choice.voice.sample_rate)
         return len(sentences), cached
 

@@ -216,21 +216,35 @@ def model_digest(path: Path, cache_dir: Path | None) -> str:
     return digest
 
 
+def _cpu_id() -> str:
+    """A short fingerprint of this CPU's model and features (what optimized layouts depend on)."""
+    keys = ("model name", "flags", "features", "cpu implementer", "cpu part", "isa")
+    try:
+        lines = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    wanted = sorted({line.strip() for line in lines if line.lower().startswith(keys)})
+    text = "\n".join(wanted) or platform.processor() or platform.machine()
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def _session(
     model_path: Path, digest: str, threads: int, cache_dir: Path | None
 ) -> ort.InferenceSession:
-    """A session over the model, via a cached EXTENDED-optimized copy when a cache is given.
+    """A session over the model, via a cached fully optimized copy when a cache is given.
 
-    Measured on the joe voice (docs/measurements.md): optimizing at load costs 0.4-1 s, loading
-    the saved copy ~0.15 s, and ENABLE_ALL at load adds the hardware-specific layout cheaply. The
-    copy is saved at EXTENDED level because ENABLE_ALL output is tied to the machine's CPU.
+    Measured on the joe voice (docs/measurements.md): optimizing at load costs 0.4-1 s; loading
+    the saved ENABLE_ALL copy with no further optimization ~0.14 s, at the same speed. That copy
+    holds layouts for this CPU (ONNX Runtime warns so), hence the CPU fingerprint in its name:
+    moved to another CPU, the cache simply does not match and a new copy is made.
     """
     providers = ["CPUExecutionProvider"]
-    load_options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
     if cache_dir is None:
-        return ort.InferenceSession(str(model_path), load_options, providers=providers)
+        options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+        return ort.InferenceSession(str(model_path), options, providers=providers)
+    load_options = _options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     models = cache_dir / "models"
-    cached = models / f"{digest}-ort{ort.__version__}-{platform.machine()}.onnx"
+    cached = models / f"{digest}-ort{ort.__version__}-{platform.machine()}-{_cpu_id()}.onnx"
     if cached.is_file():
         try:
             return ort.InferenceSession(str(cached), load_options, providers=providers)
@@ -241,7 +255,7 @@ def _session(
     fd, tmp = tempfile.mkstemp(dir=models, suffix=".partial.onnx")
     os.close(fd)
     try:
-        save_options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED)
+        save_options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
         save_options.optimized_model_filepath = tmp
         ort.InferenceSession(str(model_path), save_options, providers=providers)
         os.replace(tmp, cached)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from piper.phonemize_espeak import EspeakPhonemizer
 
-from agent.chunking import MIN_CHUNK, group_clauses
+from agent.chunking import MIN_CHUNK, group_clauses, grow
 from agent.voice import Voice
 
 
@@ -66,3 +66,12 @@ def test_clauses_join_to_exactly_the_phonemes_piper_makes(tiny_voice: Path) -> N
         ours = [[p for clause in sentence for p in clause] for sentence in voice.sentences(text)]
         assert ours == [s for s in piper.phonemize("en-us", text) if s]
         assert any(len(sentence) > 1 for sentence in voice.sentences(text))  # clauses found
+
+
+def test_chunks_never_grow_past_the_cap_where_clauses_allow() -> None:
+    groups = group_clauses([20] * 20, budget=20, cap=60)
+    sizes = [len(g) * 20 for g in groups]
+    assert max(sizes) <= 60
+    assert sum(sizes) == 400
+    assert grow(40, 160, 3) == 160
+    assert grow(40, None, 3) == 320

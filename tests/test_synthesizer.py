@@ -57,7 +57,7 @@ def make_rig(
     capture = tmp_path / f"capture-{id(cache)}.raw"
     player = Player(alsa_opener(f"file:FILE={capture},FORMAT=raw", RATE, 20, 4), RATE, events.put)
     choice = VoiceChoice("default", voice, voice.default_params)
-    synthesizer = Synthesizer({"default": choice}, cache, 20, player.put, events.put, phrases)
+    synthesizer = Synthesizer({"default": choice}, cache, (20, 80), player.put, events.put, phrases)
     player.start()
     synthesizer.start()
     return Rig(voice, synthesizer, events, capture, player)
