@@ -13,6 +13,7 @@ numpy, tenacity, alsaaudio, `messages`, `volume`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -33,6 +34,8 @@ BUFFER_CHUNKS: Final = 2
 """Chunks the double buffer holds between synthesis and the ALSA writer."""
 _POLL_SECONDS: Final = 0.05
 _REOPEN_MAX_SECONDS: Final = 10.0
+_SILENT: Final = 64
+"""A sample this small (about -54 dBFS) ends a sound without an audible click."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,8 @@ class _Utterance:
     frames: int = 0
     error: tuple[Reason, str] | None = None
     cut: bool = False
+    last_sample: int = 0
+    """The last sample written: a cut between chunks ramps from it to silence."""
 
 
 class Player:
@@ -224,11 +229,13 @@ class Player:
                 if current.frames == 0:
                     return  # cut before a sample was heard: nothing to fade
                 period *= np.linspace(1.0, 0.0, len(period), dtype=np.float32)  # no click
+            samples = np.round(period).astype(np.int16)
             try:
-                self._write(np.round(period).astype(np.int16).tobytes())
+                self._write(samples.tobytes())
             except AudioUnavailableError as err:
                 current.error = (Reason.AUDIO_ERROR, str(err))
                 return
+            current.last_sample = int(samples[-1]) if len(samples) else 0
             if current.frames == 0:
                 self._report(UtteranceStarted(current.id))
             current.frames += len(period)
@@ -251,6 +258,9 @@ class Player:
             raise AudioUnavailableError(str(err)) from err
 
     def _end(self, current: _Utterance, chunk: Chunk) -> None:
+        if self._is_cut(current.id) and not current.cut and current.error is None:
+            current.cut = True  # cut between two chunks: the last one ended where it ended
+            self._fade_tail(current)
         if current.error is None and current.frames and not current.cut and self._pcm is not None:
             try:
                 self._pcm.drain()
@@ -268,6 +278,15 @@ class Player:
             self._report(UtteranceEnded(current.id, seconds, info=chunk.info))
         else:
             self._report(UtteranceEnded(current.id, seconds, error[0], error[1], chunk.info))
+
+    def _fade_tail(self, current: _Utterance) -> None:
+        """Ramp from the last sample written to silence in 5 ms, so a cut never clicks."""
+        if abs(current.last_sample) < _SILENT or self._pcm is None:
+            return
+        ramp = np.linspace(current.last_sample, 0, max(2, self._rate // 200))[1:]
+        with contextlib.suppress(AudioUnavailableError):
+            self._write(np.round(ramp).astype(np.int16).tobytes())
+            current.frames += len(ramp)
 
     # ---- the device -------------------------------------------------------------------------
 

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
 SYSTEM_PACKAGES=(mosquitto mosquitto-clients libasound2-dev alsa-utils gcc)
+# The tests also pace playback in real time through PulseAudio's null sink (ALSA `pulse`).
+TEST_PACKAGES=(pulseaudio libasound2-plugins)
+[ "${WITH_TEST_PACKAGES:-1}" = 1 ] && SYSTEM_PACKAGES+=("${TEST_PACKAGES[@]}")
 
 missing=()
 for pkg in "${SYSTEM_PACKAGES[@]}"; do

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from agent.topics import Topics
-from tests.support import AgentProcess, Broker, Watcher, wait_until
+from tests.support import AgentProcess, Broker, PulseNullSink, Watcher, wait_until
 from tests.tiny_voice import write_tiny_voice
 
 
@@ -45,6 +45,15 @@ def tiny_voice(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One cache for the session: the real voice's optimized model is built once."""
     return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def pulse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulseNullSink]:
+    """A PulseAudio null sink behind ALSA's `pulse` device: playback paced in real time."""
+    server = PulseNullSink(tmp_path_factory.mktemp("pulse"))
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -91,14 +100,17 @@ def start_agent(
         voice: Path | None = None,
         node_id: str | None = None,
         voices: dict[str, str] | None = None,
+        paced: PulseNullSink | None = None,
+        audio: dict[str, Any] | None = None,
         **speak: Any,
     ) -> RunningAgent:
         node_id = node_id or f"t{uuid.uuid4().hex[:8]}"
         capture = tmp_path / f"{node_id}-{len(started)}.raw"
+        device = "paced_capture" if paced else f"file:FILE={capture},FORMAT=raw"
         config: dict[str, Any] = {
             "node_id": node_id,
             "mqtt": {"host": broker.host, "port": broker.port, "reconnect_max": 2.0},
-            "audio": {"device": f"file:FILE={capture},FORMAT=raw"},
+            "audio": {"device": device, **(audio or {})},
             "tts": {"voice": str(voice) if voice else None, "voices": voices or {}},
             "cache": {"dir": str(cache_dir)},
             "speak": speak,
@@ -108,7 +120,8 @@ def start_agent(
         topics = Topics("voice", node_id)
         watcher = Watcher(broker, f"voice/{node_id}/#")
         log = tmp_path / f"{node_id}-{len(started)}.log"
-        agent = RunningAgent(AgentProcess(path, log), topics, capture, watcher)
+        env = paced.env(capture) if paced else None
+        agent = RunningAgent(AgentProcess(path, log, env), topics, capture, watcher)
         agent.process.start()
         started.append(agent)
         agent.wait_online()

@@ -98,12 +98,18 @@ class Received:
     topic: str
     payload: bytes
     retain: bool
+    at: float = 0.0
+    """time.time() when the watcher received it."""
 
     def json(self) -> dict[str, Any]:
         """The payload as a JSON object."""
         value = json.loads(self.payload)
         assert isinstance(value, dict)
         return value
+
+
+def _no_delay(_client: mqtt.Client, _userdata: Any, sock: Any) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class Watcher:
@@ -117,6 +123,7 @@ class Watcher:
         self._subscribed = threading.Event()
         self._client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
         self._client.on_message = self._on_message
+        self._client.on_socket_open = _no_delay
         self._client.on_subscribe = lambda *_args: self._subscribed.set()
         if username is not None:
             self._client.username_pw_set(username, password)
@@ -127,7 +134,8 @@ class Watcher:
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
         with self._lock:
-            self.messages.append(Received(msg.topic, bytes(msg.payload), bool(msg.retain)))
+            received = Received(msg.topic, bytes(msg.payload), bool(msg.retain), time.time())
+            self.messages.append(received)
 
     def snapshot(self) -> list[Received]:
         """A copy of what arrived so far."""
@@ -156,6 +164,12 @@ class Watcher:
 
         wait_until(lambda: bool(found()), timeout, f"{payload!r} on {topic}")
         return found()[-1]
+
+    def publish(self, topic: str, payload: bytes, qos: int = 1) -> float:
+        """Publish from this client (no process start in the way); returns time.time() before."""
+        sent = time.time()
+        self._client.publish(topic, payload, qos=qos).wait_for_publish(10)
+        return sent
 
     def close(self) -> None:
         """Disconnect."""
@@ -230,3 +244,61 @@ def speech_stats(samples: npt.NDArray[np.int16], rate: int) -> dict[str, float]:
         "rms_dbfs": float(10 * np.log10(np.mean(audio**2) + 1e-12)),
         "voiced_share": float(np.mean(frame_db > -45)) if len(frames) else 0.0,
     }
+
+
+class PulseNullSink:
+    """A PulseAudio server with a null sink: ALSA's `pulse` device then plays in real time.
+
+    The ALSA config it writes defines `paced_capture`: a `file` PCM over `pulse` that also keeps
+    every frame written in the file named by $CAPTURE_FILE (platform notes)."""
+
+    def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.socket = workdir / "pulse.socket"
+        self.script = workdir / "null.pa"
+        self.script.write_text(
+            "load-module module-null-sink sink_name=nullsink\n"
+            f"load-module module-native-protocol-unix auth-anonymous=1 socket={self.socket}\n"
+            "set-default-sink nullsink\n",
+            encoding="utf-8",
+        )
+        self.xdg = workdir / "xdg"
+        (self.xdg / "alsa").mkdir(parents=True, exist_ok=True)
+        (self.xdg / "alsa" / "asoundrc").write_text(
+            "pcm.paced_capture {\n"
+            "    type file\n"
+            '    slave.pcm "pulse"\n'
+            '    file { @func getenv vars [ CAPTURE_FILE ] default "capture.raw" }\n'
+            '    format "raw"\n'
+            "}\n",
+            encoding="utf-8",
+        )
+        self.log = workdir / "pulse.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def env(self, capture: Path) -> dict[str, str]:
+        """Environment for a client that plays to `paced_capture` and captures to `capture`."""
+        return {
+            "PULSE_SERVER": f"unix:{self.socket}",
+            "XDG_CONFIG_HOME": str(self.xdg),
+            "CAPTURE_FILE": str(capture),
+        }
+
+    def start(self) -> None:
+        """Start the server in the foreground and wait for its socket."""
+        args = ["pulseaudio", "-n", "-F", str(self.script), "--exit-idle-time=-1"]
+        args += ["--daemonize=no", "--use-pid-file=no", "--system=no", "--disallow-exit"]
+        with self.log.open("ab") as log:
+            self._process = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "HOME": str(self.xdg)},
+            )
+        wait_until(self.socket.exists, 15, "the PulseAudio socket")
+
+    def stop(self) -> None:
+        """Stop the server."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(10)
