@@ -198,6 +198,8 @@ class Player:
             try:
                 chunk = self._buffer.get(timeout=_POLL_SECONDS)
             except queue.Empty:
+                if self._pcm is None and self._available is False:
+                    self._reopen_blocking()  # nothing starts until the device is back
                 continue
             if current is None or current.id != chunk.id:
                 current = _Utterance(chunk.id)
@@ -290,14 +292,19 @@ class Player:
 
     # ---- the device -------------------------------------------------------------------------
 
-    def _ensure_open(self, request_id: str) -> None:
+    def _reopen_blocking(self) -> None:
+        with contextlib.suppress(AudioUnavailableError):
+            self._ensure_open(None)
+
+    def _ensure_open(self, request_id: str | None) -> None:
         """Open the PCM if needed, retrying with backoff until it opens, or the announcement
-        is cut (its ttl ran out, a stop), or the player stops."""
+        waiting for it is cut (its ttl ran out, a stop), or the player stops."""
         if self._pcm is not None:
             return
 
         def give_up(state: RetryCallState) -> bool:
-            return self._stopping.is_set() or self._is_cut(request_id)
+            cut = request_id is not None and self._is_cut(request_id)
+            return self._stopping.is_set() or cut
 
         retrying = Retrying(
             wait=wait_exponential(multiplier=0.5, max=_REOPEN_MAX_SECONDS),
