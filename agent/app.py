@@ -11,15 +11,19 @@ import json
 import logging
 import os
 import queue
+import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
+from . import hermes
+from . import version as package_version
 from .chimes import ChimePlan, chime_bank
 from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir
 from .core import SpeakCore
+from .discovery import DeviceInfo, discovery_messages, update_state
 from .messages import (
     Acknowledge,
     AckRequested,
@@ -28,23 +32,29 @@ from .messages import (
     Cut,
     Delivery,
     Event,
+    Lifecycle,
     Notify,
     Priority,
     Rejection,
+    ReplayRequested,
     SetVolume,
     SpeakInvalid,
     SpeakReceived,
+    SpeakRequest,
     StopRequested,
+    SynthesisDone,
     Synthesize,
     Tick,
-    UtteranceEnded,
+    VoiceSelected,
     VolumeRequested,
 )
-from .mqtt_link import MqttLink
+from .mqtt_link import MessageHandler, MqttLink
 from .payloads import SpeakLimits, encode_event, parse_ack, parse_speak, parse_stop, parse_volume
 from .phrase_cache import PhraseCache
 from .player import PcmOpener, Player, alsa_opener
 from .synthesizer import Synthesizer, VoiceChoice
+from .systemd import Notifier
+from .telemetry import Telemetry
 from .topics import Topics
 from .voice import SynthesisParams, Voice, bundled_voice, seed_random
 
@@ -55,6 +65,8 @@ INBOX_SIZE: Final = 1024
 QoS 1 messages in it; the rest are bounded per utterance by the player's buffer."""
 _TICK_SECONDS: Final = 0.1
 """How often time passes for the core when nothing else happens (deadlines, repeats)."""
+_STATE_MIN_SECONDS: Final = 0.25
+"""Changes are gathered this long before the state is published again."""
 
 
 def load_voice(config: AgentConfig, voice_id: str = "default") -> VoiceChoice:
@@ -97,12 +109,15 @@ class App:
         config: AgentConfig,
         voices: dict[str, VoiceChoice],
         open_pcm: PcmOpener | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self._config = config
-        self._topics = Topics(config.mqtt.topic_prefix, config.node_id)
+        environ = os.environ if environ is None else environ
+        self._topics = topics = Topics(config.mqtt.topic_prefix, config.node_id)
         self._inbox: queue.Queue[Event] = queue.Queue(maxsize=INBOX_SIZE)
         speak, audio, cache = config.speak, config.audio, config.cache
         self._limits = SpeakLimits(speak.max_payload_bytes, speak.max_text_chars)
+        self._voices = voices
         rate = _common_rate(voices)
         bank = chime_bank(audio.chime_files, rate)
         self._core = SpeakCore(
@@ -112,7 +127,7 @@ class App:
         opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
         self._player = Player(opener, rate, self._inbox.put, audio.volume, audio.alarm_volume_floor)
         self._cache = PhraseCache(
-            resolve_cache_dir(cache, os.environ) / "phrases", cache.memory_bytes, cache.disk_bytes
+            resolve_cache_dir(cache, environ) / "phrases", cache.memory_bytes, cache.disk_bytes
         )
         by_class = {**DEFAULT_CHIMES, **audio.chimes}
         plan = ChimePlan(
@@ -127,20 +142,43 @@ class App:
             cache.phrases,
             plan,
         )
+        self._telemetry = Telemetry()
+        self._systemd = Notifier(environ)
         self._audio_available = True
-        topics = self._topics
+        self._started_at = time.monotonic()
+        self._state_due = 0.0
+        self._state_dirty = True
+        self._announce_at: float | None = None  # when to (re)publish discovery
+        self._hermes: dict[str, hermes.HermesContext] = {}
+        self._hermes_lock = threading.Lock()
+        self._hermes_muted = False
+        handlers: dict[str, MessageHandler] = {
+            topics.speak: self._on_speak_message,
+            topics.speak_all: self._on_speak_message,
+            topics.stop: self._on_stop_message,
+            topics.ack: self._on_ack_message,
+            topics.volume: self._on_volume_message,
+            topics.replay: self._on_replay_message,
+            topics.voice: self._on_voice_message,
+        }
+        if config.homeassistant.discovery:
+            handlers[f"{config.homeassistant.prefix}/status"] = self._on_homeassistant_status
+        if config.hermes.enabled:
+            site = config.hermes.site_id
+            handlers |= {
+                hermes.SAY: self._on_hermes_say,
+                hermes.play_bytes_topic(site): self._on_hermes_play,
+                hermes.TOGGLE_ON: self._on_hermes_toggle,
+                hermes.TOGGLE_OFF: self._on_hermes_toggle,
+                hermes.GET_VOICES: self._on_hermes_get_voices,
+            }
         self._link = MqttLink(
             config.mqtt,
             client_id=f"voice-agent-{config.node_id}",
             status_topic=topics.status,
-            handlers={
-                topics.speak: self._on_speak_message,
-                topics.speak_all: self._on_speak_message,
-                topics.stop: self._on_stop_message,
-                topics.ack: self._on_ack_message,
-                topics.volume: self._on_volume_message,
-            },
-            retained=frozenset({topics.volume}),
+            handlers=handlers,
+            retained=frozenset({topics.volume, topics.voice}),
+            on_connected=self._on_connected,
         )
 
     def request_stop(self) -> None:
@@ -153,9 +191,9 @@ class App:
         self._player.start()
         self._synthesizer.start()
         self._link.start()
-        self._publish_state()
+        self._systemd.notify("READY=1", f"STATUS=Serving {self._topics.speak}")
         _LOGGER.info("Serving node %s on %s/…", self._config.node_id, self._topics.speak[:-6])
-        next_tick = time.monotonic()
+        next_tick = next_ping = time.monotonic()
         try:
             while not self._stopping.is_set():
                 if self._link.failed.is_set():
@@ -171,23 +209,38 @@ class App:
                     self._handle(Tick(), now)
                     next_tick = now + _TICK_SECONDS
                 self._handle(event, now)
+                next_ping = self._housekeeping(now, next_ping)
         finally:
+            self._systemd.notify("STOPPING=1")
             self._link.stop()
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._synthesizer.stop()
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
         return 0
 
+    def _housekeeping(self, now: float, next_ping: float) -> float:
+        """Watchdog pings, discovery when due, the state when changed or due; next ping time."""
+        interval = self._systemd.watchdog_interval
+        if interval is not None and now >= next_ping:
+            self._systemd.notify("WATCHDOG=1")  # from the main loop: a stuck loop stops pinging
+            next_ping = now + interval
+        if self._announce_at is not None and now >= self._announce_at:
+            self._announce_at = None
+            self._announce()
+        debounced = now >= self._state_due - self._config.state.interval + _STATE_MIN_SECONDS
+        if (self._state_dirty and debounced) or now >= self._state_due:
+            self._publish_state(now)
+        return next_ping
+
     def _handle(self, event: Event, now: float) -> None:
         for action in self._core.handle(event, now):
-            self._execute(action)
+            self._execute(action, now)
         if isinstance(event, AudioStatus):
             self._audio_available = event.available
-            self._publish_state()
-        elif isinstance(event, SpeakReceived | UtteranceEnded | StopRequested | AckRequested):
-            self._publish_state()
+        if not isinstance(event, Tick | SynthesisDone):
+            self._state_dirty = True
 
-    def _execute(self, action: Action) -> None:
+    def _execute(self, action: Action, now: float) -> None:
         match action:
             case Acknowledge(delivery):
                 self._link.ack(delivery)
@@ -196,6 +249,8 @@ class App:
                     self._config.node_id, request_id, event, details, time.time()
                 )
                 self._link.publish(self._topics.events, payload)
+                self._telemetry.record(action, now)
+                self._reply_hermes(action)
                 _LOGGER.info("%s %s %s", request_id, event, dict(details) or "")
             case Synthesize(request, play):
                 self._synthesizer.submit(request)
@@ -205,20 +260,85 @@ class App:
                 self._player.cut(request_id)
             case SetVolume(volume):
                 self._player.volume = volume
-                self._publish_state()
 
-    def _publish_state(self) -> None:
+    # ---- what the agent publishes about itself ---------------------------------------------
+
+    def _on_connected(self) -> None:
+        """On the MQTT thread, at every connect: announce and report soon (from the loop)."""
+        self._announce_at = time.monotonic()
+        self._state_dirty = True
+
+    def _announce(self) -> None:
+        voice = self._voices["default"].voice
+        version = voice.sha256[:12]
+        self._link.publish(
+            self._topics.update,
+            update_state(version, None, f"Voice model {voice.path.stem}"),
+            retain=True,
+        )
+        if not self._config.homeassistant.discovery:
+            return
+        ha = self._config.homeassistant
+        device = DeviceInfo(
+            node_id=self._config.node_id,
+            name=ha.name or f"Voice {self._config.node_id}",
+            version=package_version(),
+            model=f"voice-agent ({voice.path.stem})",
+            voices=sorted(self._voices),
+        )
+        for topic, payload in discovery_messages(ha.prefix, self._topics, device):
+            self._link.publish(topic, payload, retain=True)
+        _LOGGER.info("Published Home Assistant discovery under %s/", ha.prefix)
+
+    def _publish_state(self, now: float) -> None:
+        self._state_dirty = False
+        self._state_due = now + self._config.state.interval
+        voice = self._voices["default"].voice
+        stats = self._cache.stats()
+        telemetry = self._telemetry
         state = {
             "audio": "available" if self._audio_available else "unavailable",
             "volume": round(self._player.volume, 3),
+            "voice": self._core.selected_voice,
             "queue_depth": self._core.queue_depth,
             "underruns": self._player.underruns,
+            "model": voice.path.stem,
+            "model_version": voice.sha256[:12],
+            "model_sha256": voice.sha256,
+            "last_ttfa_ms": telemetry.last_ttfa_ms,
+            "synthesis_speed": telemetry.synthesis_speed,
+            "last_error": self._link.last_error or telemetry.last_error,
+            "events": dict(telemetry.counts),
+            "cache": {
+                "hit_rate": round(stats.hit_rate, 3),
+                "hits": stats.memory_hits + stats.disk_hits,
+                "misses": stats.misses,
+                "memory_bytes": stats.memory_bytes,
+                "disk_bytes": stats.disk_bytes,
+            },
+            "hermes_audio": "off" if self._hermes_muted else "on",
+            "uptime_s": round(now - self._started_at),
         }
         self._link.publish(self._topics.state, json.dumps(state), retain=True)
 
+    # ---- Hermes ------------------------------------------------------------------------------
+
+    def _reply_hermes(self, notify: Notify) -> None:
+        if notify.event not in _TERMINAL:
+            return
+        with self._hermes_lock:
+            context = self._hermes.pop(notify.id, None)
+        if context is None:
+            return
+        if notify.event in (Lifecycle.FAILED, Lifecycle.REJECTED):
+            self._link.publish(*hermes.error(context, str(notify.details.get("reason"))))
+            if context.kind == "say":
+                return
+        self._link.publish(*hermes.finished(context))  # an audio server always says it finished
+
     # ---- on the MQTT thread: parse, then hand off without blocking ------------------------
 
-    def _on_speak_message(self, payload: bytes, delivery: Delivery) -> None:
+    def _on_speak_message(self, topic: str, payload: bytes, delivery: Delivery) -> None:
         parsed = parse_speak(payload, self._limits, _new_id)
         self._hand_off(
             SpeakInvalid(parsed, delivery)
@@ -226,7 +346,7 @@ class App:
             else SpeakReceived(parsed, delivery)
         )
 
-    def _on_stop_message(self, payload: bytes, delivery: Delivery) -> None:
+    def _on_stop_message(self, topic: str, payload: bytes, delivery: Delivery) -> None:
         parsed = parse_stop(payload, _new_id)
         self._hand_off(
             SpeakInvalid(parsed, delivery)
@@ -234,7 +354,7 @@ class App:
             else StopRequested(parsed, delivery)
         )
 
-    def _on_ack_message(self, payload: bytes, delivery: Delivery) -> None:
+    def _on_ack_message(self, topic: str, payload: bytes, delivery: Delivery) -> None:
         parsed = parse_ack(payload, _new_id)
         self._hand_off(
             SpeakInvalid(parsed, delivery)
@@ -242,7 +362,7 @@ class App:
             else AckRequested(parsed, delivery)
         )
 
-    def _on_volume_message(self, payload: bytes, delivery: Delivery) -> None:
+    def _on_volume_message(self, topic: str, payload: bytes, delivery: Delivery) -> None:
         parsed = parse_volume(payload, _new_id)
         self._hand_off(
             SpeakInvalid(parsed, delivery)
@@ -250,11 +370,84 @@ class App:
             else VolumeRequested(parsed, delivery)
         )
 
+    def _on_replay_message(self, topic: str, payload: bytes, delivery: Delivery) -> None:
+        self._hand_off(ReplayRequested(delivery))
+
+    def _on_voice_message(self, topic: str, payload: bytes, delivery: Delivery) -> None:
+        voice = payload.decode("utf-8", errors="replace").strip()
+        self._hand_off(VoiceSelected(voice, delivery))
+
+    def _on_homeassistant_status(self, topic: str, payload: bytes, delivery: Delivery) -> None:
+        self._link.ack(delivery)
+        if payload.strip() == b"online":  # Home Assistant restarted: announce again, spread out
+            self._announce_at = time.monotonic() + random.uniform(0.5, 5.0)  # noqa: S311
+
+    def _on_hermes_say(self, topic: str, payload: bytes, delivery: Delivery) -> None:
+        parsed = hermes.parse_say(payload, self._config.hermes.site_id, self._limits, _new_id)
+        self._hermes_request(parsed, delivery)
+
+    def _on_hermes_play(self, topic: str, payload: bytes, delivery: Delivery) -> None:
+        parsed = hermes.parse_play_bytes(topic, payload, self._config.hermes.site_id, _new_id)
+        if isinstance(parsed, Rejection):  # invalid WAV: error, and playFinished as Rhasspy does
+            request_id = topic.rsplit("/", 1)[-1]
+            context = hermes.HermesContext("play", request_id, self._config.hermes.site_id, None)
+            self._link.publish(*hermes.error(context, parsed.detail))
+            self._link.publish(*hermes.finished(context))
+        self._hermes_request(parsed, delivery)
+
+    def _hermes_request(
+        self,
+        parsed: tuple[SpeakRequest, hermes.HermesContext] | Rejection | None,
+        delivery: Delivery,
+    ) -> None:
+        if parsed is None:  # another site's message
+            self._link.ack(delivery)
+            return
+        if isinstance(parsed, Rejection):
+            self._hand_off(SpeakInvalid(parsed, delivery))
+            return
+        request, context = parsed
+        if self._hermes_muted:  # toggled off: not played, answered as done
+            self._link.publish(*hermes.finished(context))
+            self._link.ack(delivery)
+            return
+        with self._hermes_lock:
+            self._hermes[request.id] = context
+        self._hand_off(SpeakReceived(request, delivery))
+
+    def _on_hermes_toggle(self, topic: str, payload: bytes, delivery: Delivery) -> None:
+        self._link.ack(delivery)
+        if hermes.parse_site(payload, self._config.hermes.site_id):
+            self._hermes_muted = topic == hermes.TOGGLE_OFF
+            self._state_dirty = True
+
+    def _on_hermes_get_voices(self, topic: str, payload: bytes, delivery: Delivery) -> None:
+        self._link.ack(delivery)
+        voices = {vid: choice.voice.path.stem for vid, choice in self._voices.items()}
+        reply = hermes.voices_reply(payload, self._config.hermes.site_id, voices)
+        if reply is not None:
+            self._link.publish(*reply)
+
     def _hand_off(self, event: Event) -> None:
         try:
             self._inbox.put_nowait(event)
         except queue.Full:
             _LOGGER.error("Inbox full: a message was dropped unacknowledged")
+
+
+_TERMINAL: Final = frozenset(
+    {
+        Lifecycle.FINISHED,
+        Lifecycle.FAILED,
+        Lifecycle.REJECTED,
+        Lifecycle.EXPIRED,
+        Lifecycle.STOPPED,
+        Lifecycle.ACKNOWLEDGED,
+        Lifecycle.COALESCED,
+        Lifecycle.PREEMPTED,
+    }
+)
+"""Events after which a Hermes request gets its reply (`finished` of a repeat is the last)."""
 
 
 def _new_id() -> str:

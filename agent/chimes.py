@@ -59,8 +59,14 @@ def load_wav(path: Path, rate: int) -> PCM16:
         if wav.getsampwidth() != 2:
             raise ValueError(f"{path}: expected 16-bit PCM, got {8 * wav.getsampwidth()}-bit")
         channels, source_rate = wav.getnchannels(), wav.getframerate()
-        frames = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
-    mono = frames.reshape(-1, channels).astype(np.float32).mean(axis=1)
+        frames = wav.readframes(wav.getnframes())
+    return convert_pcm(frames, channels, source_rate, rate)
+
+
+def convert_pcm(frames: bytes, channels: int, source_rate: int, rate: int) -> PCM16:
+    """Interleaved 16-bit little-endian PCM to mono at `rate` (averaged, linearly resampled)."""
+    samples = np.frombuffer(frames[: len(frames) // (2 * channels) * 2 * channels], dtype="<i2")
+    mono = samples.reshape(-1, channels).astype(np.float32).mean(axis=1)
     if source_rate != rate and len(mono) > 1:
         duration = len(mono) / source_rate
         positions = np.arange(round(duration * rate)) * (source_rate / rate)

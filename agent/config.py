@@ -93,6 +93,26 @@ DEFAULT_CHIMES: Final[Mapping[str, str]] = {
 
 
 @dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS to the broker: the broker's certificate is verified and its host name checked."""
+
+    enabled: bool = _key("Connect with TLS (never falls back to plain TCP).", False)
+    ca_file: Path | None = _key(
+        "CA certificate(s) that signed the broker's certificate (PEM); null for the system's.",
+        None,
+        _readable_file,
+    )
+    cert_file: Path | None = _key(
+        "Client certificate (PEM) for brokers that require one; null for none.",
+        None,
+        _readable_file,
+    )
+    key_file: Path | None = _key(
+        "Private key of the client certificate (PEM); null for none.", None, _readable_file
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class MqttConfig:
     """Connection to the MQTT broker."""
 
@@ -121,6 +141,13 @@ class MqttConfig:
     reconnect_max: float = _key(
         "Cap of the exponential reconnect delay (seconds).", 60.0, _between(1, 3600)
     )
+    max_packet_bytes: int = _key(
+        "Largest MQTT packet the agent accepts (bytes); sent to the broker as the MQTT 5 Maximum "
+        "Packet Size, so larger messages are never delivered. Hermes playBytes WAVs count too.",
+        2 * 1024 * 1024,
+        _between(1024, 268435455),
+    )
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +289,36 @@ class SpeakConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StateConfig:
+    """The retained state on `<prefix>/<node_id>/state`."""
+
+    interval: float = _key(
+        "Publish the state at least this often (seconds), besides on every change.",
+        60.0,
+        _between(1, 86400),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HomeAssistantConfig:
+    """Home Assistant MQTT discovery."""
+
+    discovery: bool = _key("Announce the node to Home Assistant as a device.", True)
+    prefix: str = _key("Home Assistant's discovery prefix.", "homeassistant", _topic_prefix)
+    name: str | None = _key(
+        "The device's name in Home Assistant; null for 'Voice <node_id>'.", None
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HermesConfig:
+    """The Hermes protocol (Rhasspy, Node-RED): TTS and audio server."""
+
+    enabled: bool = _key("Answer Hermes TTS and audio-server messages.", False)
+    site_id: str = _key("The Hermes site id this node answers to.", "default", _name)
+
+
+@dataclass(frozen=True, slots=True)
 class AgentConfig:
     """The whole configuration."""
 
@@ -273,6 +330,9 @@ class AgentConfig:
     tts: TtsConfig = field(default_factory=TtsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     speak: SpeakConfig = field(default_factory=SpeakConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+    homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
+    hermes: HermesConfig = field(default_factory=HermesConfig)
 
 
 ENV_OVERRIDES: Final[Mapping[str, str]] = {
@@ -346,6 +406,13 @@ def _cross_checks(config: AgentConfig) -> list[str]:
     mqtt = config.mqtt
     if mqtt.password_file is not None and mqtt.username is None:
         problems.append("mqtt.password_file: set, but mqtt.username is null (it would be ignored)")
+    tls = mqtt.tls
+    if (tls.ca_file or tls.cert_file or tls.key_file) and not tls.enabled:
+        problems.append("mqtt.tls.enabled: false, but TLS files are set (they would be ignored)")
+    if (tls.cert_file is None) != (tls.key_file is None):
+        problems.append("mqtt.tls.cert_file: a client certificate needs its key_file, and back")
+    if mqtt.max_packet_bytes < config.speak.max_payload_bytes + 512:
+        problems.append("mqtt.max_packet_bytes: smaller than speak.max_payload_bytes + 512")
     if mqtt.reconnect_min > mqtt.reconnect_max:
         problems.append("mqtt.reconnect_min: larger than mqtt.reconnect_max")
     chimes = {*BUILTIN_CHIMES, *config.audio.chime_files, "none"}

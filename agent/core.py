@@ -26,7 +26,7 @@ Allowed imports: stdlib and `messages`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .messages import (
     UNTIL_ACKNOWLEDGED,
@@ -42,6 +42,7 @@ from .messages import (
     Priority,
     Reason,
     Rejection,
+    ReplayRequested,
     SetVolume,
     SpeakInvalid,
     SpeakReceived,
@@ -52,6 +53,7 @@ from .messages import (
     Tick,
     UtteranceEnded,
     UtteranceStarted,
+    VoiceSelected,
     VolumeRequested,
 )
 
@@ -125,13 +127,21 @@ class SpeakCore:
         self._seq = 0
         self._seen = RecentIds(remembered_ids)
         self._fingerprints = RecentIds(remembered_ids)
+        self._selected_voice = "default"
+        self._last: SpeakRequest | None = None
+        self._replays = 0
+
+    @property
+    def selected_voice(self) -> str:
+        """The voice of requests that name none."""
+        return self._selected_voice
 
     @property
     def queue_depth(self) -> int:
         """Announcements waiting (not the active one)."""
         return len(self._queue)
 
-    def handle(self, event: Event, now: float) -> list[Action]:  # noqa: PLR0911 - one per kind
+    def handle(self, event: Event, now: float) -> list[Action]:  # noqa: PLR0911, PLR0912 - per kind
         """Decide the actions that follow from one event at time `now` (seconds)."""
         match event:
             case SpeakReceived(request, delivery):
@@ -149,6 +159,10 @@ class SpeakCore:
                 return [*self._acknowledge(request_id), Acknowledge(delivery), *self._next(now)]
             case VolumeRequested(volume, delivery):
                 return [SetVolume(volume), Acknowledge(delivery)]
+            case VoiceSelected(voice, delivery):
+                return [*self._select_voice(voice), Acknowledge(delivery)]
+            case ReplayRequested(delivery):
+                return [*self._replay(delivery, now), Acknowledge(delivery), *self._next(now)]
             case Tick():
                 return [*self._expire(now), *self._next(now)]
             case AudioStatus(available, _):
@@ -167,6 +181,7 @@ class SpeakCore:
     # ---- arrivals ---------------------------------------------------------------------------
 
     def _admit(self, request: SpeakRequest, delivery: Delivery, now: float) -> list[Action]:
+        request = replace(request, voice=request.voice or self._selected_voice)
         refusal = self._refusal(request)
         if refusal is not None:
             return [_rejected(refusal)]
@@ -243,6 +258,26 @@ class SpeakCore:
 
     # ---- operator commands ------------------------------------------------------------------
 
+    def _select_voice(self, voice: str) -> list[Action]:
+        if voice not in self._voices:
+            known = ", ".join(sorted(self._voices))
+            unknown = Rejection(
+                f"voice-{voice}"[:64], Reason.UNKNOWN_VOICE, f"known: {known}", "voice"
+            )
+            return [_rejected(unknown)]
+        self._selected_voice = voice
+        return []
+
+    def _replay(self, delivery: Delivery, now: float) -> list[Action]:
+        if self._last is None:
+            nothing = Rejection("replay", Reason.UNKNOWN_ID, "nothing was spoken yet to replay")
+            return [_rejected(nothing)]
+        self._replays += 1
+        again = replace(
+            self._last, id=f"{self._last.id}~replay{self._replays}", repeat=1, dedupe_key=None
+        )
+        return self._admit(again, replace(delivery, fingerprint=""), now)
+
     def _stop(self, clear: bool) -> list[Action]:
         actions: list[Action] = []
         active = self._active
@@ -315,6 +350,7 @@ class SpeakCore:
             return [_notify(item, Lifecycle.FAILED, reason=str(event.error), detail=event.detail)]
         item.plays += 1
         request = item.request
+        self._last = request
         more = request.repeat == UNTIL_ACKNOWLEDGED or item.plays < request.repeat
         left: object = (
             "until_acknowledged"

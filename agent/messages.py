@@ -77,6 +77,15 @@ class Delivery:
 
 
 @dataclass(frozen=True, slots=True)
+class AudioClip:
+    """Recorded audio to play instead of speech (Hermes playBytes): 16-bit PCM, interleaved."""
+
+    rate: int
+    channels: int
+    frames: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class SpeakRequest:
     """A valid request to say something."""
 
@@ -85,8 +94,8 @@ class SpeakRequest:
     """Cleaned text (see `text.clean_text`), never empty."""
     unknown_fields: tuple[str, ...] = ()
     """Fields of a JSON payload that this version does not know (reported, not used)."""
-    voice: str = "default"
-    """Voice id (`default` or a key of `tts.voices`); never a path."""
+    voice: str | None = None
+    """Voice id (`default` or a key of `tts.voices`; None: the selected one); never a path."""
     rate: float = 1.0
     """Speaking rate: 2.0 is twice as fast (the voice's length scale is divided by it)."""
     volume: float = 1.0
@@ -105,6 +114,8 @@ class SpeakRequest:
     """Seconds from the end of one play to the start of the next."""
     dedupe_key: str | None = None
     """A later request with the same key replaces this one while it waits."""
+    audio: AudioClip | None = None
+    """Play this instead of synthesizing `text` (which then only describes it)."""
 
     @property
     def interrupts(self) -> bool:
@@ -171,6 +182,21 @@ class VolumeRequested:
 
 
 @dataclass(frozen=True, slots=True)
+class ReplayRequested:
+    """Say the last announcement again (a Home Assistant button)."""
+
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceSelected:
+    """Use this voice for requests that do not name one."""
+
+    voice: str
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passes: deadlines and repeat intervals are checked."""
 
@@ -215,6 +241,8 @@ Event = (
     | StopRequested
     | AckRequested
     | VolumeRequested
+    | ReplayRequested
+    | VoiceSelected
     | Tick
     | AudioStatus
     | SynthesisDone

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import random
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,8 +38,8 @@ from .messages import Delivery
 
 _LOGGER = logging.getLogger(__name__)
 
-MessageHandler = Callable[[bytes, Delivery], None]
-"""Called on the network thread with a payload and how to acknowledge it; must not block."""
+MessageHandler = Callable[[str, bytes, Delivery], None]
+"""Called on the network thread with topic, payload and how to acknowledge; must not block."""
 
 ONLINE: Final = "online"
 OFFLINE: Final = "offline"
@@ -64,13 +65,18 @@ class MqttLink:
         client_id: str,
         status_topic: str,
         handlers: Mapping[str, MessageHandler],
+        *,
         retained: frozenset[str] = frozenset(),
+        on_connected: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
         self._client_id = client_id
         self._status_topic = status_topic
         self._handlers = dict(handlers)
         self._retained = retained
+        self._on_connected = on_connected
+        self.last_error: str | None = None
+        """The last connection or subscription problem (for the state), None once connected."""
         self._stopping = threading.Event()
         self._connack: ReasonCode | None = None
         self.connected = threading.Event()
@@ -93,10 +99,22 @@ class MqttLink:
         if self._config.username is not None:
             client.username_pw_set(self._config.username, self._password())
         client.will_set(self._status_topic, OFFLINE, qos=1, retain=True)
+        tls = self._config.tls
+        if tls.enabled:
+            # Verified certificate and checked host name; no fallback to plain TCP exists.
+            client.tls_set(
+                ca_certs=str(tls.ca_file) if tls.ca_file else None,
+                certfile=str(tls.cert_file) if tls.cert_file else None,
+                keyfile=str(tls.key_file) if tls.key_file else None,
+                cert_reqs=ssl.CERT_REQUIRED,
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,
+            )
+            client.tls_insecure_set(False)
         client.on_socket_open = self._on_socket_open
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
+        client.on_subscribe = self._on_subscribe
         # Any registered callback makes paho leave socket writes to the network thread (it is
         # woken through its socket pair) instead of writing from whichever thread publishes.
         client.on_socket_register_write = self._on_socket_register_write
@@ -205,6 +223,7 @@ class MqttLink:
             properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             properties.SessionExpiryInterval = self._config.session_expiry
             properties.ReceiveMaximum = self._config.receive_maximum
+            properties.MaximumPacketSize = self._config.max_packet_bytes
             self._client.connect(
                 self._config.host,
                 self._config.port,
@@ -225,7 +244,8 @@ class MqttLink:
                 self._client.disconnect()
                 raise TimeoutError("no CONNACK from the broker")
         if self._connack.is_failure:
-            raise ConnectRefusedError(f"broker refused the connection: {self._connack}")
+            self.last_error = f"broker refused the connection: {self._connack}"
+            raise ConnectRefusedError(self.last_error)
 
     def _sleep(self, seconds: float) -> None:
         self._stopping.wait(seconds)  # a stop request ends the wait at once
@@ -278,9 +298,29 @@ class MqttLink:
                 [(topic, keep if topic in self._retained else skip) for topic in self._handlers]
             )
             client.publish(self._status_topic, ONLINE, qos=1, retain=True)
+            self.last_error = None
             self.connected.set()
+            if self._on_connected is not None:
+                self._on_connected()
         except Exception:
             _LOGGER.exception("on_connect failed")
+
+    def _on_subscribe(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
+        refused = [str(code) for code in reason_codes if code.is_failure]
+        if not refused:
+            return
+        # A broker that refuses a subscription (e.g. an ACL) would leave the agent deaf: report
+        # it and go through the reconnect path, whose pauses grow while sessions stay short.
+        self.last_error = f"broker refused a subscription: {', '.join(refused)}"
+        _LOGGER.error("%s; reconnecting later", self.last_error)
+        client.disconnect()
 
     def _on_disconnect(
         self,
@@ -307,11 +347,18 @@ class MqttLink:
         ).hexdigest()
         delivery = Delivery(message.mid, message.qos, bool(message.dup), fingerprint)
         try:
-            handler = self._handlers.get(message.topic)
+            handler = self._handlers.get(message.topic) or next(
+                (
+                    h
+                    for sub, h in self._handlers.items()
+                    if mqtt.topic_matches_sub(sub, message.topic)
+                ),
+                None,
+            )
             if handler is None:
                 _LOGGER.warning("Message on unexpected topic %s ignored", message.topic)
                 self.ack(delivery)
                 return
-            handler(bytes(message.payload), delivery)
+            handler(message.topic, bytes(message.payload), delivery)
         except Exception:
             _LOGGER.exception("Handling a message on %s failed", message.topic)

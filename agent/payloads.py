@@ -99,7 +99,7 @@ def parse_speak(
     if isinstance(decoded, Rejection):
         return decoded
     if not isinstance(decoded, dict):
-        return _request(SpeakRequest(new_id(), decoded), limits)
+        return finish_request(SpeakRequest(new_id(), decoded), limits)
     request_id = _request_id(decoded, new_id)
     if isinstance(request_id, Rejection):
         return request_id
@@ -116,7 +116,7 @@ def parse_speak(
         got = "missing" if "text" not in decoded else f"expected a string, got {_kind(text)}"
         return Rejection(request_id, Reason.INVALID_FIELD, got, "text", known)
     unknown = tuple(sorted(set(decoded) - set(SPEAK_FIELDS) - {"id", "text"}))
-    return _request(SpeakRequest(request_id, text, unknown, **values), limits)
+    return finish_request(SpeakRequest(request_id, text, unknown, **values), limits)
 
 
 def parse_stop(payload: bytes, new_id: Callable[[], str]) -> bool | Rejection:
@@ -164,6 +164,16 @@ def parse_volume(payload: bytes, new_id: Callable[[], str]) -> float | Rejection
     return value
 
 
+def parse_json_object(
+    payload: bytes, max_bytes: int, new_id: Callable[[], str]
+) -> dict[str, Any] | Rejection:
+    """A JSON object, or why the payload is not one."""
+    decoded = _decode(payload, max_bytes, new_id)
+    if isinstance(decoded, str):
+        return Rejection(new_id(), Reason.INVALID_JSON, "expected a JSON object")
+    return decoded
+
+
 def _decode(
     payload: bytes, max_bytes: int, new_id: Callable[[], str]
 ) -> str | dict[str, Any] | Rejection:
@@ -196,7 +206,8 @@ def _request_id(obj: dict[str, Any], new_id: Callable[[], str]) -> str | Rejecti
     return Rejection(new_id(), Reason.INVALID_FIELD, expected, "id")
 
 
-def _request(request: SpeakRequest, limits: SpeakLimits) -> SpeakRequest | Rejection:
+def finish_request(request: SpeakRequest, limits: SpeakLimits) -> SpeakRequest | Rejection:
+    """Clean the text and check it is neither empty nor too long."""
     text = clean_text(request.text)
     if not text:
         return Rejection(request.id, Reason.EMPTY_TEXT, "nothing to say", None, request.priority)

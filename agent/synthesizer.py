@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from onnxruntime import RunOptions
 
-from .chimes import ChimePlan
+from .chimes import ChimePlan, convert_pcm
 from .chunking import group_clauses, grow
 from .messages import Event, Reason, SpeakRequest, SynthesisDone
 from .phrase_cache import PCM16, PhraseCache, cache_key
@@ -73,6 +73,7 @@ class Synthesizer:
         self._lock = threading.Lock()
         self._cancelled: set[str] = set()
         self._run: tuple[str, RunOptions] | None = None
+        self._job_seconds = 0.0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run_blocking, name="synthesis", daemon=True)
 
@@ -120,12 +121,19 @@ class Synthesizer:
 
     def _speak_blocking(self, request: SpeakRequest) -> None:
         """Put the request's chime and speech into the player's buffer, then its end."""
-        choice = self._voices[request.voice]
+        choice = self._voices[request.voice or "default"]
+        self._job_seconds = 0.0
         params = replace(choice.params, length_scale=choice.params.length_scale / request.rate)
         end = Chunk(request.id, end=True, priority=request.priority)
         try:
             chime = self._chimes.for_request(request)
             if chime is not None and not self._emit(request, chime):
+                return
+            if request.audio is not None:  # recorded audio (Hermes playBytes): no synthesis
+                clip = request.audio
+                pcm = convert_pcm(clip.frames, clip.channels, clip.rate, choice.voice.sample_rate)
+                self._emit_or_cancel(request, pcm)
+                self._put(replace(end, info={"audio_clip": True}))
                 return
             sentences, cached = self._speech_blocking(request, choice, params)
         except _CancelledError:
@@ -138,7 +146,10 @@ class Synthesizer:
         if sentences == 0:
             self._put(replace(end, error=Reason.NO_SPEECH, detail="no phonemes"))
         else:
-            self._put(replace(end, info={"sentences": sentences, "cached_sentences": cached}))
+            info: dict[str, object] = {"sentences": sentences, "cached_sentences": cached}
+            if self._job_seconds:
+                info["synthesis_seconds"] = round(self._job_seconds, 4)
+            self._put(replace(end, info=info))
 
     def _speech_blocking(
         self, request: SpeakRequest, choice: VoiceChoice, params: SynthesisParams
@@ -173,6 +184,7 @@ class Synthesizer:
             if request_id in self._cancelled:
                 raise _CancelledError
             self._run = (request_id, options)
+        began = time.perf_counter()
         try:
             return choice.voice.ids_to_audio(ids, params, options)
         except Exception:
@@ -180,6 +192,7 @@ class Synthesizer:
                 raise _CancelledError from None
             raise
         finally:
+            self._job_seconds += time.perf_counter() - began
             with self._lock:
                 self._run = None
 

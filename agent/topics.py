@@ -38,6 +38,21 @@ class Topics:
         return f"{self.prefix}/{self.node_id}/volume"
 
     @property
+    def replay(self) -> str:
+        """Say the last announcement again (subscribed, QoS 1)."""
+        return f"{self.prefix}/{self.node_id}/replay"
+
+    @property
+    def voice(self) -> str:
+        """Select the voice of requests that name none (subscribed, QoS 1; retained applies)."""
+        return f"{self.prefix}/{self.node_id}/voice"
+
+    @property
+    def update(self) -> str:
+        """The voice model's version for Home Assistant's update entity (published retained)."""
+        return f"{self.prefix}/{self.node_id}/update"
+
+    @property
     def state(self) -> str:
         """The agent's state as JSON (published retained, QoS 1)."""
         return f"{self.prefix}/{self.node_id}/state"

@@ -96,12 +96,14 @@ def start_agent(
     """Start the real agent (real voice unless `voice` is given) against the test's broker."""
     started: list[RunningAgent] = []
 
-    def start(
+    def start(  # noqa: PLR0917 - a test names what it needs
         voice: Path | None = None,
         node_id: str | None = None,
         voices: dict[str, str] | None = None,
         paced: PulseNullSink | None = None,
         audio: dict[str, Any] | None = None,
+        sections: dict[str, dict[str, Any]] | None = None,
+        env: dict[str, str] | None = None,
         **speak: Any,
     ) -> RunningAgent:
         node_id = node_id or f"t{uuid.uuid4().hex[:8]}"
@@ -114,14 +116,17 @@ def start_agent(
             "tts": {"voice": str(voice) if voice else None, "voices": voices or {}},
             "cache": {"dir": str(cache_dir)},
             "speak": speak,
+            "homeassistant": {"discovery": False},
         }
+        for section, values in (sections or {}).items():
+            config[section] = {**config.get(section, {}), **values}
         path = tmp_path / f"{node_id}-{len(started)}.yaml"
         path.write_text(yaml.safe_dump(config), encoding="utf-8")
         topics = Topics("voice", node_id)
         watcher = Watcher(broker, f"voice/{node_id}/#")
         log = tmp_path / f"{node_id}-{len(started)}.log"
-        env = paced.env(capture) if paced else None
-        agent = RunningAgent(AgentProcess(path, log, env), topics, capture, watcher)
+        environment = {**(paced.env(capture) if paced else {}), **(env or {})}
+        agent = RunningAgent(AgentProcess(path, log, environment), topics, capture, watcher)
         agent.process.start()
         started.append(agent)
         agent.wait_online()

@@ -46,7 +46,7 @@ def wait_until(condition: Callable[[], bool], timeout: float = TIMEOUT, what: st
 class Broker:
     """A real Mosquitto in the foreground on a free loopback port, with persistence."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, tls: Pki | None = None) -> None:
         self.host = "127.0.0.1"
         self.port = free_port()
         self.workdir = workdir
@@ -62,6 +62,8 @@ class Broker:
             "max_queued_messages 10000",
             "log_type all",
         ]
+        if tls is not None:  # this listener speaks TLS only
+            lines += [f"cafile {tls.ca}", f"certfile {tls.cert}", f"keyfile {tls.key}"]
         if os.geteuid() == 0:
             lines.append("user root")  # else it drops to `mosquitto` and cannot persist here
         self.config.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -116,8 +118,14 @@ class Watcher:
     """A real paho client that records every message on the given topic filters."""
 
     def __init__(
-        self, broker: Broker, *topics: str, username: str | None = None, password: str | None = None
+        self,
+        broker: Broker,
+        *topics: str,
+        username: str | None = None,
+        password: str | None = None,
+        ca: Path | None = None,
     ) -> None:
+        self.broker = broker
         self.messages: list[Received] = []
         self._lock = threading.Lock()
         self._subscribed = threading.Event()
@@ -127,6 +135,8 @@ class Watcher:
         self._client.on_subscribe = lambda *_args: self._subscribed.set()
         if username is not None:
             self._client.username_pw_set(username, password)
+        if ca is not None:
+            self._client.tls_set(ca_certs=str(ca))
         self._client.connect(broker.host, broker.port)
         self._client.subscribe([(t, 1) for t in topics])
         self._client.loop_start()
@@ -302,3 +312,45 @@ class PulseNullSink:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
             self._process.wait(10)
+
+
+@dataclass(frozen=True)
+class Pki:
+    """A throwaway CA and a certificate for 127.0.0.1 / localhost signed by it."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def make_pki(directory: Path, name: str = "test") -> Pki:
+    """Generate a CA and a broker certificate with the `openssl` command (EC P-256)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, ca = directory / f"{name}-ca.key", directory / f"{name}-ca.pem"
+    key, csr, cert = directory / f"{name}.key", directory / f"{name}.csr", directory / f"{name}.pem"
+    ext = directory / f"{name}.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n", encoding="utf-8")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    sign = ["-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-days", "2"]
+    commands = [
+        ["openssl", "req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "2"],
+        ["openssl", "req", *ec, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1"],
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            *sign,
+            "-out",
+            str(cert),
+            "-extfile",
+            str(ext),
+        ],
+    ]
+    commands[0] += ["-subj", f"/CN={name} test CA"]
+    for command in commands:
+        subprocess.run(command, check=True, capture_output=True, timeout=TIMEOUT)
+    for path in (key, cert, ca):
+        path.chmod(0o644)  # readable by the broker, which may run as another user
+    return Pki(ca, cert, key)

@@ -1,0 +1,157 @@
+"""The Hermes protocol end to end: Rhasspy-style say and playBytes through a real Mosquitto."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import wave
+
+import numpy as np
+import pytest
+
+from agent import hermes
+from agent.messages import Rejection
+from agent.payloads import SpeakLimits
+from tests.conftest import RunningAgent, StartAgent
+from tests.support import Broker, Watcher, read_pcm, wait_until
+
+pytestmark = pytest.mark.broker
+
+RATE = 22050
+SITE = "kitchen"
+
+
+def wav_bytes(seconds: float, rate: int, channels: int = 1, frequency: float = 440.0) -> bytes:
+    t = np.arange(int(rate * seconds)) / rate
+    tone = (np.sin(2 * np.pi * frequency * t) * 8000).astype("<i2")
+    frames = np.repeat(tone, channels)
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(channels)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(frames.tobytes())
+    return out.getvalue()
+
+
+@pytest.fixture
+def agent(start_agent: StartAgent) -> RunningAgent:
+    return start_agent(sections={"hermes": {"enabled": True, "site_id": SITE}})
+
+
+@pytest.fixture
+def rhasspy(broker: Broker) -> Watcher:
+    return Watcher(broker, "hermes/#", "rhasspy/#")
+
+
+def replies(watcher: Watcher, topic: str) -> list[dict[str, object]]:
+    return [m.json() for m in watcher.snapshot() if m.topic == topic]
+
+
+def test_say_is_spoken_and_answered_after_the_audio_ended(
+    agent: RunningAgent, rhasspy: Watcher
+) -> None:
+    say = {"text": "Hello from Rhasspy.", "siteId": SITE, "id": "r1", "sessionId": "s1"}
+    rhasspy.publish(hermes.SAY, json.dumps(say).encode())
+    wait_until(lambda: bool(replies(rhasspy, hermes.SAY_FINISHED)), what="sayFinished")
+    (done,) = replies(rhasspy, hermes.SAY_FINISHED)
+    assert done == {"siteId": SITE, "id": "r1", "sessionId": "s1"}
+    finished = agent.watcher.wait_event("hermes-r1", "finished")
+    said = next(m for m in rhasspy.snapshot() if m.topic == hermes.SAY_FINISHED)
+    played = next(
+        m
+        for m in agent.watcher.snapshot()
+        if m.topic.endswith("/events") and b'"finished"' in m.payload
+    )
+    assert said.at >= played.at - 0.05  # answered once the last sample was played
+    assert finished["audio_seconds"] > 0.5
+    seconds = float(str(finished["audio_seconds"]))
+    assert len(read_pcm(agent.capture)) == pytest.approx(seconds * RATE, abs=RATE / 1000)
+
+
+def test_play_bytes_plays_the_wav_resampled_and_answers(
+    agent: RunningAgent, rhasspy: Watcher
+) -> None:
+    rhasspy.publish(f"hermes/audioServer/{SITE}/playBytes/req-7", wav_bytes(0.5, 16000, 2))
+    topic = f"hermes/audioServer/{SITE}/playFinished"
+    wait_until(lambda: bool(replies(rhasspy, topic)), what="playFinished")
+    assert replies(rhasspy, topic) == [{"id": "req-7", "sessionId": None}]
+    played = read_pcm(agent.capture)
+    assert len(played) == round(0.5 * RATE)
+    spectrum = np.abs(np.fft.rfft(played.astype(np.float64)))
+    assert abs(np.argmax(spectrum) * RATE / len(played) - 440) < 4
+
+
+def test_an_invalid_wav_is_an_error_and_still_finishes(
+    agent: RunningAgent, rhasspy: Watcher
+) -> None:
+    rhasspy.publish(f"hermes/audioServer/{SITE}/playBytes/bad-1", b"RIFF not really a wave")
+    wait_until(lambda: bool(replies(rhasspy, hermes.PLAY_ERROR)), what="the error")
+    (error,) = replies(rhasspy, hermes.PLAY_ERROR)
+    assert error["siteId"] == SITE
+    assert error["context"] == "bad-1"
+    assert "WAV" in str(error["error"])
+    finished = f"hermes/audioServer/{SITE}/playFinished"
+    wait_until(lambda: bool(replies(rhasspy, finished)), what="playFinished")
+
+
+def test_messages_for_other_sites_are_ignored(agent: RunningAgent, rhasspy: Watcher) -> None:
+    other = {"text": "Not for you.", "siteId": "garage", "id": "x1"}
+    rhasspy.publish(hermes.SAY, json.dumps(other).encode())
+    rhasspy.publish("hermes/audioServer/garage/playBytes/x2", wav_bytes(0.2, RATE))
+    rhasspy.publish(hermes.SAY, json.dumps({"text": "Marker.", "siteId": SITE, "id": "m"}).encode())
+    agent.watcher.wait_event("hermes-m", "finished")
+    time.sleep(0.3)
+    ids = {e["id"] for e in agent.watcher.events()}
+    assert ids == {"hermes-m"}
+    assert [r["id"] for r in replies(rhasspy, hermes.SAY_FINISHED)] == ["m"]
+
+
+def test_toggle_off_mutes_hermes_playback_and_toggle_on_restores_it(
+    agent: RunningAgent, rhasspy: Watcher
+) -> None:
+    rhasspy.publish(hermes.TOGGLE_OFF, json.dumps({"siteId": SITE}).encode())
+    wait_until(lambda: _state(agent).get("hermes_audio") == "off", what="muted state")
+    rhasspy.publish(f"hermes/audioServer/{SITE}/playBytes/q1", wav_bytes(0.3, RATE))
+    finished = f"hermes/audioServer/{SITE}/playFinished"
+    wait_until(lambda: bool(replies(rhasspy, finished)), what="playFinished while muted")
+    assert not agent.capture.exists() or len(read_pcm(agent.capture)) == 0
+    rhasspy.publish(hermes.TOGGLE_ON, json.dumps({"siteId": SITE}).encode())
+    wait_until(lambda: _state(agent).get("hermes_audio") == "on", what="unmuted state")
+    rhasspy.publish(f"hermes/audioServer/{SITE}/playBytes/q2", wav_bytes(0.3, RATE))
+    wait_until(lambda: len(replies(rhasspy, finished)) == 2, what="second playFinished")
+    assert len(read_pcm(agent.capture)) == round(0.3 * RATE)
+
+
+def _state(agent: RunningAgent) -> dict[str, object]:
+    states = [m.json() for m in agent.watcher.snapshot() if m.topic == agent.topics.state]
+    return states[-1] if states else {}
+
+
+def test_get_voices_is_answered(agent: RunningAgent, rhasspy: Watcher) -> None:
+    rhasspy.publish(hermes.GET_VOICES, json.dumps({"id": "v1", "siteId": SITE}).encode())
+    wait_until(lambda: bool(replies(rhasspy, hermes.VOICES)), what="voices")
+    (answer,) = replies(rhasspy, hermes.VOICES)
+    assert answer["id"] == "v1"
+    assert answer["siteId"] == SITE
+    assert answer["voices"] == [{"voiceId": "default", "description": "en_US-joe-medium"}]
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (b'{"text": "Hi", "siteId": "other"}', None),
+        (b'{"text": 5, "siteId": "kitchen", "id": "a"}', "invalid_field"),
+        (b'{"text": "Hi", "siteId": "kitchen", "volume": 3}', "invalid_field"),
+        (b"not json", "invalid_json"),
+        (b'{"text": "  ", "siteId": "kitchen"}', "empty_text"),
+    ],
+)
+def test_say_parsing(payload: bytes, expected: str | None) -> None:
+    parsed = hermes.parse_say(payload, SITE, SpeakLimits(4096, 100), lambda: "g")
+    if expected is None:
+        assert parsed is None
+    else:
+        assert isinstance(parsed, Rejection)
+        assert parsed.reason == expected

