@@ -252,12 +252,12 @@ class App:
                 self._telemetry.record(action, now)
                 self._reply_hermes(action)
                 _LOGGER.info("%s %s %s", request_id, event, dict(details) or "")
-            case Synthesize(request, play):
-                self._synthesizer.submit(request)
-                _LOGGER.debug("Synthesizing %s, play %d", request.id, play)
-            case Cut(request_id):
-                self._synthesizer.cancel(request_id)
-                self._player.cut(request_id)
+            case Synthesize(request, play, job):
+                self._synthesizer.submit(request, job)
+                _LOGGER.debug("Synthesizing %s, play %d (job %d)", request.id, play, job)
+            case Cut(_, job):
+                self._synthesizer.cancel(job)
+                self._player.cut(job)
             case SetVolume(volume):
                 self._player.volume = volume
 
@@ -432,7 +432,12 @@ class App:
         try:
             self._inbox.put_nowait(event)
         except queue.Full:
-            _LOGGER.error("Inbox full: a message was dropped unacknowledged")
+            # Only QoS 0 floods can get here (QoS 1 is bounded by mqtt.receive_maximum). Ack so
+            # that a receive slot is never held for good.
+            _LOGGER.error("Inbox full: a message was dropped")
+            delivery = getattr(event, "delivery", None)
+            if isinstance(delivery, Delivery):
+                self._link.ack(delivery)
 
 
 _TERMINAL: Final = frozenset(

@@ -101,11 +101,18 @@ class _Active:
     """The announcement handed to the synthesizer and the player."""
 
     item: _Item
+    job: int
+    """The token of this activation (reports of earlier ones are ignored)."""
     started: bool = False
     cut: bool = False
     """Cut (preempted, stopped, acknowledged, expired): its last event is already out."""
     synthesized: bool = False
     played: bool = False
+
+    @property
+    def cuttable(self) -> bool:
+        """Neither cut already nor played out (then its outcome is decided)."""
+        return not self.cut and not self.played
 
 
 class SpeakCore:
@@ -127,6 +134,7 @@ class SpeakCore:
         self._seq = 0
         self._seen = RecentIds(remembered_ids)
         self._fingerprints = RecentIds(remembered_ids)
+        self._jobs = 0
         self._selected_voice = "default"
         self._last: SpeakRequest | None = None
         self._replays = 0
@@ -164,16 +172,16 @@ class SpeakCore:
             case ReplayRequested(delivery):
                 return [*self._replay(delivery, now), Acknowledge(delivery), *self._next(now)]
             case Tick():
-                return [*self._expire(now), *self._next(now)]
+                return [*self._expire(now), *self._preempt_for_due(now), *self._next(now)]
             case AudioStatus(available, _):
                 self._audio_available = available
                 return self._next(now)
-            case SynthesisDone(request_id):
-                if self._active is not None and self._active.item.request.id == request_id:
+            case SynthesisDone(request_id, job):
+                if self._active is not None and self._is_active(request_id, job):
                     self._active.synthesized = True
                 return self._finish_active(now)
-            case UtteranceStarted(request_id):
-                return self._started(request_id)
+            case UtteranceStarted(request_id, job):
+                return self._started(request_id, job)
             case UtteranceEnded():
                 return [*self._ended(event, now), *self._finish_active(now)]
         raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
@@ -185,9 +193,6 @@ class SpeakCore:
         refusal = self._refusal(request)
         if refusal is not None:
             return [_rejected(refusal)]
-        self._seen.add(request.id)
-        if delivery.fingerprint:
-            self._fingerprints.add(delivery.fingerprint)
         self._seq += 1
         deadline = None if request.ttl is None else now + request.ttl
         item = _Item(request, self._seq, deadline)
@@ -197,14 +202,13 @@ class SpeakCore:
             self._queue.remove(replaced)
             item.seq = replaced.seq  # the newcomer takes its place in the queue
             actions.append(_notify(replaced, Lifecycle.COALESCED, into=request.id))
-        if len(self._queue) >= self._queue_size:
-            victim = min([*self._queue, item], key=lambda i: (i.request.priority, i.seq))
-            full = f"{self._queue_size} announcements waiting; dropped the lowest, oldest"
-            actions.append(_rejected(_rejection(victim, Reason.QUEUE_FULL, full)))
-            if victim is item:
-                return actions
-            self._queue.remove(victim)
-        self._enqueue(item)
+        bounded = self._enqueue_bounded(item)
+        actions += bounded
+        if item not in self._queue:  # the newcomer was the lowest, oldest: refused
+            return actions
+        self._seen.add(request.id)  # only accepted ids are remembered
+        if delivery.fingerprint:
+            self._fingerprints.add(delivery.fingerprint)
         details: dict[str, object] = {"queue_depth": len(self._queue)}
         if request.unknown_fields:
             details["unknown_fields"] = list(request.unknown_fields)
@@ -238,23 +242,47 @@ class SpeakCore:
         self._queue.append(item)
         self._queue.sort(key=lambda i: i.order)
 
+    def _enqueue_bounded(self, item: _Item) -> list[Action]:
+        """Queue an item; when full, the lowest-class, oldest of all (maybe it) is refused."""
+        actions: list[Action] = []
+        if len(self._queue) >= self._queue_size:
+            victim = min([*self._queue, item], key=lambda i: (i.request.priority, i.seq))
+            full = f"{self._queue_size} announcements waiting; dropped the lowest, oldest"
+            actions.append(_rejected(_rejection(victim, Reason.QUEUE_FULL, full)))
+            if victim is item:
+                return actions
+            self._queue.remove(victim)
+        self._enqueue(item)
+        return actions
+
+    def _is_active(self, request_id: str, job: int) -> bool:
+        active = self._active
+        return active is not None and active.item.request.id == request_id and active.job == job
+
     def _preempt_for(self, item: _Item) -> list[Action]:
         active = self._active
-        if active is None or active.cut or not item.request.interrupts:
+        if active is None or not active.cuttable or not item.request.interrupts:
             return []
         current = active.item
         if item.request.priority <= current.request.priority:
             return []
         active.cut = True
         actions: list[Action] = [
-            Cut(current.request.id),
+            Cut(current.request.id, active.job),
             _notify(current, Lifecycle.PREEMPTED, by=item.request.id),
         ]
         if current.request.priority in REQUEUED_WHEN_PREEMPTED:
             current.not_before = 0.0
-            self._enqueue(current)
-            actions.append(_notify(current, Lifecycle.REQUEUED, queue_depth=len(self._queue)))
+            refused = self._enqueue_bounded(current)
+            if current in self._queue:
+                actions.append(_notify(current, Lifecycle.REQUEUED, queue_depth=len(self._queue)))
+            actions += refused
         return actions
+
+    def _preempt_for_due(self, now: float) -> list[Action]:
+        """A waiting announcement that became due (a repeat) may preempt what plays."""
+        ready = next((i for i in self._queue if i.not_before <= now), None)
+        return [] if ready is None else self._preempt_for(ready)
 
     # ---- operator commands ------------------------------------------------------------------
 
@@ -281,19 +309,23 @@ class SpeakCore:
     def _stop(self, clear: bool) -> list[Action]:
         actions: list[Action] = []
         active = self._active
-        if active is not None and not active.cut:
+        if active is not None and active.cuttable:
             active.cut = True
-            actions += [Cut(active.item.request.id), _notify(active.item, Lifecycle.STOPPED)]
-        if clear:
-            actions += [_notify(i, Lifecycle.STOPPED, cleared=True) for i in self._queue]
-            self._queue.clear()
+            actions += [
+                Cut(active.item.request.id, active.job),
+                _notify(active.item, Lifecycle.STOPPED),
+            ]
+        # a repeating announcement between two plays is also "what is playing"
+        ending = self._queue if clear else [i for i in self._queue if i.plays > 0]
+        actions += [_notify(i, Lifecycle.STOPPED, cleared=clear) for i in ending]
+        self._queue = [i for i in self._queue if i not in ending]
         return actions
 
     def _acknowledge(self, request_id: str) -> list[Action]:
         active = self._active
-        if active is not None and not active.cut and active.item.request.id == request_id:
+        if active is not None and active.cuttable and active.item.request.id == request_id:
             active.cut = True
-            return [Cut(request_id), _notify(active.item, Lifecycle.ACKNOWLEDGED)]
+            return [Cut(request_id, active.job), _notify(active.item, Lifecycle.ACKNOWLEDGED)]
         waiting = next((i for i in self._queue if i.request.id == request_id), None)
         if waiting is not None:
             self._queue.remove(waiting)
@@ -311,11 +343,12 @@ class SpeakCore:
             self._queue.remove(item)
             actions.append(_notify(item, Lifecycle.EXPIRED))
         active = self._active
-        if active is None or active.cut or active.started:
+        if active is None or not active.cuttable or active.started:
             return actions
         if _past(active.item.deadline, now):  # e.g. it waited for the audio device
             active.cut = True
-            actions += [Cut(active.item.request.id), _notify(active.item, Lifecycle.EXPIRED)]
+            expired = _notify(active.item, Lifecycle.EXPIRED)
+            actions += [Cut(active.item.request.id, active.job), expired]
         return actions
 
     def _next(self, now: float) -> list[Action]:
@@ -326,21 +359,22 @@ class SpeakCore:
         if ready is None:
             return actions
         self._queue.remove(ready)
-        self._active = _Active(ready)
-        return [*actions, Synthesize(ready.request, ready.plays + 1)]
+        self._jobs += 1
+        self._active = _Active(ready, self._jobs)
+        return [*actions, Synthesize(ready.request, ready.plays + 1, self._jobs)]
 
     # ---- playback ---------------------------------------------------------------------------
 
-    def _started(self, request_id: str) -> list[Action]:
+    def _started(self, request_id: str, job: int) -> list[Action]:
         active = self._active
-        if active is None or active.cut or active.item.request.id != request_id:
+        if active is None or active.cut or not self._is_active(request_id, job):
             return []
         active.started = True
         return [_notify(active.item, Lifecycle.STARTED, play=active.item.plays + 1)]
 
     def _ended(self, event: UtteranceEnded, now: float) -> list[Action]:
         active = self._active
-        if active is None or active.item.request.id != event.id:
+        if active is None or not self._is_active(event.id, event.job):
             return []
         active.played = True
         if active.cut:
@@ -365,10 +399,10 @@ class SpeakCore:
             repeats_left=left,
             **event.info,
         )
-        if more:
-            item.not_before = now + request.repeat_interval
-            self._enqueue(item)
-        return [finished]
+        if not more:
+            return [finished]
+        item.not_before = now + request.repeat_interval
+        return [finished, *self._enqueue_bounded(item)]
 
     def _finish_active(self, now: float) -> list[Action]:
         active = self._active

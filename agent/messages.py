@@ -214,6 +214,8 @@ class SynthesisDone:
     """The synthesizer handed the last audio of this job to the player and is free."""
 
     id: str
+    job: int = 0
+    """The activation it is about (see `Synthesize.job`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +223,7 @@ class UtteranceStarted:
     """The first samples of this utterance were handed to the audio device."""
 
     id: str
+    job: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +236,7 @@ class UtteranceEnded:
     detail: str = ""
     info: Mapping[str, object] = field(default_factory=dict)
     """Extra fields for the `finished` or `failed` event (e.g. how much came from the cache)."""
+    job: int = 0
 
 
 Event = (
@@ -277,6 +281,9 @@ class Synthesize:
     request: SpeakRequest
     play: int = 1
     """Which play this is (repeats count up from 1)."""
+    job: int = 0
+    """This activation's token: every report and cut about it carries it, so a late report or
+    cut of an earlier play or of a preempted run never touches a later one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +291,7 @@ class Cut:
     """Stop this announcement now: cancel its synthesis, fade out what is playing."""
 
     id: str
+    job: int = 0
 
 
 @dataclass(frozen=True, slots=True)

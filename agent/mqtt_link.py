@@ -361,4 +361,5 @@ class MqttLink:
                 return
             handler(message.topic, bytes(message.payload), delivery)
         except Exception:
-            _LOGGER.exception("Handling a message on %s failed", message.topic)
+            _LOGGER.exception("Handling a message on %s failed; it is dropped", message.topic)
+            self.ack(delivery)  # an unacknowledged message would hold a receive slot for good

@@ -91,20 +91,23 @@ class PhraseCache:
             self._dir.mkdir(parents=True, exist_ok=True)
             self._index_disk()
 
-    def get(self, key: str, sample_rate: int) -> PCM16 | None:
-        """The audio stored under key, or None (counted as a miss)."""
+    def get(self, key: str, sample_rate: int, *, count: bool = True) -> PCM16 | None:
+        """The audio stored under key (checked against its digest), or None.
+
+        `count=False` leaves the hit and miss counters alone (a check, not a use).
+        """
         with self._lock:
             pcm = self._memory.get(key)
             if pcm is not None:
                 self._memory.move_to_end(key)
-                self._counts["memory_hits"] += 1
+                self._counts["memory_hits"] += count
                 return pcm
         pcm = self._read(key, sample_rate)
         with self._lock:
             if pcm is None:
-                self._counts["misses"] += 1
+                self._counts["misses"] += count
                 return None
-            self._counts["disk_hits"] += 1
+            self._counts["disk_hits"] += count
         self._remember(key, pcm)
         return pcm
 
@@ -156,6 +159,9 @@ class PhraseCache:
 
     def _index_disk(self) -> None:
         assert self._dir is not None  # noqa: S101 - only called with a directory
+        for partial in self._dir.glob("*/*.partial"):  # left by a crash mid-write
+            with contextlib.suppress(OSError):
+                partial.unlink()
         entries = []
         for path in self._dir.glob(f"*/*{_SUFFIX}"):
             with contextlib.suppress(OSError):

@@ -52,6 +52,8 @@ class Chunk:
     volume: float = 1.0
     """The requested volume (the global volume and the floor are applied at write time)."""
     priority: Priority = Priority.INFO
+    job: int = 0
+    """The activation token (see `messages.Synthesize.job`): cuts and reports name it."""
 
 
 class Pcm(Protocol):
@@ -109,6 +111,7 @@ class _Utterance:
     """What the writer knows about the announcement it is playing."""
 
     id: str
+    job: int = 0
     frames: int = 0
     error: tuple[Reason, str] | None = None
     cut: bool = False
@@ -136,7 +139,8 @@ class Player:
         self._pcm: Pcm | None = None
         self._period_frames = 0
         self._lock = threading.Lock()
-        self._cuts: set[str] = set()
+        self._cuts: set[int] = set()
+        self._wakeup = threading.Event()
         self._volume = volume
         self._floor = floor
         self._available: bool | None = None
@@ -154,10 +158,11 @@ class Player:
     def volume(self, value: float) -> None:
         self._volume = value  # read by the writer at each period: applies at once
 
-    def cut(self, request_id: str) -> None:
-        """Fade out this announcement at the next period boundary and drop the rest of it."""
+    def cut(self, job: int) -> None:
+        """Fade out this activation at the next period boundary and drop the rest of it."""
         with self._lock:
-            self._cuts.add(request_id)
+            self._cuts.add(job)
+        self._wakeup.set()  # a wait for the device gives up at once
 
     def open(self) -> None:
         """Open the device now, so a problem shows at start; a failure is retried later."""
@@ -183,6 +188,7 @@ class Player:
     def stop(self) -> None:
         """Stop the writer (audio not yet played is dropped) and close the device."""
         self._stopping.set()
+        self._wakeup.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         if self._thread.is_alive():
@@ -201,22 +207,24 @@ class Player:
                 if self._pcm is None and self._available is False:
                     self._reopen_blocking()  # nothing starts until the device is back
                 continue
-            if current is None or current.id != chunk.id:
-                current = _Utterance(chunk.id)
+            if current is None or current.job != chunk.job:
+                current = _Utterance(chunk.id, chunk.job)
+                with self._lock:  # cuts of earlier activations can no longer matter
+                    self._cuts = {job for job in self._cuts if job >= chunk.job}
             if chunk.pcm is not None and current.error is None and not current.cut:
                 self._play(current, chunk)
             if chunk.end:
                 self._end(current, chunk)
                 current = None
 
-    def _is_cut(self, request_id: str) -> bool:
+    def _is_cut(self, job: int) -> bool:
         with self._lock:
-            return request_id in self._cuts
+            return job in self._cuts
 
     def _play(self, current: _Utterance, chunk: Chunk) -> None:
         assert chunk.pcm is not None  # noqa: S101 - checked by the caller
         try:
-            self._ensure_open(current.id)
+            self._ensure_open(current.job)
         except AudioUnavailableError as err:
             current.error = (Reason.AUDIO_ERROR, str(err))
             return
@@ -226,7 +234,7 @@ class Player:
                 return
             period = chunk.pcm[start : start + step].astype(np.float32)
             period *= effective_volume(chunk.volume, self._volume, chunk.priority, self._floor)
-            if self._is_cut(current.id):
+            if self._is_cut(current.job):
                 current.cut = True
                 if current.frames == 0:
                     return  # cut before a sample was heard: nothing to fade
@@ -239,7 +247,7 @@ class Player:
                 return
             current.last_sample = int(samples[-1]) if len(samples) else 0
             if current.frames == 0:
-                self._report(UtteranceStarted(current.id))
+                self._report(UtteranceStarted(current.id, current.job))
             current.frames += len(period)
             if current.cut:
                 return
@@ -260,7 +268,7 @@ class Player:
             raise AudioUnavailableError(str(err)) from err
 
     def _end(self, current: _Utterance, chunk: Chunk) -> None:
-        if self._is_cut(current.id) and not current.cut and current.error is None:
+        if self._is_cut(current.job) and not current.cut and current.error is None:
             current.cut = True  # cut between two chunks: the last one ended where it ended
             self._fade_tail(current)
         if current.error is None and current.frames and not current.cut and self._pcm is not None:
@@ -271,15 +279,13 @@ class Player:
                 self._set_available(False, str(err))
                 current.error = (Reason.AUDIO_ERROR, str(err))
         with self._lock:
-            self._cuts.discard(current.id)
+            self._cuts.discard(current.job)
         error = current.error
         if error is None and chunk.error is not None:
             error = (chunk.error, chunk.detail)
         seconds = current.frames / self._rate
-        if error is None:
-            self._report(UtteranceEnded(current.id, seconds, info=chunk.info))
-        else:
-            self._report(UtteranceEnded(current.id, seconds, error[0], error[1], chunk.info))
+        reason, detail = error if error is not None else (None, "")
+        self._report(UtteranceEnded(current.id, seconds, reason, detail, chunk.info, current.job))
 
     def _fade_tail(self, current: _Utterance) -> None:
         """Ramp from the last sample written to silence in 5 ms, so a cut never clicks."""
@@ -296,14 +302,14 @@ class Player:
         with contextlib.suppress(AudioUnavailableError):
             self._ensure_open(None)
 
-    def _ensure_open(self, request_id: str | None) -> None:
+    def _ensure_open(self, job: int | None) -> None:
         """Open the PCM if needed, retrying with backoff until it opens, or the announcement
         waiting for it is cut (its ttl ran out, a stop), or the player stops."""
         if self._pcm is not None:
             return
 
         def give_up(state: RetryCallState) -> bool:
-            cut = request_id is not None and self._is_cut(request_id)
+            cut = job is not None and self._is_cut(job)
             return self._stopping.is_set() or cut
 
         retrying = Retrying(
@@ -326,7 +332,8 @@ class Player:
         self._set_available(True)
 
     def _sleep(self, seconds: float) -> None:
-        self._stopping.wait(seconds)
+        self._wakeup.wait(seconds)  # cut() and stop() end the wait at once
+        self._wakeup.clear()
 
     def _set_available(self, available: bool, detail: str = "") -> None:
         if self._available == available:

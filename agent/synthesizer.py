@@ -48,6 +48,16 @@ class VoiceChoice:
     params: SynthesisParams
 
 
+_PHRASES: Final = -1
+"""The job token of phrase rendering: a request arriving aborts it (it is done again later)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    request: SpeakRequest
+    token: int
+
+
 class Synthesizer:
     """Synthesizes one request at a time into the player's buffer; renders phrases when idle."""
 
@@ -69,10 +79,10 @@ class Synthesizer:
         self._chimes = chimes or ChimePlan({}, {})
         self._phrases = deque(phrases)
         self._phrase_counts = {"total": len(phrases), "rendered": 0, "cached": 0}
-        self._jobs: queue.Queue[SpeakRequest] = queue.Queue(maxsize=1)
+        self._jobs: queue.Queue[_Job] = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
-        self._cancelled: set[str] = set()
-        self._run: tuple[str, RunOptions] | None = None
+        self._cancelled: set[int] = set()
+        self._run: tuple[int, RunOptions] | None = None
         self._job_seconds = 0.0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run_blocking, name="synthesis", daemon=True)
@@ -83,15 +93,20 @@ class Synthesizer:
             _LOGGER.info("Phrase cache: rendering %d phrases in the background", len(self._phrases))
         self._thread.start()
 
-    def submit(self, request: SpeakRequest) -> None:
-        """Hand over a request; the core only does so when the worker is free."""
-        self._jobs.put_nowait(request)
-
-    def cancel(self, request_id: str) -> None:
-        """Stop synthesizing this request: abort its running inference, skip the rest."""
+    def submit(self, request: SpeakRequest, job: int = 0) -> None:
+        """Hand over a request (`job`: its activation token); the core only does so when the
+        worker is free of requests. Phrase rendering in progress is aborted: requests go first."""
         with self._lock:
-            self._cancelled.add(request_id)
-            if self._run is not None and self._run[0] == request_id:
+            self._cancelled = {token for token in self._cancelled if token >= job}
+            if self._run is not None and self._run[0] == _PHRASES:
+                self._run[1].terminate = True
+        self._jobs.put_nowait(_Job(request, job))
+
+    def cancel(self, job: int) -> None:
+        """Stop synthesizing this activation: abort its running inference, skip the rest."""
+        with self._lock:
+            self._cancelled.add(job)
+            if self._run is not None and self._run[0] == job:
                 self._run[1].terminate = True
 
     def stop(self) -> None:
@@ -105,37 +120,36 @@ class Synthesizer:
         while not self._stopping.is_set():
             try:
                 if self._phrases:
-                    request = self._jobs.get_nowait()
+                    job = self._jobs.get_nowait()
                 else:
-                    request = self._jobs.get(timeout=_POLL_SECONDS)
+                    job = self._jobs.get(timeout=_POLL_SECONDS)
             except queue.Empty:
                 if self._phrases:
                     self._render_phrase_blocking(self._phrases.popleft(), started)
                 continue
-            self._speak_blocking(request)
-            with self._lock:
-                self._cancelled.discard(request.id)
-            self._report(SynthesisDone(request.id))
+            self._speak_blocking(job)
+            self._report(SynthesisDone(job.request.id, job.token))
 
     # ---- requests ---------------------------------------------------------------------------
 
-    def _speak_blocking(self, request: SpeakRequest) -> None:
+    def _speak_blocking(self, job: _Job) -> None:
         """Put the request's chime and speech into the player's buffer, then its end."""
+        request = job.request
         choice = self._voices[request.voice or "default"]
         self._job_seconds = 0.0
         params = replace(choice.params, length_scale=choice.params.length_scale / request.rate)
-        end = Chunk(request.id, end=True, priority=request.priority)
+        end = Chunk(request.id, end=True, priority=request.priority, job=job.token)
         try:
             chime = self._chimes.for_request(request)
-            if chime is not None and not self._emit(request, chime):
-                return
+            if chime is not None:
+                self._emit_or_cancel(job, chime)
             if request.audio is not None:  # recorded audio (Hermes playBytes): no synthesis
                 clip = request.audio
                 pcm = convert_pcm(clip.frames, clip.channels, clip.rate, choice.voice.sample_rate)
-                self._emit_or_cancel(request, pcm)
+                self._emit_or_cancel(job, pcm)
                 self._put(replace(end, info={"audio_clip": True}))
                 return
-            sentences, cached = self._speech_blocking(request, choice, params)
+            sentences, cached = self._speech_blocking(job, choice, params)
         except _CancelledError:
             self._put(end)
             return
@@ -152,38 +166,39 @@ class Synthesizer:
             self._put(replace(end, info=info))
 
     def _speech_blocking(
-        self, request: SpeakRequest, choice: VoiceChoice, params: SynthesisParams
+        self, job: _Job, choice: VoiceChoice, params: SynthesisParams
     ) -> tuple[int, int]:
         """Stream every sentence (cached, or synthesized in clause groups); (sentences, cached)."""
         budget = self._first_chunk
         cached = 0
-        sentences = choice.voice.sentences(request.text)
+        sentences = choice.voice.sentences(job.request.text)
         for sentence in sentences:
             key = self._key(choice, params, sentence)
             pcm = self._cache.get(key, choice.voice.sample_rate)
             if pcm is not None:
                 cached += 1
                 budget = grow(budget, self._max_chunk)
-                self._emit_or_cancel(request, pcm)
+                self._emit_or_cancel(job, pcm)
                 continue
             parts: list[PCM16] = []
             groups = group_clauses([len(clause) for clause in sentence], budget, self._max_chunk)
             for group in groups:
                 ids = choice.voice.ids(sentence[group.start : group.stop])
-                parts.append(to_pcm16(self._infer(request.id, choice, ids, params)))
-                self._emit_or_cancel(request, parts[-1])
+                parts.append(to_pcm16(self._infer(job.token, choice, ids, params)))
+                self._emit_or_cancel(job, parts[-1])
             budget = grow(budget, self._max_chunk, len(groups))
             self._cache.put(key, np.concatenate(parts), choice.voice.sample_rate)
         return len(sentences), cached
 
     def _infer(
-        self, request_id: str, choice: VoiceChoice, ids: list[int], params: SynthesisParams
+        self, token: int, choice: VoiceChoice, ids: list[int], params: SynthesisParams
     ) -> npt.NDArray[np.float32]:
+        """One inference that `cancel(token)` (or, for phrases, `submit`) can abort."""
         options = cancellable_run()
         with self._lock:
-            if request_id in self._cancelled:
+            if token in self._cancelled:
                 raise _CancelledError
-            self._run = (request_id, options)
+            self._run = (token, options)
         began = time.perf_counter()
         try:
             return choice.voice.ids_to_audio(ids, params, options)
@@ -196,14 +211,14 @@ class Synthesizer:
             with self._lock:
                 self._run = None
 
-    def _emit(self, request: SpeakRequest, pcm: PCM16) -> bool:
-        chunk = Chunk(request.id, pcm, volume=request.volume, priority=request.priority)
-        return self._put(chunk)
-
-    def _emit_or_cancel(self, request: SpeakRequest, pcm: PCM16) -> None:
+    def _emit_or_cancel(self, job: _Job, pcm: PCM16) -> None:
         with self._lock:
-            cancelled = request.id in self._cancelled
-        if cancelled or self._stopping.is_set() or not self._emit(request, pcm):
+            cancelled = job.token in self._cancelled
+        request = job.request
+        chunk = Chunk(
+            request.id, pcm, volume=request.volume, priority=request.priority, job=job.token
+        )
+        if cancelled or self._stopping.is_set() or not self._put(chunk):
             raise _CancelledError
 
     @staticmethod
@@ -217,15 +232,19 @@ class Synthesizer:
     def _render_phrase_blocking(self, phrase: str, started: float) -> None:
         """Render one configured phrase with the default voice, whole sentences at a time."""
         choice = self._voices["default"]
+        rate = choice.voice.sample_rate
         try:
             for sentence in choice.voice.sentences(clean_text(phrase)):
                 key = self._key(choice, choice.params, sentence)
-                if self._cache.contains(key):
+                if self._cache.get(key, rate, count=False) is not None:  # checked, not trusted
                     self._phrase_counts["cached"] += 1
                     continue
-                audio = choice.voice.ids_to_audio(choice.voice.ids(sentence), choice.params)
-                self._cache.put(key, to_pcm16(audio), choice.voice.sample_rate)
+                audio = self._infer(_PHRASES, choice, choice.voice.ids(sentence), choice.params)
+                self._cache.put(key, to_pcm16(audio), rate)
                 self._phrase_counts["rendered"] += 1
+        except _CancelledError:
+            self._phrases.appendleft(phrase)  # a request came first: render it again later
+            return
         except Exception:
             _LOGGER.exception("Rendering the phrase %r failed", phrase[:80])
         done = self._phrase_counts["total"] - len(self._phrases)

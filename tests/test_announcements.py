@@ -125,10 +125,10 @@ def test_ttl_dedupe_and_queue_full_behind_a_playing_announcement(
     agent = start_agent(paced=pulse, queue_size=2)
     speak(agent, id="playing", text=LONG_CHAT, priority="info")
     agent.watcher.wait_event("playing", "started")
-    speak(agent, id="brief", text="Only briefly relevant.", ttl=0.5)
     speak(agent, id="t1", text="Temperature twenty.", dedupe_key="temperature")
     speak(agent, id="t2", text="Temperature twenty one.", dedupe_key="temperature")
-    speak(agent, id="late", text="One too many.", priority="chat")
+    speak(agent, id="brief", text="Only briefly relevant.", ttl=2.0)  # the queue is now full
+    speak(agent, id="late", text="One too many.", priority="chat")  # the lowest: refused
 
     expired = agent.watcher.wait_event("brief", "expired", timeout=5)
     assert expired["priority"] == "info"

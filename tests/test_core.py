@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -78,13 +79,22 @@ class Driver:
         self.core = SpeakCore(**{**defaults, **options})  # type: ignore[arg-type]
         self.now = 0.0
         self._mids = itertools.count(1)
+        self.jobs: dict[str, int] = {}
 
     def at(self, now: float) -> Driver:
         self.now = now
         return self
 
     def send(self, event: Event) -> list[Action]:
-        return self.core.handle(event, self.now)
+        """Handle an event; reports from the edges get the job token of their id's activation
+        unless they name one (as the real edges do)."""
+        if isinstance(event, SynthesisDone | UtteranceStarted | UtteranceEnded) and not event.job:
+            event = replace(event, job=self.jobs.get(event.id, 0))
+        actions = self.core.handle(event, self.now)
+        for action in actions:
+            if isinstance(action, Synthesize):
+                self.jobs[action.request.id] = action.job
+        return actions
 
     def speak(
         self, request_id: str, priority: Priority = INFO, /, **fields: object
@@ -334,9 +344,9 @@ def test_an_announcement_not_started_by_its_ttl_expires() -> None:
     assert kinds(d.play_out("long")) == ["started:long", "finished:long"]
 
 
-def test_an_active_announcement_waiting_for_the_device_expires_too() -> None:
+def test_an_announcement_handed_over_but_not_started_expires_too() -> None:
     d = Driver()
-    d.speak("a", ttl=2.0)
+    d.speak("a", ttl=2.0)  # synthesized, but the device has not taken a sample (e.g. it is busy)
     assert kinds(d.at(2.5).send(Tick())) == ["cut:a", "expired:a"]
     assert kinds(Driver().speak("b", ttl=2.0)) == ["accepted:b", "ack:1", "synth:b"]
 
@@ -476,3 +486,84 @@ def test_recent_ids_forget_the_oldest() -> None:
     assert "a" not in ids
     assert "b" in ids
     assert "c" in ids
+
+
+# ---- activations: late reports and cut timing --------------------------------------------------
+
+
+def test_a_late_report_of_an_earlier_activation_does_not_touch_the_next_one() -> None:
+    d = Driver()
+    d.speak("w", INFO)
+    first_job = d.jobs["w"]
+    d.send(UtteranceStarted("w"))
+    d.speak("fire", ALARM)  # cuts w's first activation; w is re-queued
+    d.cut_reported("w")
+    d.play_out("fire")  # then w starts again, as a new activation
+    assert d.jobs["w"] != first_job
+    stale = [
+        *d.send(UtteranceStarted("w", first_job)),
+        *d.send(UtteranceEnded("w", 0.0, job=first_job)),
+        *d.send(SynthesisDone("w", first_job)),
+    ]
+    assert kinds(stale) == []
+    assert kinds(d.play_out("w")) == ["started:w", "finished:w"]
+
+
+def test_once_played_out_an_announcement_can_no_longer_be_cut() -> None:
+    d = Driver()
+    d.speak("a", repeat=2, repeat_interval=5.0)
+    d.send(UtteranceStarted("a"))
+    assert kinds(d.send(UtteranceEnded("a", 1.0))) == ["finished:a"]  # synthesis not done yet
+    # a stop arriving now: "a" is between plays, so it is what stop ends, once
+    stop = d.send(StopRequested(False, Delivery(9, 1)))
+    assert kinds(stop) == ["stopped:a", "ack:9"]
+    d.send(SynthesisDone("a"))
+    assert kinds(d.at(10.0).send(Tick())) == []  # it does not come back
+
+
+def test_a_stop_between_two_plays_ends_the_series() -> None:
+    d = Driver()
+    d.speak("r", ALARM, repeat=UNTIL_ACKNOWLEDGED, repeat_interval=30.0)
+    d.play_out("r")
+    stop = d.send(StopRequested(False, Delivery(5, 1)))
+    assert kinds(stop) == ["stopped:r", "ack:5"]
+    assert kinds(d.at(60.0).send(Tick())) == []
+
+
+def test_a_repeat_that_falls_due_preempts_a_lower_class() -> None:
+    d = Driver()
+    d.speak("alarm", ALARM, repeat=UNTIL_ACKNOWLEDGED, repeat_interval=5.0)
+    d.play_out("alarm")
+    d.at(1.0).speak("news", INFO)
+    d.send(UtteranceStarted("news"))
+    assert kinds(d.at(4.0).send(Tick())) == []
+    due = d.at(6.0).send(Tick())
+    assert kinds(due) == ["cut:news", "preempted:news", "requeued:news"]
+    assert kinds(d.cut_reported("news")) == ["synth:alarm#2"]
+
+
+def test_a_requeue_respects_the_queue_bound() -> None:
+    d = Driver(queue_size=2)
+    d.speak("p", INFO)
+    d.send(UtteranceStarted("p"))
+    d.speak("q1", INFO, interrupt=False)
+    d.speak("c1", CHAT)
+    actions = d.speak("fire", ALARM)  # queue q1, c1: fire takes c1's place; p cannot come back
+    assert kinds(actions) == [
+        "accepted:fire",
+        "rejected:c1",
+        "cut:p",
+        "preempted:p",
+        "rejected:p",  # the lowest class's oldest: p (older than q1), even though it played
+        "ack:4",
+    ]
+    assert d.core.queue_depth == 2
+
+
+def test_an_id_refused_for_a_full_queue_may_be_sent_again() -> None:
+    d = Driver(queue_size=1)
+    d.speak("playing", ALARM)
+    d.speak("w", WARNING)
+    assert kinds(d.speak("c", CHAT)) == ["rejected:c", "ack:3"]
+    d.play_out("playing")
+    assert kinds(d.speak("c", CHAT)) == ["accepted:c", "ack:4"]

@@ -111,13 +111,13 @@ def test_a_cut_fades_out_within_one_period_and_drops_the_rest(
 
     player = make_player(slow_open)  # type: ignore[call-arg]
     long_tone = tone(2.0, 20000)
-    player.put(Chunk("chat", long_tone))
-    player.put(Chunk("chat", end=True))
+    player.put(Chunk("chat", long_tone, job=1))
+    player.put(Chunk("chat", end=True, job=1))
     wait_until(lambda: _Gated.writes >= 3, 10, "three periods written")
-    player.cut("chat")
+    player.cut(1)
     gate.set()
-    player.put(Chunk("next", tone(0.1)))
-    player.put(Chunk("next", end=True))
+    player.put(Chunk("next", tone(0.1), job=2))
+    player.put(Chunk("next", end=True, job=2))
     got = collect(events, 5)
     assert [type(e).__name__ for e in got] == [
         "AudioStatus",
@@ -141,11 +141,27 @@ def test_a_cut_before_any_sample_plays_nothing(
 ) -> None:
     capture = tmp_path / "out.raw"
     player = make_player(file_opener(capture))  # type: ignore[call-arg]
-    player.cut("never")
-    player.put(Chunk("never", tone(0.5)))
-    player.put(Chunk("never", end=True))
-    assert collect(events, 2)[1] == UtteranceEnded("never", 0.0)
+    player.cut(7)
+    player.put(Chunk("never", tone(0.5), job=7))
+    player.put(Chunk("never", end=True, job=7))
+    assert collect(events, 2)[1] == UtteranceEnded("never", 0.0, job=7)
     assert len(read_pcm(capture)) == 0
+
+
+def test_a_late_cut_of_an_earlier_activation_leaves_the_next_alone(
+    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+) -> None:
+    capture = tmp_path / "out.raw"
+    player = make_player(file_opener(capture))  # type: ignore[call-arg]
+    sound = tone(0.2)
+    player.put(Chunk("w", sound, job=1))
+    player.put(Chunk("w", end=True, job=1))
+    collect(events, 3)
+    player.cut(1)  # too late for job 1: it ended
+    player.put(Chunk("w", sound, job=2))  # the same announcement, played again
+    player.put(Chunk("w", end=True, job=2))
+    assert collect(events, 2) == [UtteranceStarted("w", 2), UtteranceEnded("w", 0.2, job=2)]
+    assert len(read_pcm(capture)) == 2 * len(sound)
 
 
 def test_put_blocks_while_the_buffer_is_full_and_returns_false_on_stop(

@@ -34,10 +34,14 @@ class Rig:
     player: Player
     last: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int16))
 
-    def say(self, request: SpeakRequest) -> UtteranceEnded:
-        """Speak one request and wait until it has been played."""
+    def say(self, request: SpeakRequest, job: int = 0, cancel: bool = False) -> UtteranceEnded:
+        """Speak one request as activation `job` (cancelled at once if asked); wait until it
+        has been played."""
         start = len(read_pcm(self.capture)) if self.capture.exists() else 0
-        self.synthesizer.submit(request)
+        self.synthesizer.submit(request, job)
+        if cancel:
+            self.synthesizer.cancel(job)
+            self.player.cut(job)
         ended: UtteranceEnded | None = None
         done = False
         while ended is None or not done:
@@ -45,7 +49,8 @@ class Rig:
             if isinstance(event, UtteranceEnded):
                 ended = event
             done = done or isinstance(event, SynthesisDone)
-        self.last = read_pcm(self.capture)[start:]
+        played = read_pcm(self.capture) if self.capture.exists() else np.zeros(0, np.int16)
+        self.last = played[start:]
         return ended
 
 
@@ -134,6 +139,37 @@ def test_configured_phrases_are_rendered_in_the_background(
         ended = made.say(SpeakRequest("a", "Fire alarm. Leave now."))
         assert made.voice.inferences == 3
         assert ended.info == {"sentences": 2, "cached_sentences": 2}
+    finally:
+        made.synthesizer.stop()
+        made.player.stop()
+
+
+def test_a_late_cancel_of_an_earlier_activation_does_not_skip_the_next(rig: Rig) -> None:
+    first = rig.say(SpeakRequest("w", LONG), job=1)
+    rig.synthesizer.cancel(1)  # arrives after that activation ended (preempted while playing)
+    rig.player.cut(1)
+    again = rig.say(SpeakRequest("w", LONG), job=2)
+    assert again.job == 2
+    assert again.error is None
+    assert again.audio_seconds == first.audio_seconds  # played in full, not skipped
+    assert len(rig.last) == round(again.audio_seconds * RATE)
+
+
+def test_a_cancel_during_synthesis_ends_the_activation_quickly(rig: Rig) -> None:
+    ended = rig.say(SpeakRequest("x", LONG * 3), job=5, cancel=True)
+    assert (ended.id, ended.job, ended.error) == ("x", 5, None)
+    assert ended.audio_seconds < 1.0  # stopped early: at most a chunk reached the device
+    assert rig.say(SpeakRequest("y", "Next one."), job=6).audio_seconds > 0.3
+
+
+def test_a_request_does_not_wait_for_the_phrases(tiny_voice: Path, tmp_path: Path) -> None:
+    phrases = tuple(f"Phrase number {n}, which is long enough to take a while." for n in range(40))
+    made = make_rig(tiny_voice, tmp_path, PhraseCache(None, 10**8, 0), phrases)
+    try:
+        ended = made.say(SpeakRequest("now", "Evacuate now."), job=1)
+        assert ended.error is None
+        assert made.synthesizer._phrases  # phrases were still waiting: the request went first
+        wait_until(lambda: not made.synthesizer._phrases, 60, "all phrases rendered later")
     finally:
         made.synthesizer.stop()
         made.player.stop()
