@@ -21,9 +21,10 @@ from typing import Final
 from . import hermes
 from . import version as package_version
 from .chimes import ChimePlan, chime_bank
-from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir
+from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
 from .core import SpeakCore
 from .discovery import DeviceInfo, discovery_messages, update_state
+from .journal import Journal
 from .messages import (
     Acknowledge,
     AckRequested,
@@ -35,6 +36,7 @@ from .messages import (
     Lifecycle,
     Notify,
     Priority,
+    Record,
     Rejection,
     ReplayRequested,
     SetVolume,
@@ -142,6 +144,11 @@ class App:
             cache.phrases,
             plan,
         )
+        self._journal = Journal(
+            resolve_storage_dir(config.storage, environ) / f"journal-{config.node_id}.sqlite3",
+            speak.remembered_ids,
+        )
+        self._outbox: dict[int, int] = {}  # publish mid -> outbox key
         self._telemetry = Telemetry()
         self._systemd = Notifier(environ)
         self._audio_available = True
@@ -190,6 +197,7 @@ class App:
         self._player.open()
         self._player.start()
         self._synthesizer.start()
+        self._restore(time.monotonic())
         self._link.start()
         self._systemd.notify("READY=1", f"STATUS=Serving {self._topics.speak}")
         _LOGGER.info("Serving node %s on %s/…", self._config.node_id, self._topics.speak[:-6])
@@ -215,11 +223,43 @@ class App:
             self._link.stop()
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._synthesizer.stop()
+            self._settle_outbox()
+            self._journal.close()
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
         return 0
 
+    def _restore(self, now: float) -> None:
+        """After a restart: unsent events go out again; unfinished announcements queue again."""
+        for key, topic, payload in self._journal.outbox_pending():
+            self._outbox[self._link.publish(topic, payload)] = key
+        wall = time.time()
+        pending = [
+            (
+                p.request,
+                None if p.request.ttl is None else p.request.ttl - (wall - p.received),
+                p.started,
+            )
+            for p in self._journal.pending()
+        ]
+        ids, fingerprints = self._journal.remembered()
+        if pending:
+            _LOGGER.info("Journal: %d announcements had not ended; queued again", len(pending))
+        for action in self._core.restore(pending, ids, fingerprints, now):
+            self._execute(action, now)
+
+    def _settle_outbox(self) -> None:
+        """Forget the events the broker acknowledged."""
+        keys = []
+        while self._link.acknowledged:
+            key = self._outbox.pop(self._link.acknowledged.popleft(), None)
+            if key is not None:
+                keys.append(key)
+        if keys:
+            self._journal.outbox_done(keys)
+
     def _housekeeping(self, now: float, next_ping: float) -> float:
         """Watchdog pings, discovery when due, the state when changed or due; next ping time."""
+        self._settle_outbox()
         interval = self._systemd.watchdog_interval
         if interval is not None and now >= next_ping:
             self._systemd.notify("WATCHDOG=1")  # from the main loop: a stuck loop stops pinging
@@ -242,13 +282,18 @@ class App:
 
     def _execute(self, action: Action, now: float) -> None:
         match action:
+            case Record(request, fingerprint):
+                if request.audio is None:  # recorded audio (Hermes) is real-time only
+                    self._journal.record(request, fingerprint, time.time())
             case Acknowledge(delivery):
                 self._link.ack(delivery)
             case Notify(request_id, event, details):
                 payload = encode_event(
                     self._config.node_id, request_id, event, details, time.time()
                 )
-                self._link.publish(self._topics.events, payload)
+                key = self._journal.outbox_add(self._topics.events, payload)
+                self._outbox[self._link.publish(self._topics.events, payload)] = key
+                self._journal_event(action)
                 self._telemetry.record(action, now)
                 self._reply_hermes(action)
                 _LOGGER.info("%s %s %s", request_id, event, dict(details) or "")
@@ -260,6 +305,17 @@ class App:
                 self._player.cut(job)
             case SetVolume(volume):
                 self._player.volume = volume
+
+    def _journal_event(self, notify: Notify) -> None:
+        event = notify.event
+        if event == Lifecycle.STARTED:
+            self._journal.started(notify.id)
+        elif event in (Lifecycle.REQUEUED, Lifecycle.INTERRUPTED) or (
+            event == Lifecycle.FINISHED and notify.details.get("repeats_left") not in (0, None)
+        ):
+            self._journal.requeued(notify.id)
+        elif event in _TERMINAL:
+            self._journal.ended(notify.id)
 
     # ---- what the agent publishes about itself ---------------------------------------------
 

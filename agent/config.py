@@ -289,6 +289,17 @@ class SpeakConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """What must survive a restart (the journal)."""
+
+    dir: Path | None = _key(
+        "Directory of the journal (accepted announcements, recent ids, unsent events); null "
+        "for $STATE_DIRECTORY, else $XDG_STATE_HOME/voice-agent, else ~/.local/state/voice-agent.",
+        None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class StateConfig:
     """The retained state on `<prefix>/<node_id>/state`."""
 
@@ -330,6 +341,7 @@ class AgentConfig:
     tts: TtsConfig = field(default_factory=TtsConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     speak: SpeakConfig = field(default_factory=SpeakConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     state: StateConfig = field(default_factory=StateConfig)
     homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
     hermes: HermesConfig = field(default_factory=HermesConfig)
@@ -587,6 +599,16 @@ def _kind(raw: Any) -> str:
     return {dict: "a mapping", list: "a list", type(None): "null"}.get(
         type(raw), type(raw).__name__
     )
+
+
+def resolve_storage_dir(config: StorageConfig, environ: Mapping[str, str]) -> Path:
+    """The journal's directory: the configured one, else systemd's, else the XDG one."""
+    if config.dir is not None:
+        return config.dir
+    if environ.get("STATE_DIRECTORY"):
+        return Path(environ["STATE_DIRECTORY"].split(":")[0])
+    base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "voice-agent"
 
 
 def resolve_cache_dir(config: CacheConfig, environ: Mapping[str, str]) -> Path:

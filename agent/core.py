@@ -41,6 +41,7 @@ from .messages import (
     Notify,
     Priority,
     Reason,
+    Record,
     Rejection,
     ReplayRequested,
     SetVolume,
@@ -139,6 +140,33 @@ class SpeakCore:
         self._last: SpeakRequest | None = None
         self._replays = 0
 
+    def restore(
+        self,
+        pending: list[tuple[SpeakRequest, float | None, bool]],
+        ids: list[str],
+        fingerprints: list[str],
+        now: float,
+    ) -> list[Action]:
+        """After a restart: remember recent ids; queue again what had not ended, in order.
+
+        `pending` holds (request, seconds of ttl left or None, whether it had started). One that
+        had started was cut by the crash: it is reported `interrupted` and plays again.
+        """
+        for request_id in ids:
+            self._seen.add(request_id)
+        for fingerprint in fingerprints:
+            self._fingerprints.add(fingerprint)
+        actions: list[Action] = []
+        for request, ttl_left, started in pending:
+            self._seen.add(request.id)
+            self._seq += 1
+            deadline = None if ttl_left is None else now + ttl_left
+            item = _Item(request, self._seq, deadline)
+            self._enqueue(item)
+            if started:
+                actions.append(_notify(item, Lifecycle.INTERRUPTED, queue_depth=len(self._queue)))
+        return [*actions, *self._expire(now), *self._next(now)]
+
     @property
     def selected_voice(self) -> str:
         """The voice of requests that name none."""
@@ -193,6 +221,8 @@ class SpeakCore:
         refusal = self._refusal(request)
         if refusal is not None:
             return [_rejected(refusal)]
+        if delivery.expiry is not None and (request.ttl is None or delivery.expiry < request.ttl):
+            request = replace(request, ttl=max(delivery.expiry, 0.001))  # MQTT 5 expiry
         self._seq += 1
         deadline = None if request.ttl is None else now + request.ttl
         item = _Item(request, self._seq, deadline)
@@ -209,6 +239,7 @@ class SpeakCore:
         self._seen.add(request.id)  # only accepted ids are remembered
         if delivery.fingerprint:
             self._fingerprints.add(delivery.fingerprint)
+        actions.append(Record(request, delivery.fingerprint))
         details: dict[str, object] = {"queue_depth": len(self._queue)}
         if request.unknown_fields:
             details["unknown_fields"] = list(request.unknown_fields)

@@ -24,6 +24,7 @@ class Lifecycle(StrEnum):
     STOPPED = "stopped"
     ACKNOWLEDGED = "acknowledged"
     COALESCED = "coalesced"
+    INTERRUPTED = "interrupted"
 
 
 class Reason(StrEnum):
@@ -74,6 +75,8 @@ class Delivery:
     """The broker flagged it as a redelivery (MQTT DUP): an earlier copy may have arrived."""
     fingerprint: str = ""
     """Digest of topic and payload: recognizes a redelivered message that carries no id."""
+    expiry: float | None = None
+    """MQTT 5 Message Expiry Interval left when it arrived (seconds), if the sender set one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +269,14 @@ class Acknowledge:
 
 
 @dataclass(frozen=True, slots=True)
+class Record:
+    """Write this accepted announcement to the journal (before its message is acknowledged)."""
+
+    request: SpeakRequest
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
 class Notify:
     """Publish a lifecycle event."""
 
@@ -301,4 +312,4 @@ class SetVolume:
     volume: float
 
 
-Action = Acknowledge | Notify | Synthesize | Cut | SetVolume
+Action = Acknowledge | Record | Notify | Synthesize | Cut | SetVolume

@@ -15,6 +15,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -75,6 +76,8 @@ class MqttLink:
         self._handlers = dict(handlers)
         self._retained = retained
         self._on_connected = on_connected
+        self.acknowledged: deque[int] = deque()
+        """Ids of our publishes the broker acknowledged (filled by the network thread)."""
         self.last_error: str | None = None
         """The last connection or subscription problem (for the state), None once connected."""
         self._stopping = threading.Event()
@@ -115,6 +118,7 @@ class MqttLink:
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
+        client.on_publish = self._on_publish
         # Any registered callback makes paho leave socket writes to the network thread (it is
         # woken through its socket pair) instead of writing from whichever thread publishes.
         client.on_socket_register_write = self._on_socket_register_write
@@ -132,11 +136,13 @@ class MqttLink:
         """Connect (retrying with backoff) and serve, in the link's own thread."""
         self._thread.start()
 
-    def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> None:
-        """Publish at QoS 1; queued by paho while disconnected."""
+    def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> int:
+        """Publish at QoS 1 (queued by paho while disconnected); returns the message id, whose
+        acknowledgement by the broker shows up in `acknowledged`."""
         info = self._client.publish(topic, payload, qos=1, retain=retain)
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
             _LOGGER.warning("Publish to %s dropped: %s", topic, mqtt.error_string(info.rc))
+        return int(info.mid)
 
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge a received QoS 1 message (QoS 0 needs none)."""
@@ -305,6 +311,16 @@ class MqttLink:
         except Exception:
             _LOGGER.exception("on_connect failed")
 
+    def _on_publish(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self.acknowledged.append(mid)  # deque.append is atomic: no lock, no blocking
+
     def _on_subscribe(
         self,
         client: mqtt.Client,
@@ -345,7 +361,14 @@ class MqttLink:
         fingerprint = hashlib.blake2b(
             message.topic.encode() + b"\0" + message.payload, digest_size=16
         ).hexdigest()
-        delivery = Delivery(message.mid, message.qos, bool(message.dup), fingerprint)
+        expiry = getattr(message.properties, "MessageExpiryInterval", None)
+        delivery = Delivery(
+            message.mid,
+            message.qos,
+            bool(message.dup),
+            fingerprint,
+            float(expiry) if isinstance(expiry, int) else None,
+        )
         try:
             handler = self._handlers.get(message.topic) or next(
                 (

@@ -115,6 +115,7 @@ def start_agent(
             "audio": {"device": device, **(audio or {})},
             "tts": {"voice": str(voice) if voice else None, "voices": voices or {}},
             "cache": {"dir": str(cache_dir)},
+            "storage": {"dir": str(tmp_path / "storage")},
             "speak": speak,
             "homeassistant": {"discovery": False},
         }

@@ -63,6 +63,7 @@ def test_device_loss_is_survived_reported_and_the_next_announcement_plays(
             "mqtt": {"host": broker.host, "port": broker.port},
             "tts": {"voice": str(tiny_voice)},
             "cache": {"dir": str(tmp_path / "cache")},
+            "storage": {"dir": str(tmp_path / "storage")},
         },
         environ={},
     )

@@ -47,6 +47,7 @@ def agent_for(broker: Broker, tmp_path: Path, tiny_voice: Path, password: str) -
         "audio": {"device": "null"},
         "tts": {"voice": str(tiny_voice)},
         "cache": {"dir": str(tmp_path / "cache")},
+        "storage": {"dir": str(tmp_path / "storage")},
     }
     path = tmp_path / f"auth-{len(password)}.yaml"
     path.write_text(yaml.safe_dump(config))

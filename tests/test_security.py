@@ -45,6 +45,7 @@ def agent(
         "audio": {"device": "null"},
         "tts": {"voice": str(tiny_voice)},
         "cache": {"dir": str(tmp_path / "cache")},
+        "storage": {"dir": str(tmp_path / "storage")},
         "homeassistant": {"discovery": False},
     }
     path = tmp_path / f"{name}.yaml"
