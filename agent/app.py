@@ -24,7 +24,7 @@ from .chimes import ChimePlan, chime_bank
 from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
 from .core import SpeakCore
 from .discovery import DeviceInfo, discovery_messages, update_state
-from .journal import Journal
+from .journal import ENDED, QUEUED, STARTED, Journal
 from .messages import (
     Acknowledge,
     AckRequested,
@@ -291,9 +291,9 @@ class App:
                 payload = encode_event(
                     self._config.node_id, request_id, event, details, time.time()
                 )
-                key = self._journal.outbox_add(self._topics.events, payload)
+                state = _journal_state(action)  # the state and its event, in one transaction
+                key = self._journal.note_event(request_id, state, self._topics.events, payload)
                 self._outbox[self._link.publish(self._topics.events, payload)] = key
-                self._journal_event(action)
                 self._telemetry.record(action, now)
                 self._reply_hermes(action)
                 _LOGGER.info("%s %s %s", request_id, event, dict(details) or "")
@@ -305,17 +305,6 @@ class App:
                 self._player.cut(job)
             case SetVolume(volume):
                 self._player.volume = volume
-
-    def _journal_event(self, notify: Notify) -> None:
-        event = notify.event
-        if event == Lifecycle.STARTED:
-            self._journal.started(notify.id)
-        elif event in (Lifecycle.REQUEUED, Lifecycle.INTERRUPTED) or (
-            event == Lifecycle.FINISHED and notify.details.get("repeats_left") not in (0, None)
-        ):
-            self._journal.requeued(notify.id)
-        elif event in _TERMINAL:
-            self._journal.ended(notify.id)
 
     # ---- what the agent publishes about itself ---------------------------------------------
 
@@ -494,6 +483,18 @@ class App:
             delivery = getattr(event, "delivery", None)
             if isinstance(delivery, Delivery):
                 self._link.ack(delivery)
+
+
+def _journal_state(notify: Notify) -> str | None:
+    """What an event means for the announcement's journal entry."""
+    event = notify.event
+    if event == Lifecycle.STARTED:
+        return STARTED
+    if event in (Lifecycle.REQUEUED, Lifecycle.INTERRUPTED) or (
+        event == Lifecycle.FINISHED and notify.details.get("repeats_left") not in (0, None)
+    ):
+        return QUEUED
+    return ENDED if event in _TERMINAL else None
 
 
 _TERMINAL: Final = frozenset(

@@ -44,3 +44,37 @@ def grow(budget: int, cap: int | None, chunks: int = 1) -> int:
     """The budget after `chunks` more chunks: doubled each time, up to `cap`."""
     grown: int = budget * 2**chunks
     return grown if cap is None else min(grown, cap)
+
+
+FIRST_FRAMES: Final = 32
+"""Latent frames in the first decoder chunk of a request: 32 x 256 samples, 0.37 s of audio at
+22050 Hz, decoded in ~15 ms with its context on 2 cores (docs/measurements.md)."""
+MAX_FRAMES: Final = 512
+"""Most latent frames in one decoder chunk (~6 s of audio): bounds a chunk's memory and time."""
+FRAME_GROWTH: Final = 4
+"""Each decoder chunk may be this many times the one before: the next is decoded (~0.5 ms a
+frame on 2 cores, ~12 ms of audio a frame) long before the current one has played, even on a
+loaded machine, and few joins (each decodes twice the context frames again) keep the overhead
+small."""
+MIN_FRAMES: Final = 32
+"""Fewest frames in a decoder chunk after the first: a shorter tail joins the chunk before."""
+
+
+def frame_chunks(frames: int, budget: int, cap: int) -> tuple[list[range], int]:
+    """Cut a clause group's latent frames into decoder chunks; returns them with the budget of
+    the chunk after the last (the next clause group's first).
+
+    The first chunk has `budget` frames, each later one up to FRAME_GROWTH times the one before
+    but never above `cap`; a tail shorter than MIN_FRAMES joins the chunk before it.
+    """
+    chunks: list[range] = []
+    start = 0
+    budget = max(1, budget)
+    while start < frames:
+        stop = start + budget
+        if frames - stop < MIN_FRAMES:
+            stop = frames
+        chunks.append(range(start, stop))
+        start = stop
+        budget = max(1, min(budget * FRAME_GROWTH, cap))
+    return chunks, budget

@@ -80,10 +80,6 @@ class Journal:
             (request.id, fingerprint, _dump(request), received, QUEUED),
         )
 
-    def started(self, request_id: str) -> None:
-        """Its first samples were played."""
-        self._set(request_id, STARTED)
-
     def ended(self, request_id: str) -> None:
         """It ended (any terminal event); only its id is still of use, to refuse it again."""
         self._set(request_id, ENDED)
@@ -92,10 +88,6 @@ class Journal:
             "(SELECT seq FROM announcements ORDER BY seq DESC LIMIT 1 OFFSET ?)",
             (ENDED, self._remembered),
         )
-
-    def requeued(self, request_id: str) -> None:
-        """It waits again (preempted and re-queued, or between two plays)."""
-        self._set(request_id, QUEUED)
 
     def pending(self) -> list[Pending]:
         """Announcements that had not ended, oldest first."""
@@ -131,6 +123,22 @@ class Journal:
             "INSERT INTO outbox (topic, payload) VALUES (?, ?)", (topic, payload)
         )
         return int(cursor.lastrowid or 0)
+
+    def note_event(self, request_id: str, state: str | None, topic: str, payload: bytes) -> int:
+        """In one transaction: move an announcement to `state` (if given) and keep its event in
+        the outbox; so a crash never leaves one without the other. Returns the outbox key."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if state == ENDED:
+                self.ended(request_id)
+            elif state is not None:
+                self._set(request_id, state)
+            key = self.outbox_add(topic, payload)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        return key
 
     def outbox_done(self, keys: list[int]) -> None:
         """The broker acknowledged these."""

@@ -1,11 +1,14 @@
 """The synthesis worker: one thread that turns requests into audio chunks for the player.
 
 Per sentence it looks in the phrase cache first (a hit plays without touching the ONNX
-session); on a miss it synthesizes the sentence in clause groups, small first, streaming each
-group to the player as soon as it is ready, then caches the whole sentence. Between requests it
+sessions); on a miss it synthesizes the sentence in clause groups, small first. On a voice split
+for chunked decoding each group runs through the prior, then its latent frames are decoded in
+chunks, small first and growing, each streamed to the player as soon as it is decoded; a voice
+that runs whole streams each group whole. The whole sentence is then cached. Between requests it
 renders the configured phrases into the cache; requests always go first. The player's bounded
-buffer throttles it. Allowed imports: stdlib, numpy, `chunking`, `messages`, `phrase_cache`,
-`player`, `text`, `voice`.
+buffer throttles it. A cut aborts the running inference (RunOptions.terminate) and stops the
+request between chunks. Allowed imports: stdlib, numpy, `chunking`, `messages`,
+`phrase_cache`, `player`, `text`, `voice`.
 """
 
 from __future__ import annotations
@@ -17,14 +20,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, dataclass, replace
-from typing import Final
+from functools import partial
+from typing import Final, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 from onnxruntime import RunOptions
 
 from .chimes import ChimePlan, convert_pcm
-from .chunking import group_clauses, grow
+from .chunking import FIRST_FRAMES, FRAME_GROWTH, MAX_FRAMES, frame_chunks, group_clauses, grow
 from .messages import Event, Reason, SpeakRequest, SynthesisDone
 from .phrase_cache import PCM16, PhraseCache, cache_key
 from .player import Chunk
@@ -33,6 +36,7 @@ from .voice import Clause, SynthesisParams, Voice, cancellable_run, to_pcm16
 
 _LOGGER = logging.getLogger(__name__)
 _POLL_SECONDS: Final = 0.2
+T = TypeVar("T")
 
 
 class _CancelledError(Exception):
@@ -70,10 +74,12 @@ class Synthesizer:
         report: Callable[[Event], None],
         phrases: Sequence[str] = (),
         chimes: ChimePlan | None = None,
+        chunk_frames: tuple[int, int] = (FIRST_FRAMES, MAX_FRAMES),
     ) -> None:
         self._voices = voices
         self._cache = cache
         self._first_chunk, self._max_chunk = chunk_phonemes
+        self._first_frames, self._max_frames = chunk_frames
         self._put = put
         self._report = report
         self._chimes = chimes or ChimePlan({}, {})
@@ -169,30 +175,53 @@ class Synthesizer:
         self, job: _Job, choice: VoiceChoice, params: SynthesisParams
     ) -> tuple[int, int]:
         """Stream every sentence (cached, or synthesized in clause groups); (sentences, cached)."""
-        budget = self._first_chunk
+        voice = choice.voice
+        budget, frames = self._first_chunk, self._first_frames
         cached = 0
-        sentences = choice.voice.sentences(job.request.text)
+        sentences = voice.sentences(job.request.text)
         for sentence in sentences:
             key = self._key(choice, params, sentence)
-            pcm = self._cache.get(key, choice.voice.sample_rate)
+            pcm = self._cache.get(key, voice.sample_rate)
             if pcm is not None:
                 cached += 1
                 budget = grow(budget, self._max_chunk)
+                frames = min(frames * FRAME_GROWTH, self._max_frames)
                 self._emit_or_cancel(job, pcm)
                 continue
             parts: list[PCM16] = []
             groups = group_clauses([len(clause) for clause in sentence], budget, self._max_chunk)
             for group in groups:
-                ids = choice.voice.ids(sentence[group.start : group.stop])
-                parts.append(to_pcm16(self._infer(job.token, choice, ids, params)))
+                ids = voice.ids(sentence[group.start : group.stop])
+                if voice.chunked:
+                    frames = self._decode_blocking(job, voice, ids, params, frames, parts)
+                    continue
+                audio = self._infer(job.token, partial(voice.ids_to_audio, ids, params))
+                parts.append(to_pcm16(audio))
                 self._emit_or_cancel(job, parts[-1])
             budget = grow(budget, self._max_chunk, len(groups))
-            self._cache.put(key, np.concatenate(parts), choice.voice.sample_rate)
+            self._cache.put(key, np.concatenate(parts), voice.sample_rate)
         return len(sentences), cached
 
-    def _infer(
-        self, token: int, choice: VoiceChoice, ids: list[int], params: SynthesisParams
-    ) -> npt.NDArray[np.float32]:
+    def _decode_blocking(  # noqa: PLR0917 - one clause group's state, passed through
+        self,
+        job: _Job,
+        voice: Voice,
+        ids: list[int],
+        params: SynthesisParams,
+        budget: int,
+        parts: list[PCM16],
+    ) -> int:
+        """Run one clause group through the prior, then decode and stream its frames chunk by
+        chunk (each added to `parts`); returns the frame budget of the next group."""
+        latent = self._infer(job.token, partial(voice.encode, ids, params))
+        chunks, budget = frame_chunks(latent.frames, budget, self._max_frames)
+        for frames in chunks:
+            audio = self._infer(job.token, partial(voice.decode, latent, frames))
+            parts.append(to_pcm16(audio))
+            self._emit_or_cancel(job, parts[-1])
+        return budget
+
+    def _infer(self, token: int, run: Callable[[RunOptions], T]) -> T:
         """One inference that `cancel(token)` (or, for phrases, `submit`) can abort."""
         options = cancellable_run()
         with self._lock:
@@ -201,7 +230,7 @@ class Synthesizer:
             self._run = (token, options)
         began = time.perf_counter()
         try:
-            return choice.voice.ids_to_audio(ids, params, options)
+            return run(options)
         except Exception:
             if options.terminate:
                 raise _CancelledError from None
@@ -239,7 +268,10 @@ class Synthesizer:
                 if self._cache.get(key, rate, count=False) is not None:  # checked, not trusted
                     self._phrase_counts["cached"] += 1
                     continue
-                audio = self._infer(_PHRASES, choice, choice.voice.ids(sentence), choice.params)
+                ids = choice.voice.ids(sentence)
+                audio = self._infer(
+                    _PHRASES, partial(choice.voice.ids_to_audio, ids, choice.params)
+                )
                 self._cache.put(key, to_pcm16(audio), rate)
                 self._phrase_counts["rendered"] += 1
         except _CancelledError:

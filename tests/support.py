@@ -20,6 +20,8 @@ import numpy as np
 import numpy.typing as npt
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 TIMEOUT: Final = 60.0
 """Upper bound for any wait in a test: slow machines pass, hangs fail."""
@@ -59,6 +61,7 @@ class Broker:
             "persistence true",
             f"persistence_location {workdir}/",
             "autosave_interval 1",
+            "autosave_on_changes true",  # with interval 1: every change saved (SIGKILL tests)
             "max_queued_messages 10000",
             "log_type all",
         ]
@@ -124,12 +127,19 @@ class Watcher:
         username: str | None = None,
         password: str | None = None,
         ca: Path | None = None,
+        persistent: str | None = None,
     ) -> None:
+        """Subscribe to `topics`; with `persistent` (a client id) the session outlives broker
+        restarts (MQTT 5 session expiry), so nothing published meanwhile is missed."""
         self.broker = broker
         self.messages: list[Received] = []
         self._lock = threading.Lock()
         self._subscribed = threading.Event()
-        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+        self._client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=persistent or "",
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
         self._client.on_message = self._on_message
         self._client.on_socket_open = _no_delay
         self._client.on_subscribe = lambda *_args: self._subscribed.set()
@@ -137,7 +147,15 @@ class Watcher:
             self._client.username_pw_set(username, password)
         if ca is not None:
             self._client.tls_set(ca_certs=str(ca))
-        self._client.connect(broker.host, broker.port)
+        properties = None
+        if persistent is not None:
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            properties.SessionExpiryInterval = 600
+        self._client.reconnect_delay_set(1, 2)
+        # A session Mosquitto 2.0 keeps across restarts: clean start off from the first connect
+        # (with clean start on, it does not persist the session, expiry or not).
+        clean = persistent is None
+        self._client.connect(broker.host, broker.port, clean_start=clean, properties=properties)
         self._client.subscribe([(t, 1) for t in topics])
         self._client.loop_start()
         assert self._subscribed.wait(10), "no SUBACK"

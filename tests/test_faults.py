@@ -1,0 +1,359 @@
+"""Proof under faults, on one machine against a real Mosquitto on loopback: broker restarts and
+kills during a burst, agent kills, message expiry while offline, a network partition, slow
+synthesis. Each test prints its figures (published, handled, lost, duplicated)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import re
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+import yaml
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from tests.support import AgentProcess, Broker, Watcher, free_port, wait_until
+
+pytestmark = pytest.mark.broker
+
+NODE = "fault"
+SPEAK = f"voice/{NODE}/speak"
+TERMINAL = {"finished", "failed", "expired", "stopped", "acknowledged", "coalesced", "rejected"}
+
+
+def agent_config(path: Path, port: int, tiny_voice: Path, **mqtt_extra: object) -> Path:
+    config = {
+        "node_id": NODE,
+        "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_min": 0.2, "reconnect_max": 2.0}
+        | mqtt_extra,
+        "audio": {"device": "null"},
+        "tts": {"voice": str(tiny_voice)},
+        "cache": {"dir": str(path / "cache")},
+        "storage": {"dir": str(path / "storage")},
+        "speak": {"queue_size": 2000, "remembered_ids": 5000},
+        "homeassistant": {"discovery": False},
+    }
+    config_path = path / "agent.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    return config_path
+
+
+class Publisher:
+    """A real paho client with a persistent session: its QoS 1 messages outlive broker restarts."""
+
+    def __init__(self, broker: Broker, name: str) -> None:
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=name, protocol=MQTTProtocolVersion.MQTTv5
+        )
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.SessionExpiryInterval = 600
+        self.client.reconnect_delay_set(1, 2)
+        self.client.max_inflight_messages_set(100)
+        self.client.connect(broker.host, broker.port, clean_start=False, properties=properties)
+        self.client.loop_start()
+
+    def speak(self, request_id: str, expiry: int | None = None) -> mqtt.MQTTMessageInfo:
+        properties = None
+        if expiry is not None:
+            properties = Properties(PacketTypes.PUBLISH)  # type: ignore[no-untyped-call]
+            properties.MessageExpiryInterval = expiry
+        payload = json.dumps({"id": request_id, "text": f"Message {request_id}."})
+        return self.client.publish(SPEAK, payload, qos=1, properties=properties)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def outcomes(watcher: Watcher) -> tuple[dict[str, Counter[str]], Counter[str]]:
+    """Per id, the distinct events (a redelivered event counts once); and starts per id."""
+    seen: set[bytes] = set()
+    events: dict[str, Counter[str]] = {}
+    for message in watcher.snapshot():
+        if not message.topic.endswith("/events") or message.payload in seen:
+            continue
+        seen.add(message.payload)  # the outbox may deliver an event twice: same payload
+        event = message.json()
+        events.setdefault(str(event["id"]), Counter())[str(event["event"])] += 1
+    starts = Counter({i: c["started"] for i, c in events.items()})
+    return events, starts
+
+
+def all_ended(watcher: Watcher, ids: list[str]) -> bool:
+    events, _ = outcomes(watcher)
+    return all(sum(events.get(i, Counter())[t] for t in TERMINAL) >= 1 for i in ids)
+
+
+@pytest.fixture
+def tiny_agent(tmp_path: Path, tiny_voice: Path) -> Iterator[tuple[Broker, AgentProcess]]:
+    broker = Broker(tmp_path / "broker")
+    broker.start()
+    process = AgentProcess(agent_config(tmp_path, broker.port, tiny_voice), tmp_path / "agent.log")
+    yield broker, process
+    if process.alive():
+        process.signal(signal.SIGTERM)
+    broker.stop()
+
+
+@pytest.mark.parametrize("kill", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_burst_survives_a_broker_restart(
+    tiny_agent: tuple[Broker, AgentProcess], kill: int
+) -> None:
+    broker, process = tiny_agent
+    watcher = Watcher(broker, f"voice/{NODE}/events", persistent="fault-watcher")
+    process.start()
+    wait_until(lambda: "Connected to" in process.output(), what="agent connected")
+    publisher = Publisher(broker, "fault-publisher")
+    ids = [f"m{n:04d}" for n in range(1000)]
+    for request_id in ids[:500]:
+        publisher.speak(request_id)
+    wait_until(lambda: len(outcomes(watcher)[0]) >= 100, what="the agent working through it")
+    broker.stop(kill)  # halfway: the agent is still working through the burst
+    broker.start()
+    for request_id in ids[500:]:
+        publisher.speak(request_id)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: all_ended(watcher, ids), 120, "every id handled")
+    events, starts = outcomes(watcher)
+    lost = [i for i in ids if i not in events]
+    twice = [i for i in ids if starts[i] > 1]
+    print(
+        f"broker {signal.Signals(kill).name}: published {len(ids)}, handled "
+        f"{sum(1 for i in ids if i in events)}, lost {len(lost)}, spoken twice {len(twice)}"
+    )
+    publisher.close()
+    watcher.close()
+    assert not lost
+    assert not twice
+    assert all(starts[i] == 1 and events[i]["finished"] >= 1 for i in ids)
+
+
+def test_agent_killed_at_random_points_loses_nothing(
+    tiny_agent: tuple[Broker, AgentProcess],
+) -> None:
+    broker, process = tiny_agent
+    watcher = Watcher(broker, f"voice/{NODE}/events")
+    process.start()
+    wait_until(lambda: "Connected to" in process.output(), what="agent connected")
+    publisher = Publisher(broker, "kill-publisher")
+    ids = [f"k{n:03d}" for n in range(300)]
+    for request_id in ids:
+        publisher.speak(request_id)
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(3):
+        time.sleep(rng.uniform(0.3, 1.5))
+        if all_ended(watcher, ids):
+            break
+        process.signal(signal.SIGKILL)
+        kills += 1
+        process.start()
+    wait_until(lambda: all_ended(watcher, ids), 120, "every id handled")
+    events, starts = outcomes(watcher)
+    interrupted = [i for i in ids if events[i]["interrupted"]]
+    twice = [i for i in ids if starts[i] > 1]
+    lost = [i for i in ids if i not in events or events[i]["finished"] == 0]
+    print(
+        f"agent SIGKILLed {kills} times: published {len(ids)}, lost {len(lost)}, "
+        f"spoken twice {len(twice)} (interrupted: {len(interrupted)})"
+    )
+    publisher.close()
+    watcher.close()
+    assert not lost
+    assert set(twice) <= set(interrupted)  # only the one playing at a kill may start again
+    assert len(interrupted) <= kills
+
+
+def test_messages_that_expire_while_the_agent_is_offline_are_not_spoken(
+    tiny_agent: tuple[Broker, AgentProcess],
+) -> None:
+    broker, process = tiny_agent
+    watcher = Watcher(broker, f"voice/{NODE}/events")
+    process.start()
+    wait_until(lambda: "Connected to" in process.output(), what="agent connected")
+    process.signal(signal.SIGTERM)  # offline; its session keeps collecting messages
+    publisher = Publisher(broker, "expiry-publisher")
+    for n in range(10):
+        publisher.speak(f"short{n}", expiry=2).wait_for_publish(5)
+        publisher.speak(f"long{n}", expiry=60).wait_for_publish(5)
+    time.sleep(3.5)
+    process.start()
+    wait_until(lambda: all_ended(watcher, [f"long{n}" for n in range(10)]), what="the long ones")
+    time.sleep(0.5)
+    spoken = set(outcomes(watcher)[0])
+    print(f"expiry: 20 published, {len(spoken)} spoken, all with 60 s expiry")
+    publisher.close()
+    watcher.close()
+    assert spoken == {f"long{n}" for n in range(10)}
+
+
+class PartitionProxy:
+    """A TCP proxy in the test: forwards to the broker, or drops everything while partitioned."""
+
+    def __init__(self, target: int) -> None:
+        self.port = free_port()
+        self._target = target
+        self.partitioned = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        self._server.settimeout(0.2)
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            if self.partitioned.is_set():
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            with self._lock:
+                self._open += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                end.close()
+
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones."""
+        self.partitioned.set()
+        with self._lock:
+            for end in self._open:
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+                end.close()
+            self._open.clear()
+
+    def heal(self) -> None:
+        self.partitioned.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.cut()
+        self._server.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks
+
+
+def test_a_partition_is_survived_with_jittered_backoff_and_no_busy_loop(
+    tmp_path: Path, tiny_voice: Path
+) -> None:
+    broker = Broker(tmp_path / "broker")
+    broker.start()
+    proxy = PartitionProxy(broker.port)
+    config = agent_config(tmp_path, proxy.port, tiny_voice, reconnect_max=4.0)
+    process = AgentProcess(config, tmp_path / "agent.log")
+    watcher = Watcher(broker, f"voice/{NODE}/events")
+    publisher = Publisher(broker, "partition-publisher")
+    try:
+        process.start()
+        wait_until(lambda: "Connected to" in process.output(), what="connected")
+        time.sleep(0.5)
+        proxy.cut()
+        before = cpu_seconds(process.pid)
+        publisher.speak("during").wait_for_publish(5)  # waits in the broker for the agent
+        time.sleep(20)
+        used = cpu_seconds(process.pid) - before
+        healed = time.monotonic()
+        proxy.heal()
+        wait_until(lambda: process.output().count("Connected to") >= 2, 10, "reconnected")
+        back_after = time.monotonic() - healed
+        watcher.wait_event("during", "finished")
+        log = process.output()
+        delays = [float(d) for d in re.findall(r"retry \d+ in ([0-9.]+) s", log)]
+        delays += [float(d) for d in re.findall(r"Reconnecting in ([0-9.]+) s", log)]
+        print(
+            f"partition 20 s: {len(delays)} attempts, delays {sorted(delays)}, "
+            f"CPU {used:.2f} s, back {back_after:.1f} s after healing"
+        )
+        assert len(delays) >= 4
+        assert max(delays) <= 4.0 + 0.2 + 0.01  # the cap (plus the jitter's extra)
+        assert len({round(d, 2) for d in delays}) > len(delays) // 2  # jitter
+        assert used < 1.0  # no busy loop: well under 5 % of one core over 20 s
+        assert back_after <= 4.0 + 0.2 + 1.0
+    finally:
+        publisher.close()
+        watcher.close()
+        if process.alive():
+            process.signal(signal.SIGTERM)
+        proxy.close()
+        broker.stop()
+
+
+def test_slow_synthesis_keeps_the_connection_and_the_messages_flowing(
+    broker: Broker,
+    tmp_path: Path,
+    tiny_voice: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from agent.app import App, load_voices  # noqa: PLC0415
+    from agent.config import from_mapping  # noqa: PLC0415
+
+    config = from_mapping(
+        yaml.safe_load(agent_config(tmp_path, broker.port, tiny_voice, keepalive=5).read_text()),
+        environ={},
+    )
+    voices = load_voices(config)
+    voice = voices["default"].voice
+    original = voice.ids_to_audio
+
+    def slow(ids: list[int], params: Any, run_options: Any = None) -> Any:
+        if len(ids) > 60:  # the long message only: 30 s, as a stuck model would
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (run_options and run_options.terminate):
+                time.sleep(0.05)
+        return original(ids, params, run_options)
+
+    monkeypatch.setattr(voice, "ids_to_audio", slow)
+    app = App(config, voices)
+    watcher = Watcher(broker, f"voice/{NODE}/#")
+    serving = threading.Thread(target=app.serve)
+    serving.start()
+    try:
+        watcher.wait_payload(f"voice/{NODE}/status", b"online")
+        long_text = "This is the long message that takes thirty seconds to synthesize today."
+        watcher.publish(SPEAK, json.dumps({"id": "slow", "text": long_text}).encode())
+        watcher.wait_event("slow", "accepted")
+        time.sleep(12)  # more than two keepalive periods while synthesis is stuck
+        for n in range(5):
+            watcher.publish(SPEAK, json.dumps({"id": f"q{n}", "text": "Hi."}).encode())
+        for n in range(5):
+            watcher.wait_event(f"q{n}", "accepted", timeout=5)  # received at once
+        watcher.wait_event("slow", "finished", timeout=40)
+        for n in range(5):
+            watcher.wait_event(f"q{n}", "finished", timeout=10)
+        statuses = [m.payload for m in watcher.snapshot() if m.topic.endswith("/status")]
+        assert b"offline" not in statuses  # no Last Will: the connection never dropped
+        assert "Disconnected" not in caplog.text
+    finally:
+        app.request_stop()
+        serving.join(20)
+        watcher.close()
