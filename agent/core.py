@@ -433,6 +433,8 @@ class SpeakCore:
         if not more:
             return [finished]
         item.not_before = now + request.repeat_interval
+        self._seq += 1
+        item.seq = self._seq  # a repeat waits behind its class's others: it cannot starve them
         return [finished, *self._enqueue_bounded(item)]
 
     def _finish_active(self, now: float) -> list[Action]:

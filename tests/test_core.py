@@ -567,3 +567,11 @@ def test_an_id_refused_for_a_full_queue_may_be_sent_again() -> None:
     assert kinds(d.speak("c", CHAT)) == ["rejected:c", "ack:3"]
     d.play_out("playing")
     assert kinds(d.speak("c", CHAT)) == ["accepted:c", "ack:4"]
+
+
+def test_a_repeating_announcement_lets_the_others_of_its_class_through() -> None:
+    d = Driver()
+    d.speak("loop", INFO, repeat=UNTIL_ACKNOWLEDGED, repeat_interval=0.0)
+    d.speak("other", INFO)
+    assert kinds(d.play_out("loop"))[-1] == "synth:other"  # not loop again
+    assert kinds(d.play_out("other"))[-1] == "synth:loop#2"

@@ -1,0 +1,199 @@
+"""Fuzzing every payload parser (hypothesis: 2,000 inputs each, 12,000 in all), then 1,000
+mutated payloads through the broker to a running agent that must stay up and keep speaking."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent import hermes
+from agent.messages import Reason, Rejection, SpeakRequest
+from agent.payloads import SpeakLimits, parse_ack, parse_speak, parse_stop, parse_volume
+from tests.support import AgentProcess, Broker, Watcher
+
+FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+LIMITS = SpeakLimits(max_bytes=4096, max_text_chars=500)
+FIELDS = ["id", "text", "priority", "ttl", "interrupt", "chime", "volume", "repeat"]
+FIELDS += ["repeat_interval", "dedupe_key", "voice", "rate", "clear", "siteId", "sessionId"]
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=40),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+objects = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=10), json_values, max_size=8)
+payloads = (
+    st.binary(max_size=600)
+    | st.text(max_size=300).map(str.encode)
+    | objects.map(lambda o: json.dumps(o).encode())
+    | objects.map(lambda o: json.dumps(o).encode()[: len(json.dumps(o)) // 2])
+)
+
+
+def _new_id() -> str:
+    return "generated"
+
+
+def check(result: object, ok: type | tuple[type, ...]) -> None:
+    """A result of the expected kind, or a rejection with a known reason and a detail."""
+    if isinstance(result, Rejection):
+        assert isinstance(result.reason, Reason)
+        assert result.detail
+        assert result.id
+    else:
+        assert isinstance(result, ok), result
+
+
+@FUZZ
+@given(payloads)
+def test_speak_parser(payload: bytes) -> None:
+    result = parse_speak(payload, LIMITS, _new_id)
+    check(result, SpeakRequest)
+    if isinstance(result, SpeakRequest):
+        assert result.text
+        assert result.text.strip() == result.text
+        assert len(result.text) <= LIMITS.max_text_chars
+
+
+@FUZZ
+@given(payloads)
+def test_stop_parser(payload: bytes) -> None:
+    check(parse_stop(payload, _new_id), bool)
+
+
+@FUZZ
+@given(payloads)
+def test_ack_parser(payload: bytes) -> None:
+    check(parse_ack(payload, _new_id), str)
+
+
+@FUZZ
+@given(payloads)
+def test_volume_parser(payload: bytes) -> None:
+    result = parse_volume(payload, _new_id)
+    check(result, float)
+    if isinstance(result, float):
+        assert 0.0 <= result <= 1.0
+
+
+@FUZZ
+@given(payloads)
+def test_hermes_say_parser(payload: bytes) -> None:
+    result = hermes.parse_say(payload, "default", LIMITS, _new_id)
+    if result is not None and not isinstance(result, Rejection):
+        request, context = result
+        assert isinstance(request, SpeakRequest)
+        assert context.kind == "say"
+    else:
+        check(result, type(None))
+
+
+@FUZZ
+@given(st.text(max_size=30), payloads)
+def test_hermes_play_bytes_parser(request_id: str, payload: bytes) -> None:
+    topic = f"hermes/audioServer/default/playBytes/{request_id}"
+    result = hermes.parse_play_bytes(topic, payload, "default", _new_id)
+    if result is not None and not isinstance(result, Rejection):
+        request, _ = result
+        assert request.audio is not None
+        assert request.audio.frames
+    else:
+        check(result, type(None))
+
+
+# ---- through the broker ------------------------------------------------------------------------
+
+
+def mutated_payloads(count: int, seed: int = 11) -> list[bytes]:
+    """Valid speak payloads, mutated: truncated, bytes flipped, fields retyped, deep nesting,
+    huge numbers, control characters, markup, invalid UTF-8."""
+    rng = random.Random(seed)
+    out: list[bytes] = []
+    for n in range(count):
+        body: dict[str, Any] = {"id": f"f{n}", "text": f"Fuzz {n} <b>x</b> [[a]] \u200b."}
+        for name in rng.sample(FIELDS[2:12], rng.randint(0, 4)):
+            body[name] = rng.choice(
+                [None, True, -1, 0, 1e308, float("nan"), "alarm", "x" * 200, [1], {"a": 1}, 0.5]
+            )
+        data = json.dumps(body, allow_nan=True).encode()
+        match rng.randrange(7):
+            case 0:
+                data = data[: rng.randrange(len(data))]
+            case 1:
+                spot = rng.randrange(len(data))
+                data = data[:spot] + bytes([rng.randrange(256)]) + data[spot + 1 :]
+            case 2:
+                data = b'{"text": ' + b"[" * rng.randint(100, 3000) + b"}"
+            case 3:
+                data = bytes(rng.randrange(256) for _ in range(rng.randint(0, 300)))
+            case 4:
+                data = f"plain {n}\x00\x1b[31m\n\n<speak>hi</speak>".encode()
+            case _:
+                pass
+        out.append(data)
+    return out
+
+
+@pytest.mark.broker
+def test_a_thousand_fuzzed_messages_through_the_broker(
+    tmp_path: Path, broker: Broker, tiny_voice: Path
+) -> None:
+    config = {
+        "node_id": "fuzz",
+        "mqtt": {"host": broker.host, "port": broker.port},
+        "audio": {"device": "null"},
+        "tts": {"voice": str(tiny_voice)},
+        "cache": {"dir": str(tmp_path / "cache")},
+        "storage": {"dir": str(tmp_path / "storage")},
+        "speak": {"queue_size": 2000, "remembered_ids": 5000, "max_payload_bytes": 4096},
+        "homeassistant": {"discovery": False},
+    }
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = AgentProcess(path, tmp_path / "agent.log")
+    watcher = Watcher(broker, "voice/fuzz/#")
+    process.start()
+    try:
+        watcher.wait_payload("voice/fuzz/status", b"online")
+        fuzz = mutated_payloads(1000)
+        for batch in range(10):
+            for payload in fuzz[batch * 100 : (batch + 1) * 100]:
+                watcher.publish("voice/fuzz/speak", payload)
+            control = f"control-{batch}"
+            watcher.publish(
+                "voice/fuzz/speak", json.dumps({"id": control, "text": "Still here."}).encode()
+            )
+            watcher.wait_event(control, "finished")
+        for topic in ("stop", "ack", "volume"):
+            for payload in mutated_payloads(100, seed=hash(topic) % 1000):
+                watcher.publish(f"voice/fuzz/{topic}", payload)
+        watcher.publish("voice/fuzz/volume", b"1")
+        watcher.publish("voice/fuzz/speak", b'{"id": "last", "text": "Still speaking."}')
+        watcher.wait_event("last", "finished")
+        events = [m.json() for m in watcher.snapshot() if m.topic.endswith("/events")]
+        speak_answers = sum(1 for e in events if e["event"] in ("accepted", "rejected"))
+        print(
+            f"fuzz: 1,000 speak + 300 command payloads published; {speak_answers} accepted or "
+            f"rejected events; agent alive: {process.alive()}"
+        )
+        # every speak payload got exactly one answer (plus the 11 control messages and the
+        # command rejections), and the agent is still up
+        assert speak_answers >= 1000 + 11
+        assert process.alive()
+    finally:
+        process.signal(signal.SIGTERM)
+        watcher.close()
