@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench soak clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,9 @@ lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
 
 bench: $(STAMP)  ## benchmark against piper-tts: bench/results.json, bench/REPORT.md, bench/latency.png
 	$(VENV)/bin/python -m bench.run --out-dir bench
+
+soak: $(STAMP)  ## 30 minutes under a steady mix: bench/SOAK.md, bench/soak.json
+	$(VENV)/bin/python -m tests.soak --minutes 30 --out bench
 
 clean:
 	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache *.egg-info

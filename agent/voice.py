@@ -406,39 +406,18 @@ def _flow_until(
     return latent._z
 
 
-_POOL: dict[str, int] = {}
-"""`threads`: the size of the process-wide thread pool this module made (-1: none could be)."""
-
-
-def _shares_pool(threads: int) -> bool:
-    """Whether sessions of `threads` intra-op threads run on one process-wide thread pool
-    (made at the first call). The parts of a split voice run one after the other; with a pool
-    each, the threads of the part that just ran keep spinning and take the cores from the next
-    (measured: +20 % on a long sentence, +60 % on a short one); on one pool the parts run as
-    fast as the whole model (docs/measurements.md)."""
-    size = _POOL.get("threads")
-    if size is None:
-        size = -1
-        try:
-            from onnxruntime.capi import _pybind_state  # noqa: PLC0415 - no public API for it
-
-            _pybind_state.set_global_thread_pool_sizes(threads, 1)
-            size = threads
-        except Exception as err:  # noqa: BLE001 - pools made before, or a runtime without them
-            _LOGGER.info("No shared ONNX Runtime thread pool (%s): one pool per session", err)
-        _POOL["threads"] = size
-    return size == threads
-
-
 def _options(
-    threads: int, level: ort.GraphOptimizationLevel, shared: bool = False
+    threads: int, level: ort.GraphOptimizationLevel, part: bool = False
 ) -> ort.SessionOptions:
     options = ort.SessionOptions()
-    if shared:
-        options.use_per_session_threads = False  # the pool has `threads` threads
-    else:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    if part:
+        # The parts of a split voice run one after another, each session with its own thread
+        # pool. Left spinning after a run, the threads of one part take the cores from the next
+        # (measured: +30 % on a long sentence, +90 % on a short one); stopped when each run
+        # returns, the parts run about as fast as the whole model (docs/measurements.md).
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = level
     return options
@@ -517,14 +496,12 @@ def _session(
     return session or _optimized_session(str(model_path), cached, threads)
 
 
-def _cached_session(
-    cached: Path, threads: int, shared: bool = False
-) -> ort.InferenceSession | None:
+def _cached_session(cached: Path, threads: int, part: bool = False) -> ort.InferenceSession | None:
     """A saved optimized copy, loaded with no further optimization; None if absent or damaged
     (a damaged copy is removed, so it is built again)."""
     if not cached.is_file():
         return None
-    load_options = _options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, shared)
+    load_options = _options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, part)
     try:
         return ort.InferenceSession(str(cached), load_options, providers=_PROVIDERS)
     except Exception:  # noqa: BLE001 - any load failure means a damaged copy: rebuild it
@@ -534,11 +511,11 @@ def _cached_session(
 
 
 def _optimized_session(
-    model: str | bytes, cached: Path | None, threads: int, shared: bool = False
+    model: str | bytes, cached: Path | None, threads: int, part: bool = False
 ) -> ort.InferenceSession:
     """Optimize a model fully (ENABLE_ALL); with `cached`, save that copy and load it back."""
     if cached is None:
-        options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, shared)
+        options = _options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, part)
         return ort.InferenceSession(model, options, providers=_PROVIDERS)
     cached.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".partial.onnx")
@@ -552,7 +529,7 @@ def _optimized_session(
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-    load_options = _options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, shared)
+    load_options = _options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, part)
     return ort.InferenceSession(str(cached), load_options, providers=_PROVIDERS)
 
 
@@ -638,9 +615,8 @@ def _load_parts(stem: Path, known: Mapping[str, Any], threads: int) -> _Parts | 
     except (KeyError, TypeError, ValueError):
         return None
     sessions: dict[str, ort.InferenceSession] = {}
-    shared = _shares_pool(threads)
     for name in names:
-        session = _cached_session(_part_path(stem, name), threads, shared)
+        session = _cached_session(_part_path(stem, name), threads, part=True)
         if session is None:
             return None
         sessions[name] = session
@@ -669,15 +645,14 @@ def _build_parts(
         cut = _find_cut(model)
     except _UnsplittableError as err:
         return str(err)
-    shared = _shares_pool(threads)
     sessions = {
         name: _optimized_session(
-            part.SerializeToString(),
+            graph.SerializeToString(),
             None if stem is None else _part_path(stem, name),
             threads,
-            shared,
+            part=True,
         )
-        for name, part in _extract(model, cut).items()
+        for name, graph in _extract(model, cut).items()
     }
     del model
     whole = _optimized_session(str(model_path), None, threads)

@@ -170,6 +170,11 @@ class Watcher:
         with self._lock:
             return list(self.messages)
 
+    def clear(self) -> None:
+        """Forget what arrived so far."""
+        with self._lock:
+            self.messages.clear()
+
     def events(self, request_id: str | None = None) -> list[dict[str, Any]]:
         """Lifecycle events seen so far (optionally only those of one request id)."""
         found = [m.json() for m in self.snapshot() if m.topic.endswith("/events")]

@@ -1,0 +1,200 @@
+"""The soak: the real agent under a steady mix of cached and uncached announcements, measured.
+
+Usage: .venv/bin/python -m tests.soak [--minutes 30] [--interval 60] [--out bench]
+Every interval it records the agent's RSS, open file descriptors, threads, and the latency
+(publish -> `started`) percentiles of cached and uncached announcements; it writes
+`<out>/soak.json` and `<out>/SOAK.md` and judges the goals: RSS growth under 5 % after warm-up,
+no descriptor or thread growth, a stable p99. `make soak` runs 30 minutes; a test runs ~90 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from tests.support import AgentProcess, Broker, Watcher
+
+CACHED = ("The front door is open.", "The laundry is done.", "Dinner is ready.")
+
+
+@dataclass
+class Interval:
+    """One interval's measurements."""
+
+    end_s: float
+    rss_mb: float
+    fds: int
+    threads: int
+    announcements: int
+    cached_p50_ms: float = 0.0
+    cached_p99_ms: float = 0.0
+    uncached_p50_ms: float = 0.0
+    uncached_p99_ms: float = 0.0
+
+
+@dataclass
+class Soak:
+    """The whole run and its verdicts."""
+
+    minutes: float
+    intervals: list[Interval] = field(default_factory=list)
+    verdicts: dict[str, bool] = field(default_factory=dict)
+    notes: dict[str, float] = field(default_factory=dict)
+
+
+def _proc(pid: int) -> tuple[float, int, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    rss = int(fields["VmRSS"].split()[0]) / 1024
+    return rss, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
+
+
+def _percentile(values: list[float], share: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def run(minutes: float, interval_s: float, voice: Path | None, workdir: Path) -> Soak:
+    """Drive the agent for `minutes`; one announcement every 0.25 s, every third uncached."""
+    broker = Broker(workdir / "broker")
+    broker.start()
+    config = {
+        "node_id": "soak",
+        "mqtt": {"host": broker.host, "port": broker.port},
+        "audio": {"device": "null"},
+        "tts": {"voice": str(voice) if voice else None},
+        "cache": {"dir": str(workdir / "cache")},
+        "storage": {"dir": str(workdir / "storage")},
+        "homeassistant": {"discovery": False},
+    }
+    (workdir / "agent.yaml").write_text(yaml.safe_dump(config))
+    agent = AgentProcess(workdir / "agent.yaml", workdir / "agent.log")
+    watcher = Watcher(broker, "voice/soak/events", "voice/soak/status")
+    soak = Soak(minutes)
+    agent.start()
+    try:
+        watcher.wait_payload("voice/soak/status", b"online")
+        began = time.monotonic()
+        counter = itertools.count()
+        latencies: dict[str, list[float]] = {"cached": [], "uncached": []}
+        next_mark = began + interval_s
+        while time.monotonic() - began < minutes * 60:
+            n = next(counter)
+            kind = "uncached" if n % 3 == 0 else "cached"
+            text = f"Update {n}: all is well." if kind == "uncached" else CACHED[n % 3]
+            request_id = f"s{n}"
+            payload = json.dumps({"id": request_id, "text": text}).encode()
+            sent = watcher.publish("voice/soak/speak", payload)
+            watcher.wait_event(request_id, "finished", timeout=30)
+            latencies[kind].append((_arrival(watcher, request_id, "started") - sent) * 1000)
+            time.sleep(0.25)
+            if time.monotonic() >= next_mark:
+                soak.intervals.append(_interval(agent.pid, time.monotonic() - began, latencies))
+                latencies = {"cached": [], "uncached": []}
+                watcher.clear()  # bounded memory for the harness too
+                next_mark += interval_s
+    finally:
+        agent.signal(signal.SIGTERM)
+        watcher.close()
+        broker.stop()
+    _judge(soak)
+    return soak
+
+
+def _arrival(watcher: Watcher, request_id: str, event: str) -> float:
+    """When the watcher received this event of this announcement."""
+    for message in reversed(watcher.snapshot()):
+        if message.topic.endswith("/events"):
+            body = message.json()
+            if body["id"] == request_id and body["event"] == event:
+                return message.at
+    raise AssertionError(f"no {event} of {request_id}")
+
+
+def _interval(pid: int, elapsed: float, latencies: dict[str, list[float]]) -> Interval:
+    rss, fds, threads = _proc(pid)
+    cached, uncached = latencies["cached"], latencies["uncached"]
+    return Interval(
+        round(elapsed, 1),
+        round(rss, 1),
+        fds,
+        threads,
+        len(cached) + len(uncached),
+        round(_percentile(cached, 0.5), 2),
+        round(_percentile(cached, 0.99), 2),
+        round(_percentile(uncached, 0.5), 2),
+        round(_percentile(uncached, 0.99), 2),
+    )
+
+
+def _judge(soak: Soak) -> None:
+    steady = soak.intervals[1:] if len(soak.intervals) > 2 else soak.intervals  # after warm-up
+    if not steady:
+        return
+    first, last = steady[0], steady[-1]
+    growth = (last.rss_mb - first.rss_mb) / first.rss_mb
+    p99_first = statistics.median(i.cached_p99_ms for i in steady[: max(1, len(steady) // 3)])
+    p99_last = statistics.median(i.cached_p99_ms for i in steady[-max(1, len(steady) // 3) :])
+    soak.notes = {
+        "rss_growth_percent": round(growth * 100, 2),
+        "cached_p99_first_ms": p99_first,
+        "cached_p99_last_ms": p99_last,
+    }
+    soak.verdicts = {
+        "rss_growth_under_5_percent": growth < 0.05,
+        "no_descriptor_growth": last.fds <= first.fds,
+        "no_thread_growth": last.threads <= first.threads,
+        "stable_p99": p99_last <= max(2 * p99_first, p99_first + 5),
+    }
+
+
+def write_report(soak: Soak, out: Path) -> None:
+    """soak.json and SOAK.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "soak.json").write_text(json.dumps(asdict(soak), indent=2))
+    lines = [
+        f"# Soak: {soak.minutes:g} minutes",
+        "",
+        "The real agent (bundled voice, ALSA `null`), one announcement every 0.25 s after the",
+        "previous one finished, two cached for each uncached; measured at each interval.",
+        "",
+        "| end s | RSS MB | fds | threads | announcements | cached p50/p99 ms "
+        "| uncached p50/p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {i.end_s} | {i.rss_mb} | {i.fds} | {i.threads} | {i.announcements} | "
+        f"{i.cached_p50_ms} / {i.cached_p99_ms} | {i.uncached_p50_ms} / {i.uncached_p99_ms} |"
+        for i in soak.intervals
+    ]
+    lines += ["", f"Figures: {soak.notes}", "", "| goal | met |", "|---|---|"]
+    lines += [f"| {goal} | {'yes' if met else '**no**'} |" for goal, met in soak.verdicts.items()]
+    (out / "SOAK.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--interval", type=float, default=60.0, help="seconds per interval")
+    parser.add_argument("--out", type=Path, default=Path("bench"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        soak = run(args.minutes, args.interval, None, Path(tmp))
+    write_report(soak, args.out)
+    print((args.out / "SOAK.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
