@@ -149,6 +149,7 @@ class App:
             speak.remembered_ids,
         )
         self._outbox: dict[int, int] = {}  # publish mid -> outbox key
+        self._unsent: list[Delivery | tuple[int, bytes]] = []
         self._telemetry = Telemetry()
         self._systemd = Notifier(environ)
         self._audio_available = True
@@ -228,6 +229,16 @@ class App:
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
         return 0
 
+    def _flush(self) -> None:
+        """Send what the last journal transaction made safe: acks and events, in order."""
+        for item in self._unsent:
+            if isinstance(item, Delivery):
+                self._link.ack(item)
+            else:
+                key, payload = item
+                self._outbox[self._link.publish(self._topics.events, payload)] = key
+        self._unsent.clear()
+
     def _restore(self, now: float) -> None:
         """After a restart: unsent events go out again; unfinished announcements queue again."""
         for key, topic, payload in self._journal.outbox_pending():
@@ -244,8 +255,10 @@ class App:
         ids, fingerprints = self._journal.remembered()
         if pending:
             _LOGGER.info("Journal: %d announcements had not ended; queued again", len(pending))
-        for action in self._core.restore(pending, ids, fingerprints, now):
-            self._execute(action, now)
+        with self._journal.transaction():
+            for action in self._core.restore(pending, ids, fingerprints, now):
+                self._execute(action, now)
+        self._flush()
 
     def _settle_outbox(self) -> None:
         """Forget the events the broker acknowledged."""
@@ -273,8 +286,12 @@ class App:
         return next_ping
 
     def _handle(self, event: Event, now: float) -> None:
-        for action in self._core.handle(event, now):
-            self._execute(action, now)
+        """One event: its journal writes in one transaction (one sync), and only then the
+        acknowledgements and events it caused go out."""
+        with self._journal.transaction():
+            for action in self._core.handle(event, now):
+                self._execute(action, now)
+        self._flush()
         if isinstance(event, AudioStatus):
             self._audio_available = event.available
         if not isinstance(event, Tick | SynthesisDone):
@@ -286,14 +303,14 @@ class App:
                 if request.audio is None:  # recorded audio (Hermes) is real-time only
                     self._journal.record(request, fingerprint, time.time())
             case Acknowledge(delivery):
-                self._link.ack(delivery)
+                self._unsent.append(delivery)  # after the journal is synced
             case Notify(request_id, event, details):
                 payload = encode_event(
                     self._config.node_id, request_id, event, details, time.time()
                 )
                 state = _journal_state(action)  # the state and its event, in one transaction
                 key = self._journal.note_event(request_id, state, self._topics.events, payload)
-                self._outbox[self._link.publish(self._topics.events, payload)] = key
+                self._unsent.append((key, payload))
                 self._telemetry.record(action, now)
                 self._reply_hermes(action)
                 _LOGGER.info("%s %s %s", request_id, event, dict(details) or "")

@@ -11,9 +11,11 @@ Used from the app thread only. Allowed imports: stdlib, `messages`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -125,20 +127,24 @@ class Journal:
         return int(cursor.lastrowid or 0)
 
     def note_event(self, request_id: str, state: str | None, topic: str, payload: bytes) -> int:
-        """In one transaction: move an announcement to `state` (if given) and keep its event in
-        the outbox; so a crash never leaves one without the other. Returns the outbox key."""
+        """Move an announcement to `state` (if given) and keep its event in the outbox; inside
+        a `transaction`, a crash never leaves one without the other. Returns the outbox key."""
+        if state == ENDED:
+            self.ended(request_id)
+        elif state is not None:
+            self._set(request_id, state)
+        return self.outbox_add(topic, payload)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything inside is written at once, with one sync at the end (or not at all)."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            if state == ENDED:
-                self.ended(request_id)
-            elif state is not None:
-                self._set(request_id, state)
-            key = self.outbox_add(topic, payload)
+            yield
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
-        return key
 
     def outbox_done(self, keys: list[int]) -> None:
         """The broker acknowledged these."""
