@@ -219,6 +219,8 @@ class PartitionProxy:
                 client, _ = self._server.accept()
             except TimeoutError:
                 continue
+            except OSError:  # closed by close()
+                return
             if self.partitioned.is_set():
                 client.close()
                 continue
