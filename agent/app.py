@@ -16,14 +16,22 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Final
 
 from . import hermes
+from . import manifest as manifests
 from . import version as package_version
 from .chimes import ChimePlan, chime_bank
-from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
+from .config import (
+    DEFAULT_CHIMES,
+    AgentConfig,
+    resolve_cache_dir,
+    resolve_storage_dir,
+)
 from .core import SpeakCore
-from .discovery import DeviceInfo, discovery_messages, update_state
+from .discovery import DeviceInfo, discovery_messages
 from .journal import ENDED, QUEUED, STARTED, Journal
 from .messages import (
     Acknowledge,
@@ -51,13 +59,22 @@ from .messages import (
     VolumeRequested,
 )
 from .mqtt_link import MessageHandler, MqttLink
-from .payloads import SpeakLimits, encode_event, parse_ack, parse_speak, parse_stop, parse_volume
+from .payloads import (
+    SpeakLimits,
+    encode_event,
+    parse_ack,
+    parse_json_object,
+    parse_speak,
+    parse_stop,
+    parse_volume,
+)
 from .phrase_cache import PhraseCache
 from .player import PcmOpener, Player, alsa_opener
 from .synthesizer import Synthesizer, VoiceChoice
 from .systemd import Notifier
 from .telemetry import Telemetry
 from .topics import Topics
+from .updater import Updater, UpdateReport, start_model
 from .voice import SynthesisParams, Voice, bundled_voice, seed_random
 
 _LOGGER = logging.getLogger(__name__)
@@ -71,16 +88,38 @@ _STATE_MIN_SECONDS: Final = 0.25
 """Changes are gathered this long before the state is published again."""
 
 
-def load_voice(config: AgentConfig, voice_id: str = "default") -> VoiceChoice:
+def factory_model(config: AgentConfig) -> Path:
+    """The default voice's model as configured (`tts.voice`, or the bundled one)."""
+    return config.tts.voice or bundled_voice()
+
+
+def ota_directory(config: AgentConfig) -> Path:
+    """Where model slots, downloads and the update state live."""
+    storage = resolve_storage_dir(config.storage, os.environ)
+    return config.ota.dir or storage / "ota" / config.node_id
+
+
+def load_voice(
+    config: AgentConfig, voice_id: str = "default", path: Path | None = None
+) -> VoiceChoice:
     """Load and prewarm one voice (`default` is `tts.voice`, the bundled one when null)."""
     tts = config.tts
-    path = (tts.voice or bundled_voice()) if voice_id == "default" else tts.voices[voice_id]
+    if path is None:
+        path = factory_model(config) if voice_id == "default" else tts.voices[voice_id]
     if tts.seed is not None:
         seed_random(tts.seed)  # before the session is made: it starts from this seed
     started = time.monotonic()
     voice = Voice.load(path, tts.threads, resolve_cache_dir(config.cache, os.environ))
     loaded = time.monotonic()
     voice.prewarm()
+    return _choice(config, voice_id, voice, started, loaded)
+
+
+def _choice(
+    config: AgentConfig, voice_id: str, voice: Voice, started: float, loaded: float
+) -> VoiceChoice:
+    tts = config.tts
+    path = voice.path
     _LOGGER.info(
         "Voice %s (%s, sha256 %s…) loaded in %.2f s, prewarmed in %.2f s",
         voice_id,
@@ -99,8 +138,14 @@ def load_voice(config: AgentConfig, voice_id: str = "default") -> VoiceChoice:
 
 
 def load_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
-    """Every configured voice, loaded and prewarmed."""
-    return {vid: load_voice(config, vid) for vid in ("default", *config.tts.voices)}
+    """Every configured voice, loaded and prewarmed; the default one from its update slot when a
+    model update is installed (see `updater.start_model`)."""
+    default = factory_model(config)
+    if config.ota.trusted_keys:
+        default = start_model(config.ota, ota_directory(config), default)
+    voices = {"default": load_voice(config, "default", default)}
+    voices |= {vid: load_voice(config, vid) for vid in config.tts.voices}
+    return voices
 
 
 class App:
@@ -180,6 +225,25 @@ class App:
                 hermes.TOGGLE_OFF: self._on_hermes_toggle,
                 hermes.GET_VOICES: self._on_hermes_get_voices,
             }
+        self._updates: queue.Queue[UpdateReport | _Swap] = queue.Queue()
+        self._swap_waiting: _Swap | None = None
+        self._update_view: dict[str, object] = {"latest": None, "progress": None}
+        self._updater: Updater | None = None
+        if config.ota.trusted_keys:
+            self._updater = Updater(
+                config.ota,
+                ota_directory(config),
+                factory_model(config),
+                rate,
+                config.tts.threads,
+                self._updates.put,
+                self._request_swap,
+            )
+            ota = self._on_ota_message
+            handlers[topics.ota] = ota
+            handlers[f"{topics.prefix}/all/ota"] = ota
+            for group in config.ota.groups:
+                handlers[f"{topics.prefix}/group/{group}/ota"] = ota
         self._link = MqttLink(
             config.mqtt,
             client_id=f"voice-agent-{config.node_id}",
@@ -199,6 +263,9 @@ class App:
         self._player.start()
         self._synthesizer.start()
         self._restore(time.monotonic())
+        if self._updater is not None:
+            self._updater.started()  # up with the active model: a pending switch is confirmed
+            self._updater.start()
         self._link.start()
         self._systemd.notify("READY=1", f"STATUS=Serving {self._topics.speak}")
         _LOGGER.info("Serving node %s on %s/…", self._config.node_id, self._topics.speak[:-6])
@@ -221,6 +288,8 @@ class App:
                 next_ping = self._housekeeping(now, next_ping)
         finally:
             self._systemd.notify("STOPPING=1")
+            if self._updater is not None:
+                self._updater.stop()
             self._link.stop()
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._synthesizer.stop()
@@ -273,6 +342,7 @@ class App:
     def _housekeeping(self, now: float, next_ping: float) -> float:
         """Watchdog pings, discovery when due, the state when changed or due; next ping time."""
         self._settle_outbox()
+        self._handle_updates(now)
         interval = self._systemd.watchdog_interval
         if interval is not None and now >= next_ping:
             self._systemd.notify("WATCHDOG=1")  # from the main loop: a stuck loop stops pinging
@@ -323,6 +393,110 @@ class App:
             case SetVolume(volume):
                 self._player.volume = volume
 
+    # ---- model updates --------------------------------------------------------------------------
+
+    def _request_swap(self, voice: Voice) -> bool:
+        """On the updater's thread: have the app loop switch to this voice; wait for the answer."""
+        swap = _Swap(voice)
+        self._updates.put(swap)
+        if not swap.done.wait(_SWAP_WAIT_SECONDS):
+            swap.cancelled = True
+            return False
+        return swap.ok
+
+    def _handle_updates(self, now: float) -> None:
+        """Reports become events and the update entity's state; a switch waits for silence."""
+        while True:
+            try:
+                item = self._updates.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Swap):
+                self._swap_waiting = item
+                self._hold(True, now)
+            else:
+                self._publish_update(item, now)
+        swap = self._swap_waiting
+        if swap is not None and (self._core.idle or swap.cancelled):
+            self._swap_waiting = None
+            if not swap.cancelled:
+                swap.ok = self._switch_voice(swap.voice)
+            swap.done.set()
+            self._hold(False, now)
+
+    def _hold(self, held: bool, now: float) -> None:
+        with self._journal.transaction():
+            for action in self._core.hold(held, now):
+                self._execute(action, now)
+        self._flush()
+
+    def _switch_voice(self, voice: Voice) -> bool:
+        current = self._voices["default"].voice
+        if voice.sample_rate != current.sample_rate:
+            return False
+        now = time.monotonic()
+        self._voices["default"] = _choice(self._config, "default", voice, now, now)
+        self._synthesizer.render_phrases_again()  # the cache follows the new digest
+        self._announce()
+        self._state_dirty = True
+        _LOGGER.info("Switched to the model %s (sha256 %s…)", voice.path, voice.sha256[:12])
+        return True
+
+    def _publish_update(self, report: UpdateReport, now: float) -> None:
+        previous = self._update_view.get("progress")
+        if (
+            report.state == "downloading"
+            and isinstance(previous, int)
+            and report.progress is not None
+            and report.progress // 10 == previous // 10
+            and report.progress != 100
+        ):
+            self._update_view["progress"] = report.progress
+            return  # progress events in steps of 10 %
+        in_progress = report.state in _UPDATE_RUNNING
+        self._update_view = {
+            "latest": report.version or self._update_view.get("latest"),
+            "progress": report.progress if in_progress else None,
+            "in_progress": in_progress,
+        }
+        details = {k: v for k, v in asdict(report).items() if v not in (None, "") and k != "offer"}
+        self._handle_notify(Notify(report.offer, Lifecycle.UPDATE, details), now)
+        self._publish_update_state()
+
+    def _handle_notify(self, notify: Notify, now: float) -> None:
+        with self._journal.transaction():
+            self._execute(notify, now)
+        self._flush()
+
+    def _publish_update_state(self) -> None:
+        voice = self._voices["default"].voice
+        installed = (self._updater.installed_version if self._updater else None) or voice.sha256[
+            :12
+        ]
+        latest = self._update_view.get("latest")
+        view = self._update_view
+        body = {
+            "installed_version": installed,
+            "latest_version": latest if view.get("in_progress") and latest else installed,
+            "title": f"Voice model {voice.path.stem}",
+            "in_progress": bool(view.get("in_progress")),
+            "update_percentage": view.get("progress"),
+        }
+        self._link.publish(self._topics.update, json.dumps(body), retain=True)
+
+    def _on_ota_message(self, topic: str, payload: bytes, delivery: Delivery) -> None:
+        """On the MQTT thread: an offer, a cancel or a rollback; the updater works on it."""
+        self._link.ack(delivery)
+        assert self._updater is not None  # noqa: S101 - only subscribed with an updater
+        body = parse_json_object(payload, manifests.MAX_ENVELOPE_BYTES + 4096, _new_id)
+        if isinstance(body, Rejection):
+            self._updates.put(
+                UpdateReport(body.id, "failed", reason="malformed", detail=body.detail)
+            )
+            return
+        offer = body.get("id")
+        self._updater.command(offer if isinstance(offer, str) and offer else _new_id(), body)
+
     # ---- what the agent publishes about itself ---------------------------------------------
 
     def _on_connected(self) -> None:
@@ -332,12 +506,7 @@ class App:
 
     def _announce(self) -> None:
         voice = self._voices["default"].voice
-        version = voice.sha256[:12]
-        self._link.publish(
-            self._topics.update,
-            update_state(version, None, f"Voice model {voice.path.stem}"),
-            retain=True,
-        )
+        self._publish_update_state()
         if not self._config.homeassistant.discovery:
             return
         ha = self._config.homeassistant
@@ -367,6 +536,7 @@ class App:
             "model": voice.path.stem,
             "model_version": voice.sha256[:12],
             "model_sha256": voice.sha256,
+            "model_release": self._updater.state.release if self._updater else 0,
             "last_ttfa_ms": telemetry.last_ttfa_ms,
             "synthesis_speed": telemetry.synthesis_speed,
             "last_error": self._link.last_error or telemetry.last_error,
@@ -512,6 +682,23 @@ def _journal_state(notify: Notify) -> str | None:
     ):
         return QUEUED
     return ENDED if event in _TERMINAL else None
+
+
+_SWAP_WAIT_SECONDS: Final = 600.0
+"""How long a model switch may wait for the current announcement to end."""
+_UPDATE_RUNNING: Final = frozenset(
+    {"verifying", "downloading", "installing", "checking", "switching"}
+)
+
+
+@dataclass(slots=True)
+class _Swap:
+    """A switch to a new default voice, asked by the updater, done by the app loop."""
+
+    voice: Voice
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+    cancelled: bool = False
 
 
 _TERMINAL: Final = frozenset(

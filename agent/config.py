@@ -288,6 +288,59 @@ class SpeakConfig:
     )
 
 
+def _public_key(value: Any) -> str | None:
+    import base64  # noqa: PLC0415 - only when keys are configured
+    import binascii  # noqa: PLC0415
+
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    return None if len(raw) == 32 else "expected the base64 of a 32-byte Ed25519 public key"
+
+
+@dataclass(frozen=True, slots=True)
+class OtaConfig:
+    """Model updates over the air."""
+
+    trusted_keys: tuple[str, ...] = _key(
+        "Ed25519 public keys (base64 of the 32 raw bytes, as `python -m ota keygen` prints them) "
+        "whose signatures the node accepts; several allow key rotation. Empty: updates off.",
+        (),
+        _public_key,
+    )
+    device_class: str = _key(
+        "This node's device class: a manifest's target must name it.", "voice-agent", _name
+    )
+    groups: tuple[str, ...] = _key(
+        "Groups whose offers this node takes, on `<prefix>/group/<group>/ota`.", (), _name
+    )
+    dir: Path | None = _key(
+        "Directory of the model slots, downloads and update state; null for `ota/` in the "
+        "storage directory.",
+        None,
+    )
+    download_timeout: float = _key(
+        "A download that receives nothing for this long is retried (seconds).",
+        30.0,
+        _between(1, 3600),
+    )
+    download_retries: int = _key(
+        "Attempts per file before the update fails (count).", 5, _between(1, 100)
+    )
+    health_timeout: float = _key(
+        "Time the health check of a new model may take (seconds).", 120.0, _between(5, 3600)
+    )
+    health_memory_mb: int = _key(
+        "Memory the health check process may use (megabytes).", 2048, _between(256, 65536)
+    )
+    max_start_attempts: int = _key(
+        "Starts with a new, unconfirmed model before the agent returns to the previous one.",
+        3,
+        _between(1, 100),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StorageConfig:
     """What must survive a restart (the journal)."""
@@ -345,6 +398,7 @@ class AgentConfig:
     state: StateConfig = field(default_factory=StateConfig)
     homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
     hermes: HermesConfig = field(default_factory=HermesConfig)
+    ota: OtaConfig = field(default_factory=OtaConfig)
 
 
 ENV_OVERRIDES: Final[Mapping[str, str]] = {

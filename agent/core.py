@@ -137,6 +137,7 @@ class SpeakCore:
         self._fingerprints = RecentIds(remembered_ids)
         self._jobs = 0
         self._selected_voice = "default"
+        self._held = False
         self._last: SpeakRequest | None = None
         self._replays = 0
 
@@ -166,6 +167,16 @@ class SpeakCore:
             if started:
                 actions.append(_notify(item, Lifecycle.INTERRUPTED, queue_depth=len(self._queue)))
         return [*actions, *self._expire(now), *self._next(now)]
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is being synthesized or played."""
+        return self._active is None
+
+    def hold(self, held: bool, now: float) -> list[Action]:
+        """While held, nothing new starts (a model switch waits for the current announcement)."""
+        self._held = held
+        return [] if held else self._next(now)
 
     @property
     def selected_voice(self) -> str:
@@ -383,7 +394,7 @@ class SpeakCore:
         return actions
 
     def _next(self, now: float) -> list[Action]:
-        if self._active is not None or not self._audio_available:
+        if self._active is not None or not self._audio_available or self._held:
             return []
         actions = self._expire(now)
         ready = next((i for i in self._queue if i.not_before <= now), None)

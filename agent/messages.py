@@ -25,6 +25,8 @@ class Lifecycle(StrEnum):
     ACKNOWLEDGED = "acknowledged"
     COALESCED = "coalesced"
     INTERRUPTED = "interrupted"
+    UPDATE = "update"
+    """A model update's progress or result (its id is the offer's)."""
 
 
 class Reason(StrEnum):

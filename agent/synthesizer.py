@@ -83,6 +83,7 @@ class Synthesizer:
         self._put = put
         self._report = report
         self._chimes = chimes or ChimePlan({}, {})
+        self._configured_phrases = tuple(phrases)
         self._phrases = deque(phrases)
         self._phrase_counts = {"total": len(phrases), "rendered": 0, "cached": 0}
         self._jobs: queue.Queue[_Job] = queue.Queue(maxsize=1)
@@ -258,6 +259,22 @@ class Synthesizer:
 
     # ---- phrases ----------------------------------------------------------------------------
 
+    def render_phrases_again(self) -> None:
+        """After a model switch: the configured phrases are rendered for the new model (its
+        digest is part of every cache key, so the old entries are simply not found)."""
+        self._phrases = deque(self._configured_phrases)
+
+    def _render_blocking(self, voice: Voice, ids: list[int], params: SynthesisParams) -> PCM16:
+        """A whole sentence for the cache; on a split voice decoded in chunks of the largest
+        size (bounded memory; within one PCM step of whole decoding)."""
+        if not voice.chunked:
+            return to_pcm16(self._infer(_PHRASES, partial(voice.ids_to_audio, ids, params)))
+        latent = self._infer(_PHRASES, partial(voice.encode, ids, params))
+        chunks, _ = frame_chunks(latent.frames, self._max_frames, self._max_frames)
+        return np.concatenate(
+            [to_pcm16(self._infer(_PHRASES, partial(voice.decode, latent, c))) for c in chunks]
+        )
+
     def _render_phrase_blocking(self, phrase: str, started: float) -> None:
         """Render one configured phrase with the default voice, whole sentences at a time."""
         choice = self._voices["default"]
@@ -268,11 +285,8 @@ class Synthesizer:
                 if self._cache.get(key, rate, count=False) is not None:  # checked, not trusted
                     self._phrase_counts["cached"] += 1
                     continue
-                ids = choice.voice.ids(sentence)
-                audio = self._infer(
-                    _PHRASES, partial(choice.voice.ids_to_audio, ids, choice.params)
-                )
-                self._cache.put(key, to_pcm16(audio), rate)
+                pcm = self._render_blocking(choice.voice, choice.voice.ids(sentence), choice.params)
+                self._cache.put(key, pcm, rate)
                 self._phrase_counts["rendered"] += 1
         except _CancelledError:
             self._phrases.appendleft(phrase)  # a request came first: render it again later

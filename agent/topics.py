@@ -48,6 +48,11 @@ class Topics:
         return f"{self.prefix}/{self.node_id}/voice"
 
     @property
+    def ota(self) -> str:
+        """Model update offers, cancel and rollback for this node (subscribed, QoS 1)."""
+        return f"{self.prefix}/{self.node_id}/ota"
+
+    @property
     def update(self) -> str:
         """The voice model's version for Home Assistant's update entity (published retained)."""
         return f"{self.prefix}/{self.node_id}/update"

@@ -104,6 +104,7 @@ def start_agent(
         audio: dict[str, Any] | None = None,
         sections: dict[str, dict[str, Any]] | None = None,
         env: dict[str, str] | None = None,
+        wait: bool = True,
         **speak: Any,
     ) -> RunningAgent:
         node_id = node_id or f"t{uuid.uuid4().hex[:8]}"
@@ -130,7 +131,8 @@ def start_agent(
         agent = RunningAgent(AgentProcess(path, log, environment), topics, capture, watcher)
         agent.process.start()
         started.append(agent)
-        agent.wait_online()
+        if wait:
+            agent.wait_online()
         return agent
 
     yield start

@@ -1,0 +1,88 @@
+"""The health check of a candidate voice model, run in its own process before a switch.
+
+`python -m agent.healthcheck MODEL [--reference OLD_MODEL] [--rate HZ]` loads the model,
+synthesizes fixed phrases with noise 0, and checks the audio is finite, not silent and of a
+plausible length for the text, that the sample rate is the one the device is open at, and that
+it is not much slower than the current model. It prints one JSON line and exits 0 when healthy.
+A crash, a hang or a memory blow-up of a bad model stays in this process: the caller limits its
+memory and time. Allowed imports: stdlib, numpy, `voice`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+
+from .voice import SynthesisParams, Voice
+
+PHRASES: Final = (
+    "Testing the new voice: one, two, three.",
+    "Fire alarm in hall two. Please leave the building.",
+)
+SECONDS_PER_CHARACTER: Final = (0.015, 0.25)
+"""Plausible speech length per character of text."""
+SILENCE_DBFS: Final = -55.0
+MAX_SLOWDOWN: Final = 3.0
+"""The candidate may take at most this many times the current model's compute time..."""
+SLOWDOWN_GRACE_SECONDS: Final = 0.25
+"""...or at most this much longer in all (timing noise on models that take milliseconds)."""
+
+
+def measure(model: Path, threads: int) -> tuple[int, float, float, list[str]]:
+    """(sample rate, compute seconds, audio seconds, problems) for the fixed phrases."""
+    voice = Voice.load(model, threads, None)
+    voice.prewarm()
+    params = SynthesisParams(0.0, voice.default_params.length_scale, 0.0)
+    problems: list[str] = []
+    compute = audio_seconds = 0.0
+    for phrase in PHRASES:
+        began = time.perf_counter()
+        parts = [voice.ids_to_audio(ids, params) for ids in voice.sentence_ids(phrase)]
+        compute += time.perf_counter() - began
+        audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        seconds = len(audio) / voice.sample_rate
+        audio_seconds += seconds
+        if not np.isfinite(audio).all():
+            problems.append("non_finite_audio")
+            continue
+        level = 10 * np.log10(float(np.mean(audio.astype(np.float64) ** 2)) + 1e-12)
+        if level < SILENCE_DBFS:
+            problems.append(f"silent ({level:.0f} dBFS)")
+        low, high = (len(phrase) * s for s in SECONDS_PER_CHARACTER)
+        if not low <= seconds <= high:
+            problems.append(f"implausible length {seconds:.2f} s for {len(phrase)} characters")
+    return voice.sample_rate, compute, audio_seconds, problems
+
+
+def main() -> int:
+    """Check MODEL; print {"ok": ..., "problems": [...], ...}."""
+    parser = argparse.ArgumentParser(description="Health check of a voice model.")
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--reference", type=Path, default=None)
+    parser.add_argument("--rate", type=int, default=None, help="the device's sample rate")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    rate, compute, audio, problems = measure(args.model, args.threads)
+    if args.rate is not None and rate != args.rate:
+        problems.append(f"sample rate {rate} Hz, the device runs at {args.rate} Hz")
+    report: dict[str, object] = {"rate": rate, "compute_s": compute, "audio_s": audio}
+    if args.reference is not None and not problems:
+        _, reference_compute, _, _ = measure(args.reference, args.threads)
+        report["slowdown"] = compute / max(reference_compute, 1e-6)
+        if compute > max(
+            MAX_SLOWDOWN * reference_compute, reference_compute + SLOWDOWN_GRACE_SECONDS
+        ):
+            problems.append(f"{compute / reference_compute:.1f}x slower than the current model")
+    report |= {"ok": not problems, "problems": problems}
+    print(json.dumps(report))
+    return 0 if not problems else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,567 @@
+"""Model updates over the air: verify, download, install into the other slot, check, switch.
+
+States and files under the OTA directory:
+- `state.json`: which slot is active, which was before, the installed release, and a pending
+  switch with its start-attempt count. Written atomically (temporary file, fsync, rename, fsync
+  of the directory), so a process killed at any moment finds either the old or the new state.
+- `staging/<sha256>.part`: downloads in progress (resumed with HTTP Range), `staging/<sha256>`
+  when complete and verified.
+- `slots/a`, `slots/b`: the two model slots. The factory model (config `tts.voice`) is release 0.
+
+An offer is verified (Ed25519 over the exact manifest bytes, expiry, target, release order)
+before any model byte is downloaded. Files are fetched with the sha256 computed on the fly,
+never past the manifest length, with bounded retries and a stall timeout; then hard-linked into
+the inactive slot, checked in a subprocess (memory and time limited), loaded and prewarmed here,
+and only then switched to, between announcements. A switch not yet confirmed by a successful
+start is rolled back after `ota.max_start_attempts` starts. Every step can be repeated.
+Allowed imports: stdlib, tenacity, `config`, `manifest`, `voice`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import queue
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from . import manifest as manifests
+from .config import OtaConfig
+from .manifest import FileEntry, Manifest, Refusal
+from .voice import Voice
+
+_LOGGER = logging.getLogger(__name__)
+
+_CHUNK: Final = 64 * 1024
+_SPARE_BYTES: Final = 32 * 1024 * 1024
+"""Free disk kept on top of the release's size."""
+FAULT_ENV: Final = "VOICE_AGENT_FAULT_AT"
+"""Test hook: the agent kills itself (SIGKILL) when it reaches this step of an update."""
+
+
+FINAL_STATES: Final = frozenset(
+    {"installed", "failed", "already_installed", "rolled_back", "cancelled", "busy"}
+)
+"""Report states after which an offer or command is over."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateReport:
+    """Progress or result of an update, for the events and Home Assistant's update entity."""
+
+    offer: str
+    state: str
+    """verifying, downloading, installing, checking, switching, installed, failed, cancelled,
+    already_installed, busy, rolled_back."""
+    progress: int | None = None
+    reason: str | None = None
+    detail: str = ""
+    release: int | None = None
+    version: str | None = None
+
+
+@dataclass(slots=True)
+class Pending:
+    slot: str
+    release: int
+    version: str
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class UpdateState:
+    """What `state.json` holds."""
+
+    release: int = 0
+    version: str | None = None
+    active: str | None = None
+    model: str | None = None
+    previous: str | None = None
+    previous_release: int = 0
+    previous_version: str | None = None
+    previous_model: str | None = None
+    pending: Pending | None = None
+    reports: list[dict[str, Any]] = field(default_factory=list)
+    """Results reached before they could be published (delivered after the next start)."""
+
+
+class _Cancelled(Exception):  # noqa: N818 - control flow, not an error
+    pass
+
+
+class UpdateError(Exception):
+    """An update step failed for a reason worth reporting."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+class _IncompleteError(OSError):
+    """The server closed the connection before the file's length: resume."""
+
+
+def fault_point(step: str) -> None:
+    """The test hook: SIGKILL this process at `step` when $VOICE_AGENT_FAULT_AT names it."""
+    if os.environ.get(FAULT_ENV) == step:
+        _LOGGER.warning("Fault injection: killed at %s", step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Updater:
+    """Runs one update at a time in its own thread; reports through `report`."""
+
+    def __init__(  # noqa: PLR0917 - the composition root passes every collaborator
+        self,
+        config: OtaConfig,
+        directory: Path,
+        factory_model: Path,
+        rate: int,
+        threads: int,
+        report: Callable[[UpdateReport], None],
+        swap: Callable[[Voice], bool],
+    ) -> None:
+        self._config = config
+        self._dir = directory
+        self._factory = factory_model
+        self._rate = rate
+        self._threads = threads
+        self._report = report
+        self._swap = swap
+        self._trusted: dict[str, Ed25519PublicKey] = {}
+        for text in config.trusted_keys:
+            key = manifests.public_key_from_text(text)
+            self._trusted[manifests.key_id(key)] = key
+        self._offers: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue(maxsize=1)
+        self._busy = threading.Event()
+        self._cancel = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run_blocking, name="updater", daemon=True)
+        self.state = load_state(directory)
+
+    # ---- start-up -----------------------------------------------------------------------------
+
+    def active_model(self) -> Path:
+        """The model file of the active slot, or the factory model."""
+        state = self.state
+        if state.active is None or state.model is None:
+            return self._factory
+        return self._dir / "slots" / state.active / state.model
+
+    def started(self) -> None:
+        """The agent is up with the active model: confirm a pending switch."""
+        if self.state.pending is not None:
+            fault_point("commit")
+            pending = self.state.pending
+            self.state = replace(self.state, pending=None)
+            save_state(self._dir, self.state)
+            self._report(
+                UpdateReport("start", "installed", release=pending.release, version=pending.version)
+            )
+        for earlier in self.state.reports:  # results reached while nobody could be told
+            self._report(UpdateReport(**earlier))
+        if self.state.reports:
+            self.state = replace(self.state, reports=[])
+            save_state(self._dir, self.state)
+
+    @property
+    def installed_version(self) -> str | None:
+        """The installed release's display version (None for the factory model)."""
+        return self.state.version
+
+    # ---- commands (any thread; never blocking) ------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop: an update in progress is cancelled (what was downloaded stays for a resume)."""
+        self._stopping.set()
+        self._cancel.set()
+        self._thread.join(timeout=10)
+
+    def command(self, offer_id: str, body: dict[str, Any]) -> None:
+        """An offer, `{"cancel": true}` or `{"rollback": true}`."""
+        if body.get("cancel") is True:
+            if self._busy.is_set():
+                self._cancel.set()
+            return
+        if self._busy.is_set():
+            self._report(UpdateReport(offer_id, "busy", reason="already_in_progress"))
+            return
+        try:
+            self._offers.put_nowait((offer_id, body))
+        except queue.Full:
+            self._report(UpdateReport(offer_id, "busy", reason="already_in_progress"))
+
+    # ---- the worker -------------------------------------------------------------------------
+
+    def _run_blocking(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                offer_id, body = self._offers.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self._busy.set()
+            self._cancel.clear()
+            try:
+                if body.get("rollback") is True:
+                    self._rollback_blocking(offer_id)
+                else:
+                    self._update_blocking(offer_id, body)
+            except _Cancelled:
+                self._report(UpdateReport(offer_id, "cancelled"))
+            except UpdateError as err:
+                _LOGGER.error("Update %s failed: %s", offer_id, err)
+                self._report(UpdateReport(offer_id, "failed", reason=err.reason, detail=err.detail))
+            except Exception as err:
+                _LOGGER.exception("Update %s failed", offer_id)
+                self._report(UpdateReport(offer_id, "failed", reason="internal", detail=str(err)))
+            finally:
+                self._busy.clear()
+
+    def _update_blocking(self, offer_id: str, body: dict[str, Any]) -> None:
+        self._report(UpdateReport(offer_id, "verifying"))
+        release = self._verified(body)
+        refusal = manifests.admissible(
+            release, datetime.now(UTC), self.state.release, self._config.device_class, "default"
+        )
+        if refusal is not None and refusal.reason == "already_installed":
+            self._report(UpdateReport(offer_id, "already_installed", release=release.release))
+            return
+        if refusal is not None:
+            raise UpdateError(refusal.reason, refusal.detail)
+        base = body.get("base_url")
+        if not isinstance(base, str) or urllib.parse.urlsplit(base).scheme not in ("http", "https"):
+            raise UpdateError("malformed", "base_url: expected an http(s) URL")
+        staged = self._download_blocking(offer_id, release, base)
+        fault_point("verify")
+        slot = self._install_blocking(offer_id, release, staged)
+        candidate = self._check_blocking(offer_id, release, slot)
+        self._switch_blocking(offer_id, release, slot, candidate)
+
+    def _verified(self, body: dict[str, Any]) -> Manifest:
+        if not self._trusted:
+            raise UpdateError("no_trusted_keys", "ota.trusted_keys is empty")
+        envelope = body.get("manifest")
+        if isinstance(envelope, dict):
+            data = json.dumps(envelope).encode()
+        elif isinstance(body.get("manifest_url"), str):
+            data = self._fetch_small(str(body["manifest_url"]))
+        else:
+            raise UpdateError("malformed", "expected `manifest` or `manifest_url`")
+        checked = manifests.verify(data, self._trusted)
+        if isinstance(checked, Refusal):
+            raise UpdateError(checked.reason, checked.detail)
+        return checked
+
+    def _fetch_small(self, url: str) -> bytes:
+        try:
+            with urllib.request.urlopen(url, timeout=self._config.download_timeout) as response:  # noqa: S310 - http(s) only
+                data: bytes = response.read(manifests.MAX_ENVELOPE_BYTES + 1)
+        except (OSError, ValueError) as err:
+            raise UpdateError("download_failed", f"manifest: {err}") from err
+        return data
+
+    # ---- download -----------------------------------------------------------------------------
+
+    def _download_blocking(self, offer_id: str, release: Manifest, base: str) -> dict[str, Path]:
+        staging = self._dir / "staging"
+        staging.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(staging).free
+        if free < release.total_bytes + _SPARE_BYTES:
+            raise UpdateError("no_space", f"{free} bytes free, {release.total_bytes} needed")
+        done = 0
+        staged: dict[str, Path] = {}
+        for entry in release.files:
+            url = urllib.parse.urljoin(base if base.endswith("/") else base + "/", entry.path)
+
+            def progress(got: int, before: int = done) -> None:
+                percent = int(100 * (before + got) / max(release.total_bytes, 1))
+                self._report(
+                    UpdateReport(offer_id, "downloading", progress=percent, release=release.release)
+                )
+
+            staged[entry.path] = self._fetch_file_blocking(url, staging, entry, progress)
+            done += entry.length
+        return staged
+
+    def _fetch_file_blocking(
+        self, url: str, staging: Path, entry: FileEntry, progress: Callable[[int], None]
+    ) -> Path:
+        final = staging / entry.sha256
+        if final.is_file() and _sha256_of(final) == entry.sha256:
+            return final
+        part = staging / f"{entry.sha256}.part"
+        retrying = Retrying(
+            stop=stop_after_attempt(self._config.download_retries),
+            wait=wait_random_exponential(multiplier=0.5, max=10),
+            retry=retry_if_exception_type((OSError, urllib.error.URLError)),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    self._fetch_part(url, part, entry, progress)
+        except UpdateError:
+            raise
+        except (OSError, urllib.error.URLError) as err:
+            raise UpdateError("download_failed", f"{entry.path}: {err}") from err
+        if _sha256_of(part) != entry.sha256:
+            part.unlink(missing_ok=True)
+            raise UpdateError(
+                "checksum_mismatch", f"{entry.path}: sha256 differs from the manifest"
+            )
+        os.replace(part, final)
+        return final
+
+    def _fetch_part(
+        self, url: str, part: Path, entry: FileEntry, progress: Callable[[int], None]
+    ) -> None:
+        have = part.stat().st_size if part.is_file() else 0
+        if have > entry.length:
+            part.unlink()
+            have = 0
+        request = urllib.request.Request(url)  # noqa: S310 - http(s) only (checked)
+        if have:
+            request.add_header("Range", f"bytes={have}-")
+        with urllib.request.urlopen(request, timeout=self._config.download_timeout) as response:  # noqa: S310
+            if have and response.status != 206:
+                part.unlink()  # it ignored the Range: nothing to resume from
+                raise UpdateError(
+                    "no_range_support", f"{url}: the server does not resume downloads"
+                )
+            with part.open("ab") as out:
+                fault_point("download")
+                while have < entry.length:
+                    if self._cancel.is_set():
+                        raise _Cancelled
+                    chunk = response.read1(min(_CHUNK, entry.length - have))  # never past length
+                    if not chunk:
+                        raise _IncompleteError(f"{url}: closed at {have} of {entry.length} bytes")
+                    out.write(chunk)
+                    have += len(chunk)
+                    progress(have)
+                out.flush()
+                os.fsync(out.fileno())
+
+    def _sleep(self, seconds: float) -> None:
+        if self._cancel.wait(seconds):
+            raise _Cancelled
+
+    # ---- install, check, switch -----------------------------------------------------------------
+
+    def _install_blocking(self, offer_id: str, release: Manifest, staged: dict[str, Path]) -> str:
+        self._report(UpdateReport(offer_id, "installing", release=release.release))
+        slot = "b" if self.state.active == "a" else "a"
+        target = self._dir / "slots" / slot
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        for name, source in staged.items():
+            os.link(source, target / name)
+        _fsync_dir(target)
+        fault_point("install")
+        return slot
+
+    def _check_blocking(self, offer_id: str, release: Manifest, slot: str) -> Voice:
+        self._report(UpdateReport(offer_id, "checking", release=release.release))
+        if self._cancel.is_set():
+            raise _Cancelled
+        model = self._dir / "slots" / slot / release.model.path
+        fault_point("healthcheck")
+        command = [sys.executable, "-m", "agent.healthcheck", str(model), "--rate", str(self._rate)]
+        command += ["--reference", str(self.active_model()), "--threads", str(self._threads)]
+        limit = self._config.health_memory_mb * 1024 * 1024
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=self._config.health_timeout,
+                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+                check=False,
+            )
+        except subprocess.TimeoutExpired as err:
+            raise UpdateError(
+                "health_check", f"no answer in {self._config.health_timeout:g} s"
+            ) from err
+        verdict = _last_json(result.stdout)
+        if result.returncode != 0 or not verdict.get("ok"):
+            problems = verdict.get("problems") or [_exit_reason(result.returncode, result.stderr)]
+            raise UpdateError("health_check", "; ".join(str(p) for p in problems)[:300])
+        if self._cancel.is_set():
+            raise _Cancelled
+        candidate = Voice.load(model, self._threads, None)
+        candidate.prewarm()
+        return candidate
+
+    def _switch_blocking(self, offer_id: str, release: Manifest, slot: str, voice: Voice) -> None:
+        self._report(UpdateReport(offer_id, "switching", release=release.release))
+        old = self.state
+        new = replace(
+            old,
+            release=release.release,
+            version=release.version,
+            active=slot,
+            model=release.model.path,
+            previous=old.active,
+            previous_release=old.release,
+            previous_version=old.version,
+            previous_model=old.model,
+            pending=Pending(slot, release.release, release.version),
+        )
+        fault_point("switch")
+        save_state(self._dir, new)  # the pointer: from here a restart starts with the new model
+        self.state = new
+        if not self._swap(voice):  # in this process, between two announcements
+            self._roll_back_state("the running agent could not switch")
+            save_state(self._dir, self.state)
+            raise UpdateError("switch_failed", "the running agent could not take the new model")
+        fault_point("commit")
+        self.state = replace(self.state, pending=None)  # confirmed: this process speaks with it
+        save_state(self._dir, self.state)
+        self._report(
+            UpdateReport(offer_id, "installed", release=release.release, version=release.version)
+        )
+        self._clean_staging(release)
+
+    def _rollback_blocking(self, offer_id: str) -> None:
+        if self.state.previous is None and self.state.active is None:
+            raise UpdateError("nothing_to_roll_back", "the factory model is active")
+        fault_point("rollback")
+        self._roll_back_state("rollback requested")
+        save_state(self._dir, self.state)
+        voice = Voice.load(self.active_model(), self._threads, None)
+        voice.prewarm()
+        if not self._swap(voice):
+            raise UpdateError("switch_failed", "the running agent could not take the model")
+        self._report(
+            UpdateReport(
+                offer_id, "rolled_back", release=self.state.release, version=self.state.version
+            )
+        )
+
+    def _roll_back_state(self, why: str) -> None:
+        self.state = rolled_back(self.state, why)
+
+    def _clean_staging(self, release: Manifest) -> None:
+        for entry in release.files:
+            (self._dir / "staging" / entry.sha256).unlink(missing_ok=True)
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+def start_model(config: OtaConfig, directory: Path, factory: Path) -> Path:
+    """At start, before the voices load: the model to start with. A switch not yet confirmed
+    counts this start; after `max_start_attempts` starts it is rolled back."""
+    state = load_state(directory)
+    if state.pending is not None:
+        state.pending.attempts += 1
+        if state.pending.attempts > config.max_start_attempts:
+            failed = state.pending
+            state = rolled_back(
+                state, f"{failed.attempts - 1} starts with release {failed.release}"
+            )
+            report = UpdateReport(
+                "start", "rolled_back", reason="start_failed", release=failed.release
+            )
+            state.reports.append(asdict(report))
+        save_state(directory, state)
+    if state.active is None or state.model is None:
+        return factory
+    return directory / "slots" / state.active / state.model
+
+
+def rolled_back(state: UpdateState, why: str) -> UpdateState:
+    """The state with the previous slot active again."""
+    _LOGGER.warning("Rolling back to release %d: %s", state.previous_release, why)
+    return replace(
+        state,
+        release=state.previous_release,
+        version=state.previous_version,
+        active=state.previous,
+        model=state.previous_model,
+        previous=state.active,
+        previous_release=state.release,
+        previous_version=state.version,
+        previous_model=state.model,
+        pending=None,
+    )
+
+
+def load_state(directory: Path) -> UpdateState:
+    """The persisted state (a fresh one when there is none)."""
+    path = directory / "state.json"
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+        pending = body.pop("pending", None)
+        return UpdateState(**body, pending=Pending(**pending) if pending else None)
+    except FileNotFoundError:
+        return UpdateState()
+    except (ValueError, TypeError) as err:  # written atomically, so only by hand or a bad disk
+        _LOGGER.error("%s is unreadable (%s): starting with the factory model", path, err)
+        return UpdateState()
+
+
+def save_state(directory: Path, state: UpdateState) -> None:
+    """Write the state atomically and durably: temporary file, fsync, rename, fsync of the dir."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".partial")
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        json.dump(asdict(state), out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, directory / "state.json")
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256_of(path: Path) -> str:
+    with path.open("rb") as data:
+        return hashlib.file_digest(data, "sha256").hexdigest()
+
+
+def _exit_reason(code: int, stderr: str) -> str:
+    """Why the health check process ended without a verdict: its signal or its last words."""
+    if code < 0:
+        return f"the check process was killed by {signal.Signals(-code).name}"
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return f"the check process failed (exit code {code}): {lines[-1] if lines else 'no output'}"
+
+
+def _last_json(text: str) -> Mapping[str, Any]:
+    for line in reversed(text.strip().splitlines()):
+        with contextlib.suppress(ValueError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                return value
+    return {}

@@ -1,0 +1,136 @@
+"""Operator side of model updates: keys, manifests, signatures, and a release server on a LAN.
+
+Used by `python -m ota` (see ota/__main__.py) and by the tests. The manifest format and its
+verification live in `agent.manifest`, the one place both sides read.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.server
+import json
+import os
+import re
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from agent import manifest as manifests
+
+
+def generate_key(directory: Path, name: str = "release") -> tuple[Path, str]:
+    """A new Ed25519 key pair: the private key (PEM, mode 600) and the public key as the
+    base64 text that goes into the nodes' `ota.trusted_keys`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    private = Ed25519PrivateKey.generate()
+    path = directory / f"{name}.key"
+    pem = private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(pem)
+    return path, public_text(private)
+
+
+def public_text(private: Ed25519PrivateKey) -> str:
+    """The base64 of the raw public key."""
+    raw = private.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+    return base64.b64encode(raw).decode()
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    """A private key written by `generate_key`."""
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path}: not an Ed25519 private key")
+    return key
+
+
+def build_manifest(
+    model: Path,
+    release: int,
+    version: str,
+    *,
+    expires_in: timedelta = timedelta(days=30),
+    device_class: str = "voice-agent",
+    voice: str = "default",
+    notes: str = "",
+) -> bytes:
+    """The manifest of a model and its .onnx.json (lengths and sha256 read from the files)."""
+    files = []
+    for path in (model, Path(f"{model}.json")):
+        data = path.read_bytes()
+        files.append(
+            {"path": path.name, "length": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        )
+    body = {
+        "format": manifests.FORMAT,
+        "release": release,
+        "expires": (datetime.now(UTC) + expires_in).isoformat(timespec="seconds"),
+        "target": {"device_class": device_class, "voice": voice},
+        "version": version,
+        "notes": notes,
+        "files": files,
+    }
+    return json.dumps(body, indent=1).encode()
+
+
+def sign(manifest: bytes, keys: Sequence[Ed25519PrivateKey]) -> bytes:
+    """The signed envelope (Ed25519 over the exact manifest bytes)."""
+    return manifests.sign(manifest, keys)
+
+
+def publish_release(directory: Path, model: Path, envelope: bytes) -> Path:
+    """Lay a release out for the server: its files and `manifest.json` in one folder."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in (model, Path(f"{model}.json")):
+        (directory / path.name).write_bytes(path.read_bytes())
+    (directory / "manifest.json").write_bytes(envelope)
+    return directory
+
+
+class RangeRequestHandler(http.server.SimpleHTTPRequestHandler):
+    """Static files with `Range: bytes=N-` support (what the nodes resume downloads with)."""
+
+    def send_head(self):  # type: ignore[no-untyped-def]
+        match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
+        path = Path(self.translate_path(self.path))
+        if match is None or not path.is_file():
+            return super().send_head()
+        size = path.stat().st_size
+        start = int(match.group(1))
+        if start >= size:
+            self.send_error(416)
+            return None
+        handle = path.open("rb")
+        handle.seek(start)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        self.send_header("Content-Length", str(size - start))
+        self.end_headers()
+        return handle
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the tool prints its own progress."""
+
+
+def serve(directory: Path, port: int, host: str = "0.0.0.0") -> http.server.ThreadingHTTPServer:  # noqa: S104 - a LAN server
+    """Serve release folders over HTTP with Range, in a background thread."""
+
+    def handler(*args: object) -> RangeRequestHandler:
+        return RangeRequestHandler(*args, directory=str(directory))  # type: ignore[arg-type]
+
+    server = http.server.ThreadingHTTPServer((host, port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server

@@ -1,0 +1,553 @@
+"""Model updates, in process: manifests refused for every reason in the threat table, downloads
+against a misbehaving real HTTP server, health checks of broken models, cancel, busy, rollback,
+and the return to the previous model after failed starts. (With agents and a broker:
+test_ota_fleet.py.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from agent import manifest as manifests
+from agent.config import OtaConfig
+from agent.manifest import Manifest, Refusal
+from agent.updater import (
+    FINAL_STATES,
+    Pending,
+    Updater,
+    UpdateReport,
+    load_state,
+    save_state,
+    start_model,
+)
+from agent.voice import Voice
+from ota import release
+from tests.release_server import ReleaseServer
+from tests.support import TIMEOUT, wait_until
+from tests.tiny_voice import write_tiny_voice
+
+pytestmark = pytest.mark.allow_error_logs  # failed updates are logged as errors, by design
+
+
+@dataclass
+class Release:
+    """A signed release laid out for the server."""
+
+    envelope: bytes
+    directory: Path
+    model: Path
+
+    def offer(self, base_url: str, **extra: Any) -> dict[str, Any]:
+        """The body of an offer of this release."""
+        return {"manifest": json.loads(self.envelope), "base_url": base_url, **extra}
+
+
+def make_release(
+    root: Path,
+    key: Ed25519PrivateKey,
+    number: int,
+    *,
+    gain: float = 0.006,
+    fault: str | None = None,
+    expires_in: timedelta = timedelta(days=1),
+    device_class: str = "voice-agent",
+) -> Release:
+    """A release of a tiny voice (its own gain, so its own sha256) in root/r<number>/."""
+    source = root / f"src{number}"
+    source.mkdir(parents=True, exist_ok=True)
+    model = write_tiny_voice(source, f"voice{number}.onnx", gain=gain, fault=fault)
+    body = release.build_manifest(
+        model, number, f"{number}.0", expires_in=expires_in, device_class=device_class
+    )
+    envelope = release.sign(body, [key])
+    directory = release.publish_release(root / f"r{number}", model, envelope)
+    return Release(envelope, directory, model)
+
+
+@dataclass
+class Harness:
+    """An Updater with a recording report and swap, and the server it downloads from."""
+
+    updater: Updater
+    server: ReleaseServer
+    directory: Path
+    reports: list[UpdateReport] = field(default_factory=list)
+    swapped: list[Voice] = field(default_factory=list)
+
+    def run(self, body: dict[str, Any], offer: str = "o1") -> UpdateReport:
+        """Send a command and wait for its final report."""
+        self.updater.command(offer, body)
+        return self.final(offer)
+
+    def final(self, offer: str) -> UpdateReport:
+        """Wait for the final report of an offer."""
+        wait_until(lambda: bool(self.finals(offer)), TIMEOUT, f"final report of {offer}")
+        return self.finals(offer)[-1]
+
+    def finals(self, offer: str) -> list[UpdateReport]:
+        """Final reports of an offer so far."""
+        return [r for r in list(self.reports) if r.offer == offer and r.state in FINAL_STATES]
+
+    def files_written(self) -> list[Path]:
+        """Everything under the update directory except the state."""
+        return [p for p in self.directory.rglob("*") if p.is_file() and p.name != "state.json"]
+
+
+@pytest.fixture(scope="module")
+def key() -> Ed25519PrivateKey:
+    """The release signing key."""
+    return Ed25519PrivateKey.generate()
+
+
+@pytest.fixture
+def harness(
+    tmp_path: Path, tiny_voice: Path, key: Ed25519PrivateKey, request: pytest.FixtureRequest
+) -> Iterator[Harness]:
+    """An updater trusting `key`, serving tmp_path/releases; knobs via indirect params."""
+    overrides: dict[str, Any] = getattr(request, "param", {})
+    config = OtaConfig(
+        trusted_keys=(release.public_text(key),),
+        download_timeout=overrides.get("download_timeout", 5.0),
+        download_retries=overrides.get("download_retries", 3),
+        health_timeout=overrides.get("health_timeout", 60.0),
+        health_memory_mb=overrides.get("health_memory_mb", 2048),
+    )
+    server = ReleaseServer(tmp_path / "releases").start()
+    reports: list[UpdateReport] = []
+    swapped: list[Voice] = []
+    updater = Updater(
+        config,
+        tmp_path / "ota",
+        tiny_voice,
+        22050,
+        1,
+        reports.append,
+        lambda voice: not swapped.append(voice),  # type: ignore[func-returns-value]
+    )
+    updater.start()
+    yield Harness(updater, server, tmp_path / "ota", reports, swapped)
+    updater.stop()
+    server.stop()
+
+
+def released(harness: Harness, key: Ed25519PrivateKey, number: int, **kwargs: Any) -> Release:
+    """A release published where the harness's server serves."""
+    return make_release(harness.server.directory, key, number, **kwargs)
+
+
+def url(harness: Harness, item: Release) -> str:
+    """The base URL of a release on the harness's server."""
+    return f"{harness.server.url}{item.directory.name}/"
+
+
+# ---- manifests: refused before any model byte is written ---------------------------------------
+
+
+def _envelope(body: dict[str, Any], key: Ed25519PrivateKey) -> bytes:
+    return manifests.sign(json.dumps(body).encode(), [key])
+
+
+def _body(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "format": 1,
+        "release": 2,
+        "expires": (datetime.now(UTC) + timedelta(days=1)).isoformat(),
+        "target": {"device_class": "voice-agent", "voice": "default"},
+        "version": "2.0",
+        "notes": "",
+        "files": [
+            {"path": "v.onnx", "length": 10, "sha256": "a" * 64},
+            {"path": "v.onnx.json", "length": 10, "sha256": "b" * 64},
+        ],
+    }
+    return body | changes
+
+
+def _trusted(*keys: Ed25519PrivateKey) -> dict[str, Any]:
+    return {manifests.key_id(k.public_key()): k.public_key() for k in keys}
+
+
+def _reason(result: Manifest | Refusal) -> str:
+    return result.reason if isinstance(result, Refusal) else "accepted"
+
+
+def test_a_signed_manifest_is_read_and_any_trusted_key_may_sign(key: Ed25519PrivateKey) -> None:
+    """Two trusted keys (rotation): a manifest signed by the second is accepted."""
+    newer = Ed25519PrivateKey.generate()
+    result = manifests.verify(_envelope(_body(), newer), _trusted(key, newer))
+    assert isinstance(result, Manifest), result
+    assert (result.release, result.version, result.model.path) == (2, "2.0", "v.onnx")
+
+
+def _flip(data: bytes, index: int) -> bytes:
+    return data[:index] + bytes([data[index] ^ 1]) + data[index + 1 :]
+
+
+def test_signature_refusals(key: Ed25519PrivateKey) -> None:
+    """Unsigned, a flipped byte in the manifest or in the signature, an unknown key."""
+    trusted = _trusted(key)
+    signed = json.loads(_envelope(_body(), key))
+    raw = base64.b64decode(signed["manifest"])
+    sig = base64.b64decode(signed["signatures"][0]["sig"])
+    flipped_manifest = signed | {"manifest": base64.b64encode(_flip(raw, 40)).decode()}
+    flipped_sig = signed | {
+        "signatures": [signed["signatures"][0] | {"sig": base64.b64encode(_flip(sig, 5)).decode()}]
+    }
+    cases = {
+        "unsigned": signed | {"signatures": []},
+        "bad_signature": flipped_manifest,
+        "bad_signature ": flipped_sig,
+        "unknown_key": json.loads(_envelope(_body(), Ed25519PrivateKey.generate())),
+        "malformed": {"manifest": "%%%", "signatures": []},
+    }
+    for expected, envelope in cases.items():
+        result = manifests.verify(json.dumps(envelope).encode(), trusted)
+        assert _reason(result) == expected.strip(), (expected, result)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"files": [{"path": "../v.onnx", "length": 1, "sha256": "a" * 64}]}, "malformed"),
+        ({"files": [{"path": "/etc/v.onnx", "length": 1, "sha256": "a" * 64}]}, "malformed"),
+        ({"files": [{"path": "sub/v.onnx", "length": 1, "sha256": "a" * 64}]}, "malformed"),
+        ({"files": [{"path": "v.onnx", "length": -1, "sha256": "a" * 64}]}, "malformed"),
+        ({"files": [{"path": "v.onnx", "length": 1, "sha256": "XYZ"}]}, "malformed"),
+        ({"files": [{"path": "v.onnx", "length": 1, "sha256": "a" * 64}]}, "malformed"),
+        ({"release": "2"}, "malformed"),
+        ({"expires": "2030-01-01T00:00:00"}, "malformed"),
+        ({"format": 2}, "malformed"),
+    ],
+)
+def test_malformed_manifests_are_refused(
+    key: Ed25519PrivateKey, changes: dict[str, Any], reason: str
+) -> None:
+    """Path traversal names, bad lengths or hashes, a model without its .onnx.json, wrong types."""
+    assert _reason(manifests.verify(_envelope(_body(**changes), key), _trusted(key))) == reason
+
+
+def test_admissible_refuses_expired_downgrade_same_and_wrong_target(
+    key: Ed25519PrivateKey,
+) -> None:
+    """Order and target are checked after the signature, with the node's own facts."""
+    result = manifests.verify(_envelope(_body(), key), _trusted(key))
+    assert isinstance(result, Manifest)
+    now = datetime.now(UTC)
+
+    def reason(when: datetime = now, installed: int = 1, device: str = "voice-agent") -> str:
+        refusal = manifests.admissible(result, when, installed, device, "default")
+        return "ok" if refusal is None else refusal.reason
+
+    assert reason() == "ok"
+    assert reason(when=now + timedelta(days=2)) == "expired"
+    assert reason(installed=3) == "downgrade"
+    assert reason(installed=2) == "already_installed"
+    assert reason(device="pi-zero") == "wrong_target"
+
+
+@pytest.mark.parametrize(
+    ("number", "kwargs", "reason"),
+    [
+        (1, {"expires_in": timedelta(seconds=-5)}, "expired"),
+        (1, {"device_class": "pi-zero"}, "wrong_target"),
+    ],
+)
+def test_refused_offers_write_nothing_and_fetch_nothing(
+    harness: Harness, key: Ed25519PrivateKey, number: int, kwargs: dict[str, Any], reason: str
+) -> None:
+    """An inadmissible manifest: refused with its reason, no request to the server, no file."""
+    item = released(harness, key, number, **kwargs)
+    report = harness.run(item.offer(url(harness, item)))
+    assert (report.state, report.reason) == ("failed", reason)
+    assert harness.server.behaviour.requests == []
+    assert harness.files_written() == []
+    assert harness.swapped == []
+
+
+def test_a_manifest_signed_by_an_untrusted_key_fetches_nothing(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """The same release signed by a stranger's key."""
+    item = make_release(harness.server.directory, Ed25519PrivateKey.generate(), 1)
+    report = harness.run(item.offer(url(harness, item)))
+    assert (report.state, report.reason) == ("failed", "unknown_key")
+    assert harness.server.behaviour.requests == []
+    assert harness.files_written() == []
+
+
+# ---- the whole path, and the order of releases ------------------------------------------------
+
+
+def test_install_switches_and_a_lower_or_same_release_is_refused(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """Release 2 installs into a slot and is swapped in; 2 again is a no-op; 1 is a downgrade."""
+    second = released(harness, key, 2)
+    first = released(harness, key, 1)
+    report = harness.run(second.offer(url(harness, second)))
+    assert (report.state, report.release, report.version) == ("installed", 2, "2.0")
+    assert [v.sha256 for v in harness.swapped] == [Voice.load(second.model, 1, None).sha256]
+    state = load_state(harness.directory)
+    assert (state.release, state.active, state.pending) == (2, "a", None)
+    assert harness.updater.active_model().read_bytes() == second.model.read_bytes()
+    requests = len(harness.server.behaviour.requests)
+
+    again = harness.run(second.offer(url(harness, second)), "o2")
+    older = harness.run(first.offer(url(harness, first)), "o3")
+    assert (again.state, older.state, older.reason) == ("already_installed", "failed", "downgrade")
+    assert len(harness.server.behaviour.requests) == requests  # nothing fetched for either
+    assert len(harness.swapped) == 1
+    progress = [r.progress or 0 for r in harness.reports if r.state == "downloading"]
+    assert progress == sorted(progress)
+    assert progress[-1] == 100
+
+
+def test_files_mixed_from_two_releases_are_refused(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """Release 3's manifest over a folder holding release 2's .onnx.json: the hash differs."""
+    second = released(harness, key, 2)
+    third = released(harness, key, 3, gain=0.007)
+    mixed = third.directory / f"{third.model.name}.json"
+    other = json.loads((second.directory / f"{second.model.name}.json").read_text())
+    mixed.write_text(json.dumps(other | {"language": "mixed"}), encoding="utf-8")
+    report = harness.run(third.offer(url(harness, third)))
+    assert (report.state, report.reason) == ("failed", "checksum_mismatch")
+    assert load_state(harness.directory).release == 0
+    assert harness.swapped == []
+    assert not (harness.directory / "slots").exists()
+
+
+def test_a_file_of_another_length_is_refused(harness: Harness, key: Ed25519PrivateKey) -> None:
+    """The server's model is one byte short of the manifest: retried, then refused."""
+    item = released(harness, key, 2)
+    model = item.directory / item.model.name
+    model.write_bytes(model.read_bytes()[:-1])
+    report = harness.run(item.offer(url(harness, item)))
+    assert report.state == "failed"
+    assert report.reason == "download_failed"
+    assert "closed at" in report.detail
+    assert harness.swapped == []
+
+
+def test_not_enough_disk_is_refused_before_downloading(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """A manifest whose files need more than the free disk: `no_space`, nothing fetched."""
+    body = _body(
+        release=5,
+        files=[
+            {"path": "v.onnx", "length": 10**15, "sha256": "a" * 64},
+            {"path": "v.onnx.json", "length": 10, "sha256": "b" * 64},
+        ],
+    )
+    offer = {"manifest": json.loads(_envelope(body, key)), "base_url": harness.server.url}
+    report = harness.run(offer)
+    assert (report.state, report.reason) == ("failed", "no_space")
+    assert harness.server.behaviour.requests == []
+
+
+# ---- downloads against a misbehaving server ---------------------------------------------------
+
+
+def test_a_cut_download_is_resumed_with_range(harness: Harness, key: Ed25519PrivateKey) -> None:
+    """The connection closes after 700 bytes: the next request asks for the rest."""
+    item = released(harness, key, 2)
+    harness.server.behaviour.cut_after = 700
+    report = harness.run(item.offer(url(harness, item)))
+    assert report.state == "installed", report
+    ranges = [r for _, r in harness.server.behaviour.requests if r is not None]
+    assert ranges[:2] == ["bytes=700-", "bytes=700-"]  # the model, then its .onnx.json
+    assert harness.updater.active_model().read_bytes() == item.model.read_bytes()
+
+
+def test_a_server_without_range_fails_cleanly(harness: Harness, key: Ed25519PrivateKey) -> None:
+    """Cut, and the server answers the resume with the whole file (200): refused, cleaned up."""
+    item = released(harness, key, 2)
+    harness.server.behaviour.cut_after = 700
+    harness.server.behaviour.honour_range = False
+    report = harness.run(item.offer(url(harness, item)))
+    assert (report.state, report.reason) == ("failed", "no_range_support")
+    assert list((harness.directory / "staging").glob("*.part")) == []
+    assert harness.swapped == []
+
+
+def test_endless_data_is_cut_at_the_manifest_length(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """The server sends the file, then zeros forever: the agent reads exactly the length."""
+    item = released(harness, key, 2)
+    harness.server.behaviour.endless = True
+    report = harness.run(item.offer(url(harness, item)))
+    assert report.state == "installed", report
+    installed = harness.updater.active_model()
+    assert installed.read_bytes() == item.model.read_bytes()
+    assert (installed.parent / f"{item.model.name}.json").stat().st_size == Path(
+        f"{item.model}.json"
+    ).stat().st_size
+
+
+@pytest.mark.parametrize(
+    "harness", [{"download_timeout": 1.0, "download_retries": 2}], indirect=True
+)
+def test_a_stalled_server_times_out(harness: Harness, key: Ed25519PrivateKey) -> None:
+    """The server stops sending after 500 bytes and holds the connection: retried, then failed."""
+    item = released(harness, key, 2)
+    harness.server.behaviour.stall_after = 500
+    report = harness.run(item.offer(url(harness, item)))
+    assert (report.state, report.reason) == ("failed", "download_failed")
+    assert "timed out" in report.detail
+    names = [name for name, _ in harness.server.behaviour.requests]
+    assert names.count(f"r2/{item.model.name}.json") == 2  # two attempts, then it gave up
+
+
+# ---- health checks of broken models -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "harness", [{"health_timeout": 5.0, "health_memory_mb": 300}], indirect=True
+)
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"gain": float("nan")}, "non_finite_audio"),
+        ({"gain": 0.0}, "silent"),
+        ({"fault": "hang"}, "no answer in 5 s"),
+        ({"fault": "heavy"}, "the check process failed"),
+    ],
+    ids=["nan", "silent", "hang", "memory"],
+)
+def test_a_broken_model_fails_the_health_check_and_nothing_changes(
+    harness: Harness, key: Ed25519PrivateKey, kwargs: dict[str, Any], expected: str
+) -> None:
+    """NaN, silence, a hang, a memory blow-up: reported with the reason, the old model stays."""
+    item = released(harness, key, 2, **kwargs)
+    report = harness.run(item.offer(url(harness, item)))
+    assert (report.state, report.reason) == ("failed", "health_check")
+    assert expected in report.detail, report.detail
+    assert harness.swapped == []
+    state = load_state(harness.directory)
+    assert (state.release, state.active, state.pending) == (0, None, None)
+
+
+def test_a_model_that_is_not_a_model_fails_the_health_check(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """Garbage with the right hash (signed as it is): the check process fails to load it."""
+    item = released(harness, key, 2)
+    item.model.write_bytes(b"not an onnx model" * 50)
+    envelope = release.sign(release.build_manifest(item.model, 2, "2.0"), [key])
+    release.publish_release(item.directory, item.model, envelope)
+    report = harness.run({"manifest": json.loads(envelope), "base_url": url(harness, item)})
+    assert (report.state, report.reason) == ("failed", "health_check")
+    assert "the check process failed" in report.detail
+    assert harness.swapped == []
+
+
+# ---- commands: busy, cancel, rollback ---------------------------------------------------------
+
+
+def test_a_second_offer_while_one_runs_is_answered_busy_and_cancel_stops_the_first(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """A slow download: a second offer gets `busy`; cancel ends the first; nothing switched."""
+    item = released(harness, key, 2)
+    harness.server.behaviour.bytes_per_second = 1000
+    harness.updater.command("first", item.offer(url(harness, item)))
+    wait_until(lambda: any(r.state == "downloading" for r in harness.reports), what="downloading")
+    second = harness.run(item.offer(url(harness, item)), "second")
+    assert (second.state, second.reason) == ("busy", "already_in_progress")
+    harness.updater.command("c", {"cancel": True})
+    assert harness.final("first").state == "cancelled"
+    assert harness.swapped == []
+    assert load_state(harness.directory).release == 0
+    # Cancelled, not lost: the next offer resumes from what was downloaded.
+    harness.server.behaviour.bytes_per_second = None
+    requests = len(harness.server.behaviour.requests)
+    assert harness.run(item.offer(url(harness, item)), "third").state == "installed"
+    assert harness.server.behaviour.requests[requests][1] is not None  # a Range request
+
+
+def test_rollback_returns_to_the_previous_model(
+    harness: Harness, key: Ed25519PrivateKey, tiny_voice: Path
+) -> None:
+    """Install 2 then 3; rollback goes to 2, a second rollback to 3 (the other slot)."""
+    for number, gain in ((2, 0.006), (3, 0.007)):
+        item = released(harness, key, number, gain=gain)
+        assert harness.run(item.offer(url(harness, item)), f"o{number}").state == "installed"
+    back = harness.run({"rollback": True}, "back")
+    assert (back.state, back.release, back.version) == ("rolled_back", 2, "2.0")
+    assert harness.updater.active_model().name == "voice2.onnx"
+    assert harness.swapped[-1].path == harness.updater.active_model()
+    state = load_state(harness.directory)
+    assert (state.release, state.previous_release) == (2, 3)
+
+
+def test_rollback_with_nothing_installed_is_refused(harness: Harness) -> None:
+    """The factory model has nothing before it."""
+    report = harness.run({"rollback": True})
+    assert (report.state, report.reason) == ("failed", "nothing_to_roll_back")
+
+
+# ---- starts with an unconfirmed model --------------------------------------------------------
+
+
+def test_failed_starts_return_to_the_previous_slot(tmp_path: Path, tiny_voice: Path) -> None:
+    """A switch no start ever confirmed: each start counts; after the limit, the old slot."""
+    config = OtaConfig(trusted_keys=("x",), max_start_attempts=3)
+    directory = tmp_path / "ota"
+    state = load_state(directory)
+    state.release, state.active, state.model, state.version = 4, "b", "voice4.onnx", "4.0"
+    state.previous, state.previous_release, state.previous_model = "a", 3, "voice3.onnx"
+    state.pending = Pending("b", 4, "4.0")
+    save_state(directory, state)
+    starts = [start_model(config, directory, tiny_voice) for _ in range(4)]
+    assert [p.name for p in starts] == ["voice4.onnx"] * 3 + ["voice3.onnx"]
+    after = load_state(directory)
+    assert (after.release, after.active, after.pending) == (3, "a", None)
+    assert after.reports[0]["state"] == "rolled_back"
+    assert after.reports[0]["reason"] == "start_failed"
+    assert start_model(config, directory, tiny_voice).name == "voice3.onnx"  # and stays there
+
+
+def test_an_unreadable_state_file_starts_the_factory_model(
+    tmp_path: Path, tiny_voice: Path
+) -> None:
+    """A state file damaged by hand or disk: the configured model, and an error in the log."""
+    directory = tmp_path / "ota"
+    directory.mkdir()
+    (directory / "state.json").write_text("{not json", encoding="utf-8")
+    assert start_model(OtaConfig(trusted_keys=("x",)), directory, tiny_voice) == tiny_voice
+
+
+def test_reports_reached_before_a_start_are_delivered_by_started(
+    tmp_path: Path, tiny_voice: Path
+) -> None:
+    """The rollback after failed starts is reported once the agent is up."""
+    directory = tmp_path / "ota"
+    state = load_state(directory)
+    state.reports.append({"offer": "start", "state": "rolled_back", "reason": "start_failed"})
+    save_state(directory, state)
+    reports: queue.Queue[UpdateReport] = queue.Queue()
+    key = Ed25519PrivateKey.generate()
+    updater = Updater(
+        OtaConfig(trusted_keys=(release.public_text(key),)),
+        directory,
+        tiny_voice,
+        22050,
+        1,
+        reports.put,
+        lambda _voice: True,
+    )
+    updater.started()
+    assert reports.get_nowait().state == "rolled_back"
+    assert load_state(directory).reports == []
