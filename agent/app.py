@@ -31,7 +31,7 @@ from .config import (
     resolve_storage_dir,
 )
 from .core import SpeakCore
-from .discovery import DeviceInfo, discovery_messages
+from .discovery import DeviceInfo, discovery_messages, update_state
 from .journal import ENDED, QUEUED, STARTED, Journal
 from .messages import (
     Acknowledge,
@@ -456,10 +456,15 @@ class App:
         in_progress = report.state in _UPDATE_RUNNING
         self._update_view = {
             "latest": report.version or self._update_view.get("latest"),
+            "notes": report.notes or self._update_view.get("notes"),
             "progress": report.progress if in_progress else None,
             "in_progress": in_progress,
         }
-        details = {k: v for k, v in asdict(report).items() if v not in (None, "") and k != "offer"}
+        details = {
+            k: v
+            for k, v in asdict(report).items()
+            if v not in (None, "") and k not in {"offer", "notes"}
+        }
         self._handle_notify(Notify(report.offer, Lifecycle.UPDATE, details), now)
         self._publish_update_state()
 
@@ -473,16 +478,17 @@ class App:
         installed = (self._updater.installed_version if self._updater else None) or voice.sha256[
             :12
         ]
-        latest = self._update_view.get("latest")
         view = self._update_view
-        body = {
-            "installed_version": installed,
-            "latest_version": latest if view.get("in_progress") and latest else installed,
-            "title": f"Voice model {voice.path.stem}",
-            "in_progress": bool(view.get("in_progress")),
-            "update_percentage": view.get("progress"),
-        }
-        self._link.publish(self._topics.update, json.dumps(body), retain=True)
+        progress, notes = view.get("progress"), view.get("notes")
+        body = update_state(
+            installed,
+            str(view["latest"]) if view.get("latest") else None,
+            f"Voice model {voice.path.stem}",
+            in_progress=bool(view.get("in_progress")),
+            percentage=progress if isinstance(progress, int) else None,
+            notes=str(notes) if notes else None,
+        )
+        self._link.publish(self._topics.update, body, retain=True)
 
     def _on_ota_message(self, topic: str, payload: bytes, delivery: Delivery) -> None:
         """On the MQTT thread: an offer, a cancel or a rollback; the updater works on it."""

@@ -192,13 +192,24 @@ def _sensors(state: str) -> list[tuple[str, str, dict[str, object]]]:
     ]
 
 
-def update_state(installed: str, latest: str | None, title: str) -> bytes:
-    """The update entity's state: no update available until a model update is offered."""
-    body = {
+def update_state(
+    installed: str,
+    latest: str | None,
+    title: str,
+    *,
+    in_progress: bool = False,
+    percentage: int | None = None,
+    notes: str | None = None,
+) -> bytes:
+    """The update entity's state: `latest` is shown only while it is being installed (updates
+    are pushed by the operator, so there is never one waiting for Home Assistant to start)."""
+    body: dict[str, object] = {
         "installed_version": installed,
-        "latest_version": latest or installed,
+        "latest_version": latest if in_progress and latest else installed,
         "title": title,
-        "in_progress": False,
-        "update_percentage": None,
+        "in_progress": in_progress,
+        "update_percentage": percentage,
     }
+    if notes:
+        body["release_summary"] = notes[:255]
     return json.dumps(body, separators=(",", ":")).encode("utf-8")

@@ -106,7 +106,11 @@ def verify(envelope: bytes, trusted: Mapping[str, Ed25519PublicKey]) -> Manifest
         return Refusal("malformed", f"not a signed envelope: {err}"[:200])
     if not signatures:
         return Refusal("unsigned", "the manifest carries no signature")
-    known = [s for s in signatures if isinstance(s, dict) and s.get("keyid") in trusted]
+    known = [
+        s
+        for s in signatures
+        if isinstance(s, dict) and isinstance(s.get("keyid"), str) and s["keyid"] in trusted
+    ]
     if not known:
         return Refusal("unknown_key", "no signature by a trusted key")
     for entry in known:
@@ -122,7 +126,9 @@ def verify(envelope: bytes, trusted: Mapping[str, Ed25519PublicKey]) -> Manifest
 
 def _parse(data: bytes) -> Manifest | Refusal:
     try:
-        body: dict[str, Any] = json.loads(data)
+        body = json.loads(data)
+        if not isinstance(body, dict):
+            raise TypeError("the manifest is not a JSON object")
         if body.get("format") != FORMAT:
             raise ValueError(f"format {body.get('format')!r}, expected {FORMAT}")
         files = tuple(_file(f) for f in body["files"])

@@ -77,6 +77,8 @@ class UpdateReport:
     detail: str = ""
     release: int | None = None
     version: str | None = None
+    notes: str | None = None
+    """The manifest's release notes (for Home Assistant's update entity, not the events)."""
 
 
 @dataclass(slots=True)
@@ -299,7 +301,14 @@ class Updater:
             def progress(got: int, before: int = done) -> None:
                 percent = int(100 * (before + got) / max(release.total_bytes, 1))
                 self._report(
-                    UpdateReport(offer_id, "downloading", progress=percent, release=release.release)
+                    UpdateReport(
+                        offer_id,
+                        "downloading",
+                        progress=percent,
+                        release=release.release,
+                        version=release.version,
+                        notes=release.notes,
+                    )
                 )
 
             staged[entry.path] = self._fetch_file_blocking(url, staging, entry, progress)

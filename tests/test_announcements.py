@@ -86,8 +86,10 @@ def test_an_alarm_preempts_a_long_chat_within_100_ms_with_a_fade(paced: RunningA
     join = played[cut - RATE // 200 : cut + 1].astype(np.int32)  # the last 5 ms, into the chime
     assert np.abs(before).max() > 1000  # there was speech before the cut
     assert abs(int(played[cut - 1])) <= 50  # faded to silence before the chime
-    # "no click": no step across the cut larger than the speech's own steps just before it
-    threshold = np.abs(np.diff(before)).max()
+    # "no click": a hard cut would step by the speech's amplitude (thousands here); across the
+    # faded join no step exceeds 1.5x the speech's own largest step just before it (the fade
+    # period's own speech may step a little more than the 90 ms before it)
+    threshold = 1.5 * np.abs(np.diff(before)).max()
     assert np.abs(np.diff(join)).max() <= threshold, (np.abs(np.diff(join)).max(), threshold)
     speech = played[cut + len(chime) :].astype(np.float64)
     assert len(speech) > 0.8 * RATE  # the alarm's words follow its chime

