@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench soak clean
+.PHONY: setup run test test-slow lint bench soak clean
 
 setup: $(STAMP)
 
@@ -15,6 +15,9 @@ run: $(STAMP)  ## run the agent (starts a loopback Mosquitto if no broker answer
 
 test: $(STAMP)  ## every test: unit, and integration against a real Mosquitto and ALSA
 	$(VENV)/bin/pytest
+
+test-slow: $(STAMP)  ## the tests marked slow (a minute or more each of real-time audio)
+	$(VENV)/bin/pytest -m slow
 
 lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
 	$(VENV)/bin/ruff check agent tests scripts bench ota

@@ -3,7 +3,10 @@
 The sentence's clauses (from espeak-ng: commas, colons, semicolons, dashes) are grouped so that
 the first chunk to synthesize is short (early first audio) and each later chunk may be about
 twice the previous one: on a device that synthesizes faster than twice real time, the next chunk
-is then always ready before the current one has played. Allowed imports: stdlib.
+is then always ready before the current one has played. On a voice split for chunked decoding,
+each clause group's latent frames are cut the same way for the decoder (`frame_chunks`): a small
+first chunk for a request, each later one up to four times the one before. Allowed imports:
+stdlib.
 """
 
 from __future__ import annotations
@@ -49,8 +52,12 @@ def grow(budget: int, cap: int | None, chunks: int = 1) -> int:
 FIRST_FRAMES: Final = 32
 """Latent frames in the first decoder chunk of a request: 32 x 256 samples, 0.37 s of audio at
 22050 Hz, decoded in ~15 ms with its context on 2 cores (docs/measurements.md)."""
-MAX_FRAMES: Final = 512
-"""Most latent frames in one decoder chunk (~6 s of audio): bounds a chunk's memory and time."""
+MAX_FRAMES: Final = 256
+"""Most latent frames in one decoder chunk (~3 s of audio, ~0.1 s to decode): bounds a chunk's
+time and the memory of the decoder's activations (measured: peak RSS 288 MB streaming long
+texts, against 356 MB with 384, 394 MB with 512 and 351 MB decoding clause groups whole; each
+join costs twice the decoder's context frames again, so 512 costs less compute on very long
+clauses: docs/measurements.md)."""
 FRAME_GROWTH: Final = 4
 """Each decoder chunk may be this many times the one before: the next is decoded (~0.5 ms a
 frame on 2 cores, ~12 ms of audio a frame) long before the current one has played, even on a
@@ -60,12 +67,14 @@ MIN_FRAMES: Final = 32
 """Fewest frames in a decoder chunk after the first: a shorter tail joins the chunk before."""
 
 
-def frame_chunks(frames: int, budget: int, cap: int) -> tuple[list[range], int]:
+def frame_chunks(
+    frames: int, budget: int, cap: int, growth: int = FRAME_GROWTH
+) -> tuple[list[range], int]:
     """Cut a clause group's latent frames into decoder chunks; returns them with the budget of
     the chunk after the last (the next clause group's first).
 
-    The first chunk has `budget` frames, each later one up to FRAME_GROWTH times the one before
-    but never above `cap`; a tail shorter than MIN_FRAMES joins the chunk before it.
+    The first chunk has `budget` frames, each later one up to `growth` times the one before but
+    never above `cap`; a tail shorter than MIN_FRAMES joins the chunk before it.
     """
     chunks: list[range] = []
     start = 0
@@ -76,5 +85,5 @@ def frame_chunks(frames: int, budget: int, cap: int) -> tuple[list[range], int]:
             stop = frames
         chunks.append(range(start, stop))
         start = stop
-        budget = max(1, min(budget * FRAME_GROWTH, cap))
+        budget = max(1, min(budget * growth, cap))
     return chunks, budget

@@ -581,10 +581,13 @@ def _split_parts(
         verdict: dict[str, Any] = {"parts": [], "reason": built}
     else:
         _LOGGER.info(
-            "Voice %s split for chunked decoding: %s; %s",
+            "Voice %s split for chunked decoding (%s): %d samples a frame, context %d frames "
+            "for the decoder, %d for the flow",
             model_path.name,
             ", ".join(built.names),
-            built.shape,
+            built.shape.hop,
+            built.shape.decoder_context,
+            built.shape.flow_context,
         )
         verdict = {"parts": built.names, **asdict(built.shape)}
     if record is not None:

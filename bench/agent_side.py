@@ -25,12 +25,20 @@ PREFIX: Final = "voice"
 SPEAK_TOPIC: Final = f"{PREFIX}/{NODE_ID}/speak"
 EVENTS_TOPIC: Final = f"{PREFIX}/{NODE_ID}/events"
 STATUS_TOPIC: Final = f"{PREFIX}/{NODE_ID}/status"
+STATE_TOPIC: Final = f"{PREFIX}/{NODE_ID}/state"
 _ENDS: Final = frozenset({"failed", "rejected"})
 _LOG_TAIL: Final = 3000
 
 
-def write_config(directory: Path, broker: Broker, cache_dir: Path) -> Path:
-    """The agent's config: the given broker, ALSA's null PCM, a cache in cache_dir."""
+def write_config(
+    directory: Path,
+    broker: Broker,
+    cache_dir: Path,
+    device: str = "null",
+    name: str = "agent.yaml",
+) -> Path:
+    """The agent's config: the given broker, an ALSA PCM (`null` unless given), a cache in
+    cache_dir, the state published every second."""
     config = {
         "node_id": NODE_ID,
         "mqtt": {
@@ -39,10 +47,11 @@ def write_config(directory: Path, broker: Broker, cache_dir: Path) -> Path:
             "topic_prefix": PREFIX,
             "reconnect_max": 2.0,
         },
-        "audio": {"device": "null"},
+        "audio": {"device": device},
         "cache": {"dir": str(cache_dir)},
+        "state": {"interval": 1},
     }
-    path = directory / "agent.yaml"
+    path = directory / name
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path
 
@@ -92,8 +101,10 @@ def _event(arrival: Arrival) -> dict[str, Any] | None:
 class AgentUnderTest:
     """One agent process with the probe that talks to it."""
 
-    def __init__(self, config: Path, log: Path, probe: Probe) -> None:
-        self._process = AgentProcess(config, log)
+    def __init__(
+        self, config: Path, log: Path, probe: Probe, env: dict[str, str] | None = None
+    ) -> None:
+        self._process = AgentProcess(config, log, env)
         self._probe = probe
 
     def start(self) -> float:
@@ -111,21 +122,32 @@ class AgentUnderTest:
         if self._process.alive():
             self._process.signal(signal.SIGTERM)
 
-    def speak(self, text: str, request_id: str) -> SpeakTiming:
+    def speak(self, text: str, request_id: str, timeout: float = TIMEOUT) -> SpeakTiming:
         """Publish a JSON speak message; wait for `started` and `finished`."""
         since = self._probe.mark()
         payload = json.dumps({"text": text, "id": request_id}).encode()
         sent = self._probe.publish(SPEAK_TOPIC, payload)
         started = self._wait_event(request_id, "started", since)
-        finished = self._wait_event(request_id, "finished", since)
+        finished = self._wait_event(request_id, "finished", since, timeout)
         audio = float((_event(finished) or {}).get("audio_seconds", 0.0))
         return SpeakTiming(started.at - sent, finished.at - sent, audio)
+
+    def state(self) -> dict[str, Any]:
+        """The next state the agent publishes (it does every second: `write_config`)."""
+        since = self._probe.mark()
+        arrival = self._wait(lambda a: a.topic == STATE_TOPIC, since, "a state")
+        value = json.loads(arrival.payload)
+        if not isinstance(value, dict):
+            raise RuntimeError(f"the agent's state is not an object: {value!r}")
+        return value
 
     def memory(self) -> Memory:
         """The agent process's VmHWM and VmRSS now."""
         return read_memory(self._process.pid)
 
-    def _wait_event(self, request_id: str, name: str, since: int) -> Arrival:
+    def _wait_event(
+        self, request_id: str, name: str, since: int, timeout: float = TIMEOUT
+    ) -> Arrival:
         def match(arrival: Arrival) -> bool:
             event = _event(arrival)
             return (
@@ -134,15 +156,17 @@ class AgentUnderTest:
                 and event.get("event") in {name} | _ENDS
             )
 
-        arrival = self._wait(match, since, f"{name} of {request_id}")
+        arrival = self._wait(match, since, f"{name} of {request_id}", timeout)
         event = _event(arrival) or {}
         if event.get("event") in _ENDS:
             raise RuntimeError(f"the agent did not speak {request_id}: {event}")
         return arrival
 
-    def _wait(self, match: Callable[[Arrival], bool], since: int, what: str) -> Arrival:
+    def _wait(
+        self, match: Callable[[Arrival], bool], since: int, what: str, timeout: float = TIMEOUT
+    ) -> Arrival:
         try:
-            return self._probe.wait_for(match, since, TIMEOUT, lambda: not self._process.alive())
+            return self._probe.wait_for(match, since, timeout, lambda: not self._process.alive())
         except TimeoutError as err:
             tail = self._process.output()[-_LOG_TAIL:]
             raise RuntimeError(f"no {what} from the agent; its log ends:\n{tail}") from err

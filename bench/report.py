@@ -46,8 +46,11 @@ def write_markdown(
         "",
         "Ratios are ours / piper-tts, measured side by side in one run: compare ratios, not "
         "absolute times. Absolute times vary by about ±20 % between runs on shared machines. "
-        "Values are medians unless the metric names a percentile. Raw samples: `results.json`; "
-        "distributions: `latency.png`.",
+        "Values are medians unless the metric names a percentile. Each timed run starts 0.1 s "
+        "after the one before (ONNX Runtime's threads keep spinning ~40 ms after a run). The "
+        "chunked-decoding rows compare the agent's streaming of a text with its decoder chunks "
+        "against the same clause groups decoded whole (the voice run unsplit), in process. Raw "
+        "samples: `results.json`; distributions: `latency.png`.",
         "",
     ]
     path.write_text("\n".join(lines), encoding="utf-8")

@@ -1,8 +1,10 @@
 """Benchmark the voice agent against piper-tts 1.8 on the same voice, on this machine, in one run.
 
-Measures warm synthesis speed, time to first audio of uncached text, cached-phrase latency
-through a real Mosquitto, cold start and memory, then writes `results.json`, `REPORT.md` and
-`latency.png` to --out-dir. Usage: `python -m bench.run [--out-dir bench] [--quick]`.
+Measures warm synthesis speed, the compute overhead of chunked decoding, time to first audio of
+uncached texts, cached-phrase latency through a real Mosquitto, cold start, memory and (full
+mode) underruns while a minute-long text streams to a paced device, then writes
+`results.json`, `REPORT.md` and `latency.png` to --out-dir.
+Usage: `python -m bench.run [--out-dir bench] [--quick]`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -24,15 +26,21 @@ from typing import Any
 
 from piper import PiperVoice
 
-from agent.voice import Voice, bundled_voice
+from agent.voice import SynthesisParams, Voice, bundled_voice
 from bench import metrics, synth
-from bench.agent_side import EVENTS_TOPIC, STATUS_TOPIC, AgentUnderTest, write_config
+from bench.agent_side import (
+    EVENTS_TOPIC,
+    STATE_TOPIC,
+    STATUS_TOPIC,
+    AgentUnderTest,
+    write_config,
+)
 from bench.metrics import Measured, Plan
 from bench.probe import Probe
 from bench.report import Panel, write_chart, write_json, write_markdown
 from bench.stats import Entry
-from bench.texts import CACHED_PHRASE, COLD_START_SENTENCE, SPEED_TEXTS
-from tests.support import Broker
+from bench.texts import CACHED_PHRASE, COLD_START_SENTENCE, SPEED_TEXTS, STORY
+from tests.support import Broker, PulseNullSink
 
 _THREADS = 2
 
@@ -90,20 +98,31 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
     tag = uuid.uuid4().hex[:8]
     model = bundled_voice()
     cache_dir = work / "cache"
-    say("loading our voice and piper-tts's in this process")
-    ours = synth.ours(Voice.load(model, threads=_THREADS, cache_dir=cache_dir))
+    say("loading our voice (split, and whole) and piper-tts's in this process")
+    split = Voice.load(model, threads=_THREADS, cache_dir=cache_dir)
+    whole = Voice.load(model, threads=_THREADS, cache_dir=cache_dir, split=False)
     piper = synth.piper(PiperVoice.load(model))
-    results = [metrics.warm_speed(ours, piper, plan.speed_reps, say)]
+    results = [metrics.warm_speed(synth.ours(split), piper, plan.speed_reps, say)]
+    noiseless = SynthesisParams(0.0, 1.0, 0.0)  # the same durations in every run
+    results.append(
+        metrics.chunking_overhead(
+            synth.streamed(split, noiseless),
+            synth.streamed(whole, noiseless),
+            plan.overhead_reps,
+            say,
+        )
+    )
+    del whole
 
     broker = Broker(work / "broker")
     stack.callback(broker.stop)
     broker.start()
-    probe = Probe(broker.host, broker.port, [EVENTS_TOPIC, STATUS_TOPIC])
+    probe = Probe(broker.host, broker.port, [EVENTS_TOPIC, STATUS_TOPIC, STATE_TOPIC])
     stack.callback(probe.close)
     config = write_config(work, broker, cache_dir)
 
-    def new_agent() -> AgentUnderTest:
-        agent = AgentUnderTest(config, work / "agent.log", probe)
+    def new_agent(agent_config: Path = config, env: dict[str, str] | None = None) -> AgentUnderTest:
+        agent = AgentUnderTest(agent_config, work / "agent.log", probe, env)
         stack.callback(agent.stop)
         return agent
 
@@ -132,13 +151,40 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
     )
     results[-1].details["publisher_tcp_nodelay"] = probe.nodelay
     agent.stop()
+    if plan.paced:
+        paced = write_config(work, broker, cache_dir, "paced_capture", "agent-paced.yaml")
+        results.append(paced_run(work, paced, new_agent, tag, say))
     return results
 
 
+def paced_run(
+    work: Path,
+    config: Path,
+    new_agent: Callable[[Path, dict[str, str]], AgentUnderTest],
+    tag: str,
+    say: Progress,
+) -> Measured:
+    """The agent on ALSA's `pulse` device over a PulseAudio null sink (paced in real time)
+    speaks a minute-long text; the underruns its state reports afterwards."""
+    sink = PulseNullSink(work / "pulse")
+    sink.start()
+    try:
+        agent = new_agent(config, sink.env(work / "paced.raw"))
+        say(f"paced agent online after {agent.start():.2f} s; streaming a minute-long text")
+        timing = agent.speak(STORY, f"{tag}-paced", timeout=180)
+        state = agent.state()
+        agent.stop()
+    finally:
+        sink.stop()
+    say(f"paced: {timing.audio_seconds:.0f} s of audio, {state['underruns']} underruns")
+    return metrics.paced_underruns(int(state["underruns"]), timing.audio_seconds)
+
+
 def panels(entries: dict[str, Entry]) -> list[Panel]:
-    """The chart: first audio, cached latency, cold start."""
+    """The chart: first audio (three sentences; one long sentence), cached latency, cold start."""
     ttfa_whole = entries["ttfa_vs_piper_whole_text"]
     ttfa_first = entries["ttfa_vs_piper_first_sentence"]
+    unpunctuated = entries["ttfa_unpunctuated"]
     cached = entries["cached_latency_p50"]
     cold = entries["cold_start"]
     return [
@@ -149,6 +195,14 @@ def panels(entries: dict[str, Entry]) -> list[Panel]:
                 "ours (MQTT,\npublish → started)": ttfa_whole.ours,
                 "piper-tts\nfirst sentence": ttfa_first.piper or [],
                 "piper-tts\nwhole text": ttfa_whole.piper or [],
+            },
+        ),
+        Panel(
+            "Time to first audio, one long sentence\nwithout punctuation",
+            "ms",
+            {
+                "ours (MQTT,\npublish → started)": unpunctuated.ours,
+                "piper-tts": unpunctuated.piper or [],
             },
         ),
         Panel(

@@ -63,6 +63,8 @@ def format_value(value: float, unit: str) -> str:
         return f"{value:.1f} ms" if value < 100 else f"{value:.0f} ms"
     if unit == "s":
         return f"{value:.2f} s"
+    if unit == "%":
+        return f"{value:+.1f} %"
     return f"{value:.0f} {unit}"
 
 

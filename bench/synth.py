@@ -1,9 +1,9 @@
 """Timed synthesis: our Voice and piper-tts in this process, and piper-tts in a fresh process.
 
-In process, both sides are timed the same way: from the call to the first chunk (sentence) and
-to the last, with the seconds of audio produced. The piper-tts child process loads the voice,
-synthesizes the given texts and prints a marker line with its VmHWM and VmRSS, for cold start
-and memory.
+In process, both sides are timed the same way: from the call to the first chunk (sentence, or
+for `streamed` the agent's clause group or decoder chunk) and to the last, with the seconds of
+audio produced. The piper-tts child process loads the voice, synthesizes the given texts and
+prints a marker line with its VmHWM and VmRSS, for cold start and memory.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, TypeVar
@@ -21,7 +21,16 @@ from typing import Final, TypeVar
 from piper import PiperVoice
 from piper.voice import AudioChunk
 
-from agent.voice import PCM16, Voice
+from agent.chunking import (
+    FIRST_FRAMES,
+    FRAME_GROWTH,
+    MAX_FRAMES,
+    frame_chunks,
+    group_clauses,
+    grow,
+)
+from agent.config import TtsConfig
+from agent.voice import PCM16, SynthesisParams, Voice, to_pcm16
 from bench.agent_side import Memory
 from tests.support import TIMEOUT
 
@@ -57,6 +66,8 @@ class StreamTiming:
 
 Synth = Callable[[str], StreamTiming]
 """Synthesizes a text, timed."""
+PLAN: Final = (FIRST_FRAMES, FRAME_GROWTH, MAX_FRAMES)
+"""The agent's decoder chunks: first chunk, growth, largest chunk (frames)."""
 
 
 def time_stream(start: Callable[[], Iterable[T]], seconds_of: Callable[[T], float]) -> StreamTiming:
@@ -80,6 +91,45 @@ def ours(voice: Voice) -> Synth:
         return len(pcm) / rate
 
     return lambda text: time_stream(lambda: voice.synthesize(text), seconds)
+
+
+def agent_chunks(
+    voice: Voice, text: str, params: SynthesisParams, plan: tuple[int, int, int] = PLAN
+) -> Iterator[PCM16]:
+    """The audio chunks the agent's synthesizer makes for an uncached text, in this thread.
+
+    The same plan as `agent.synthesizer` with the default `tts` settings: each sentence in
+    clause groups, small first; on a split voice each group's latent frames in decoder chunks,
+    small first and growing (`agent.chunking.frame_chunks`; `plan`: first chunk, growth,
+    largest chunk, in frames); on a whole voice each group whole.
+    """
+    tts = TtsConfig()
+    first_frames, growth, cap = plan
+    budget, frames = tts.first_chunk_phonemes, first_frames
+    for sentence in voice.sentences(text):
+        groups = group_clauses([len(clause) for clause in sentence], budget, tts.max_chunk_phonemes)
+        for group in groups:
+            ids = voice.ids(sentence[group.start : group.stop])
+            if not voice.chunked:
+                yield to_pcm16(voice.ids_to_audio(ids, params))
+                continue
+            latent = voice.encode(ids, params)
+            chunks, frames = frame_chunks(latent.frames, frames, cap, growth)
+            for chunk in chunks:
+                yield to_pcm16(voice.decode(latent, chunk))
+        budget = grow(budget, tts.max_chunk_phonemes, len(groups))
+
+
+def streamed(voice: Voice, params: SynthesisParams | None = None) -> Synth:
+    """Our voice as the agent streams it (`agent_chunks`), with its default parameters unless
+    given."""
+    rate = voice.sample_rate
+
+    def seconds(pcm: PCM16) -> float:
+        return len(pcm) / rate
+
+    chosen = params or voice.default_params
+    return lambda text: time_stream(lambda: agent_chunks(voice, text, chosen), seconds)
 
 
 def piper(voice: PiperVoice) -> Synth:

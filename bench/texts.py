@@ -44,3 +44,46 @@ def uncached_text(rng: random.Random, trial: int) -> str:
         f"The {rng.choice(_THINGS)} in the {other} should be checked before {rng.choice(_DAYS)}. "
         f"The battery of the door lock is at {rng.randint(5, 95)} percent."
     )
+
+
+def uncached_short(rng: random.Random, trial: int) -> str:
+    """One short sentence (~1.5 s of audio) that begins with the trial number."""
+    return f"Light {trial + 1} in the {rng.choice(_ROOMS)} is on."
+
+
+def uncached_unpunctuated(rng: random.Random, trial: int) -> str:
+    """One long sentence without a comma or any other clause mark (~7 s of audio): espeak-ng
+    gives it as one clause, so only chunked decoding can make its first audio early."""
+    room, other = rng.sample(_ROOMS, 2)
+    return (
+        f"Delivery number {trial + 1} has arrived at the loading dock behind the {room} so "
+        f"please send someone from the {other} to sign for the pallets before the driver leaves "
+        f"again on {rng.choice(_DAYS)}"
+    )
+
+
+FIRST_AUDIO_KINDS: Final = {
+    "three_sentences": uncached_text,
+    "short": uncached_short,
+    "unpunctuated": uncached_unpunctuated,
+}
+"""The uncached texts whose first audio is measured, by kind."""
+
+STORY: Final = (
+    "Here is the long evening report for the whole house, read slowly from start to end. "
+    "The living room is warm and the lights are dimmed, the kitchen is tidy, and the "
+    "dishwasher finished its cycle a few minutes ago, so it can be emptied whenever you like. "
+    "In the garden the sprinklers ran for twenty minutes, the gate is closed and locked, and "
+    "the motion sensor by the shed saw nothing unusual since the afternoon. "
+    "Upstairs, the bedroom windows are shut, the heating is set to eighteen degrees for the "
+    "night, and the bathroom fan will switch itself off in about a quarter of an hour. "
+    "The washing machine in the cellar is still running and will be done at a quarter past "
+    "nine; remember to hang the laundry before you go to bed, or it will smell tomorrow. "
+    "Tomorrow morning the alarm is set for half past six, the coffee machine will warm up at "
+    "twenty past, and the forecast says light rain until ten, then sunshine with a cool wind "
+    "from the north, so take a jacket if you cycle to work. "
+    "The car is charged to eighty percent, which is enough for the trip to the coast on "
+    "Saturday, and the tyre pressure was checked on Monday. "
+    "That is all for tonight; sleep well, and I will wake you with the news in the morning."
+)
+"""About a minute of speech, streamed to a paced device to count underruns."""

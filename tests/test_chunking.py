@@ -1,4 +1,4 @@
-"""Clause grouping: every clause once, in order; short first chunk; no tiny chunks."""
+"""Clause grouping and decoder chunks: everything once, in order; small first; no tiny chunks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from piper.phonemize_espeak import EspeakPhonemizer
 
-from agent.chunking import MIN_CHUNK, group_clauses, grow
+from agent.chunking import (
+    FIRST_FRAMES,
+    FRAME_GROWTH,
+    MAX_FRAMES,
+    MIN_CHUNK,
+    MIN_FRAMES,
+    frame_chunks,
+    group_clauses,
+    grow,
+)
 from agent.voice import Voice
 
 
@@ -75,3 +84,30 @@ def test_chunks_never_grow_past_the_cap_where_clauses_allow() -> None:
     assert sum(sizes) == 400
     assert grow(40, 160, 3) == 160
     assert grow(40, None, 3) == 320
+
+
+@given(st.integers(1, 5000), st.integers(1, 600), st.integers(1, 1000))
+@settings(max_examples=500, deadline=None)
+def test_frame_chunks_cover_the_frames_in_order_growing_to_the_cap(
+    frames: int, budget: int, cap: int
+) -> None:
+    chunks, following = frame_chunks(frames, budget, cap)
+    assert [i for chunk in chunks for i in chunk] == list(range(frames))
+    sizes = [len(chunk) for chunk in chunks]
+    assert sizes[0] <= max(budget, frames)
+    if len(chunks) > 1:
+        limits = [budget]
+        for _ in sizes[1:]:
+            limits.append(max(1, min(limits[-1] * FRAME_GROWTH, cap)))
+        assert sizes[:-1] == limits[:-1]  # the first is the budget, each next grows to the cap
+        assert MIN_FRAMES <= sizes[-1] < limits[-1] + MIN_FRAMES  # a short tail joined it
+    assert 1 <= following <= max(budget, cap)
+
+
+def test_frame_chunks_start_small_then_grow_fourfold_up_to_the_cap() -> None:
+    chunks, following = frame_chunks(653, FIRST_FRAMES, MAX_FRAMES)
+    assert [len(chunk) for chunk in chunks] == [32, 128, 256, 237]
+    assert following == MAX_FRAMES
+    assert frame_chunks(40, 32, 256) == ([range(40)], 128)  # an 8-frame tail joins
+    assert [len(c) for c in frame_chunks(780, 256, 256)[0]] == [256, 256, 268]  # 12 joined
+    assert frame_chunks(2000, 512, 512)[0][-1] == range(1536, 2000)

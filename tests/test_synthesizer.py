@@ -1,4 +1,5 @@
-"""The synthesis worker on the tiny voice, a real phrase cache and real ALSA (file PCM)."""
+"""The synthesis worker on the tiny voice (run whole) and a VITS-shaped one (decoded in chunks),
+a real phrase cache and real ALSA (file PCM)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
+from onnxruntime import RunOptions
 
+from agent.chunking import FIRST_FRAMES
 from agent.messages import Event, SpeakRequest, SynthesisDone, UtteranceEnded
 from agent.phrase_cache import PhraseCache
-from agent.player import Player, alsa_opener
+from agent.player import Chunk, Player, alsa_opener
 from agent.synthesizer import Synthesizer, VoiceChoice
-from agent.voice import Voice
+from agent.voice import Latent, Voice
 from tests.support import read_pcm, wait_until
+from tests.test_voice import HOP, PARAMS, write_vits_like_voice
 
 RATE = 22050
 LONG = (
@@ -173,3 +178,94 @@ def test_a_request_does_not_wait_for_the_phrases(tiny_voice: Path, tmp_path: Pat
     finally:
         made.synthesizer.stop()
         made.player.stop()
+
+
+def split_rig(tmp_path: Path, split: bool = True) -> tuple[Rig, list[Chunk]]:
+    """A rig on the VITS-shaped test voice (split: decoded in chunks, unless `split` is false);
+    also returns every chunk handed to the player."""
+    voice = Voice.load(write_vits_like_voice(tmp_path), threads=1, cache_dir=None, split=split)
+    assert voice.chunked == split
+    events: queue.Queue[Event] = queue.Queue()
+    capture = tmp_path / f"capture-split-{split}.raw"
+    player = Player(alsa_opener(f"file:FILE={capture},FORMAT=raw", RATE, 20, 4), RATE, events.put)
+    handed: list[Chunk] = []
+
+    def put(chunk: Chunk) -> bool:
+        handed.append(chunk)
+        return player.put(chunk)
+
+    choice = VoiceChoice("default", voice, PARAMS)
+    cache = PhraseCache(None, 10**7, 0)
+    synthesizer = Synthesizer({"default": choice}, cache, (20, 80), put, events.put)
+    player.start()
+    synthesizer.start()
+    return Rig(voice, synthesizer, events, capture, player), handed
+
+
+def test_a_split_voice_streams_decoder_chunks_small_first_and_caches_the_sentence(
+    tmp_path: Path,
+) -> None:
+    rig, handed = split_rig(tmp_path)
+    whole, _ = split_rig(tmp_path, split=False)
+    try:
+        ended = rig.say(SpeakRequest("a", LONG))
+        speech = [c.pcm for c in handed if c.pcm is not None]
+        assert ended.info["sentences"] == 2
+        groups = rig.voice.inferences  # one prior run per clause group
+        assert len(speech) > groups  # groups were decoded in several chunks
+        assert len(speech[0]) == FIRST_FRAMES * HOP  # the first chunk is small
+        assert np.array_equal(rig.last, np.concatenate(speech))
+        whole.say(SpeakRequest("a", LONG))  # the same clause groups, each decoded whole
+        assert whole.voice.inferences == groups
+        assert len(rig.last) == len(whole.last)
+        assert np.abs(rig.last.astype(np.int32) - whole.last).max() <= 1
+
+        handed.clear()
+        again = rig.say(SpeakRequest("b", LONG))
+        assert rig.voice.inferences == groups  # played from the cache
+        assert again.info == {"sentences": 2, "cached_sentences": 2}
+        assert np.array_equal(rig.last, np.concatenate(speech))  # the cache kept every chunk
+        assert len([c for c in handed if c.pcm is not None]) == 2  # one chunk per sentence
+    finally:
+        for made in (rig, whole):
+            made.synthesizer.stop()
+            made.player.stop()
+
+
+def test_a_cancel_stops_a_split_voice_between_decoder_chunks(tmp_path: Path) -> None:
+    voice = Voice.load(write_vits_like_voice(tmp_path), threads=1, cache_dir=None)
+    events: queue.Queue[Event] = queue.Queue()
+    handed: list[Chunk] = []
+    decoded: list[range] = []
+    decode = voice.decode
+
+    def counting_decode(
+        latent: Latent, frames: range, run_options: RunOptions | None = None
+    ) -> npt.NDArray[np.float32]:
+        decoded.append(frames)
+        return decode(latent, frames, run_options)
+
+    voice.decode = counting_decode  # type: ignore[method-assign]
+    synthesizer: Synthesizer | None = None
+
+    def put(chunk: Chunk) -> bool:
+        handed.append(chunk)
+        if chunk.pcm is not None and synthesizer is not None:
+            synthesizer.cancel(chunk.job)  # cut while the first chunk plays
+        return True
+
+    choice = VoiceChoice("default", voice, PARAMS)
+    cache = PhraseCache(None, 10**7, 0)
+    synthesizer = Synthesizer({"default": choice}, cache, (20, 80), put, events.put)
+    synthesizer.start()
+    try:
+        synthesizer.submit(SpeakRequest("x", LONG * 3), 5)
+        done = events.get(timeout=30)
+        assert isinstance(done, SynthesisDone)
+        assert done.job == 5
+        assert len(decoded) == 1  # nothing decoded after the cut
+        assert [c.pcm is not None for c in handed] == [True, False]  # one chunk, then the end
+        assert handed[-1].end
+        assert handed[-1].error is None
+    finally:
+        synthesizer.stop()

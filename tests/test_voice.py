@@ -1,4 +1,5 @@
-"""The voice edge on the tiny generated model: sentences, PCM, and the optimized-model cache."""
+"""The voice edge on generated models: sentences, PCM, the optimized-model cache, and the split
+for chunked decoding (on a small VITS-shaped graph; the real voice: test_split_decoder.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
-from agent.voice import Voice, model_digest, to_pcm16
+from agent.voice import SynthesisParams, Voice, model_digest, to_pcm16
 from tests.tiny_voice import SAMPLES_PER_ID, write_tiny_voice
 
 
@@ -90,3 +93,183 @@ def test_model_digest_is_remembered_until_the_file_changes(tmp_path: Path) -> No
         f.write(b"!")  # changed in place: size and change time differ, so it is hashed again
     assert model_digest(model, tmp_path) == hashlib.sha256(b"first model bytes!").hexdigest()
     assert model_digest(model, None) == hashlib.sha256(b"first model bytes!").hexdigest()
+
+
+# ---- the split for chunked decoding, on a small VITS-shaped graph --------------------------
+
+HOP = 16
+"""Samples per latent frame of the VITS-shaped test voice."""
+CONV_PRE = "/dec/conv_pre/Conv"
+
+
+def write_vits_like_voice(directory: Path, name: str = "vits.onnx", local: bool = True) -> Path:
+    """A Piper-format voice shaped like a VITS graph, small enough to build in milliseconds.
+
+    Prior: an embedding per phoneme id, two latent frames each (`z_p`, 4 channels) and a mask;
+    flow (nodes named /flow/): a kernel-5 convolution added to `z_p`, masked (`/Mul_7`, as in
+    Piper's graphs); decoder: `/dec/conv_pre/Conv` (kernel 3), a transposed convolution to
+    HOP samples a frame, tanh. Reaches: flow 2 frames, decoder 1. With `local=False` the
+    decoder also adds its input's mean over all frames, so it cannot be run in chunks.
+    """
+    rng = np.random.default_rng(7)
+    channels, hidden = 4, 8
+
+    def weights(name: str, *shape: int, scale: float = 0.3) -> onnx.TensorProto:
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) * scale).astype(np.float32), name
+        )
+
+    def ints(name: str, *values: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+    node = helper.make_node
+    nodes = [
+        node("Gather", ["emb", "input"], ["/enc_p/emb"], name="/enc_p/Gather"),
+        node("Transpose", ["/enc_p/emb"], ["/enc_p/t"], perm=[0, 2, 1], name="/enc_p/Transpose"),
+        node("Unsqueeze", ["/enc_p/t", "axis3"], ["/enc_p/u"], name="/enc_p/Unsqueeze"),
+        node("Concat", ["/enc_p/u", "/enc_p/u"], ["/enc_p/twice"], axis=3, name="/enc_p/Concat"),
+        node("Reshape", ["/enc_p/twice", "zp_shape"], ["/Add_output_0"], name="/Add"),
+        node("ReduceMean", ["/Add_output_0"], ["/mean"], axes=[1], keepdims=1, name="/Mean"),
+        node("Mul", ["/mean", "zero"], ["/zeros"], name="/Zeros"),
+        node("Add", ["/zeros", "one"], ["/y_mask"], name="/Cast_2"),
+        node("Conv", ["/Add_output_0", "flow_w"], ["/flow/c"], pads=[2, 2], name="/flow/Conv"),
+        node("Add", ["/flow/c", "/Add_output_0"], ["/flow/out"], name="/flow/Add"),
+        node("Mul", ["/flow/out", "/y_mask"], ["/Mul_7_output_0"], name="/Mul_7"),
+        node(
+            "Conv",
+            ["/Mul_7_output_0", "pre_w"],
+            ["/dec/pre"],
+            pads=[1, 1],
+            name="/dec/conv_pre/Conv",
+        ),
+    ]
+    decoded = "/dec/pre"
+    if not local:
+        nodes += [
+            node("ReduceMean", ["/dec/pre"], ["/dec/avg"], axes=[2], keepdims=1, name="/dec/Mean"),
+            node("Add", ["/dec/pre", "/dec/avg"], ["/dec/global"], name="/dec/Global"),
+        ]
+        decoded = "/dec/global"
+    nodes += [
+        node("ConvTranspose", [decoded, "up_w"], ["/dec/up"], strides=[HOP], name="/dec/ups/0"),
+        node("Tanh", ["/dec/up"], ["/dec/tanh"], name="/dec/Tanh"),
+        node("Unsqueeze", ["/dec/tanh", "axis1"], ["output"], name="/Unsqueeze_11"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "vits_like",
+        inputs=[
+            helper.make_tensor_value_info("input", TensorProto.INT64, [1, "n"]),
+            helper.make_tensor_value_info("input_lengths", TensorProto.INT64, [1]),
+            helper.make_tensor_value_info("scales", TensorProto.FLOAT, [3]),
+        ],
+        outputs=[helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 1, "t"])],
+        initializer=[
+            weights("emb", 256, channels, scale=1.0),
+            weights("flow_w", channels, channels, 5),
+            weights("pre_w", hidden, channels, 3),
+            weights("up_w", hidden, 1, HOP, scale=0.2),
+            ints("axis3", 3),
+            ints("axis1", 1),
+            ints("zp_shape", 1, channels, -1),
+            numpy_helper.from_array(np.zeros(1, np.float32), "zero"),
+            numpy_helper.from_array(np.ones(1, np.float32), "one"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path = directory / name
+    onnx.save(model, str(path))
+    shutil.copy(f"{write_tiny_voice(directory, f'{name}-tiny.onnx')}.json", f"{path}.json")
+    return path
+
+
+@pytest.fixture
+def vits_voice(tmp_path: Path) -> Path:
+    return write_vits_like_voice(tmp_path)
+
+
+PARAMS = SynthesisParams(0.0, 1.0, 0.0)
+TEXT = "The delivery van has arrived at the loading dock behind the north warehouse."
+
+
+def test_a_vits_shaped_voice_is_split_and_its_parts_give_the_whole_models_samples(
+    vits_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="agent.voice"):
+        voice = Voice.load(vits_voice, threads=1, cache_dir=tmp_path / "cache")
+    assert voice.chunked
+    assert voice.hop == HOP
+    assert "split for chunked decoding (prior, flow, decoder)" in caplog.text
+    assert "context 2 frames for the decoder, 3 for the flow" in caplog.text  # reach + 1
+    whole = Voice.load(vits_voice, threads=1, cache_dir=tmp_path / "cache", split=False)
+    assert not whole.chunked
+    for ids in voice.sentence_ids(f"{TEXT} Close it, please."):
+        assert np.array_equal(voice.ids_to_audio(ids, PARAMS), whole.ids_to_audio(ids, PARAMS))
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 13, 64])
+def test_chunks_of_any_size_join_into_the_whole_decoding(vits_voice: Path, size: int) -> None:
+    voice = Voice.load(vits_voice, threads=1, cache_dir=None)
+    (ids,) = voice.sentence_ids(TEXT)
+    reference = voice.ids_to_audio(ids, PARAMS)
+    latent = voice.encode(ids, PARAMS)
+    assert latent.frames * HOP == len(reference)
+    pieces = [
+        voice.decode(latent, range(start, min(latent.frames, start + size)))
+        for start in range(0, latent.frames, size)
+    ]
+    assert all(len(p) == min(size, latent.frames - i * size) * HOP for i, p in enumerate(pieces))
+    assert np.abs(np.concatenate(pieces) - reference).max() <= 1e-6
+    assert voice.inferences == 2  # one prior run each for ids_to_audio and encode
+
+
+def test_the_split_parts_are_cached_and_rebuilt_when_damaged(
+    vits_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
+    models = tmp_path / "models"
+    parts = sorted(p.name.split(".split1.")[1] for p in models.glob("*.split1.*"))
+    assert parts == ["decoder.onnx", "flow.onnx", "json", "prior.onnx"]
+    assert not [p for p in models.glob("*.onnx") if ".split1." not in p.name]  # no whole copy
+    (decoder,) = models.glob("*.decoder.onnx")
+    stamp = decoder.stat().st_mtime_ns
+    assert Voice.load(vits_voice, threads=1, cache_dir=tmp_path).chunked
+    assert decoder.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    decoder.write_bytes(b"not a model")
+    with caplog.at_level(logging.WARNING):
+        again = Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
+    assert "damaged" in caplog.text
+    assert again.chunked
+    assert len(list(again.synthesize(TEXT))) == 1
+
+
+def test_a_voice_without_the_decoder_node_runs_whole_logged_once_and_speaks(
+    tiny_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="agent.voice"):
+        voice = Voice.load(tiny_voice, threads=1, cache_dir=tmp_path)
+    assert not voice.chunked
+    notes = [r for r in caplog.records if "runs whole" in r.getMessage()]
+    assert len(notes) == 1
+    assert notes[0].levelno == logging.INFO
+    assert "no decoder convolution like /dec/conv_pre/Conv" in notes[0].getMessage()
+    (record,) = (tmp_path / "models").glob("*.split1.json")
+    assert json.loads(record.read_text())["parts"] == []  # not analysed again at the next start
+    assert sum(len(pcm) for pcm in voice.synthesize("The door is open.")) > 0
+    with pytest.raises(RuntimeError, match="runs whole"):
+        voice.encode([1, 2], PARAMS)
+
+
+def test_a_decoder_that_cannot_run_in_chunks_runs_whole(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = write_vits_like_voice(tmp_path, "global.onnx", local=False)
+    with caplog.at_level(logging.INFO, logger="agent.voice"):
+        voice = Voice.load(model, threads=1, cache_dir=tmp_path / "cache")
+    assert not voice.chunked
+    assert "is not local" in caplog.text
+    models = tmp_path / "cache" / "models"
+    assert not list(models.glob("*.split1.*.onnx"))  # the parts were removed
+    assert sum(len(pcm) for pcm in voice.synthesize(TEXT)) > 0
