@@ -55,6 +55,8 @@ from .messages import (
     SynthesisDone,
     Synthesize,
     Tick,
+    UtteranceEnded,
+    UtteranceStarted,
     VoiceSelected,
     VolumeRequested,
 )
@@ -198,6 +200,7 @@ class App:
         self._telemetry = Telemetry()
         self._systemd = Notifier(environ)
         self._audio_available = True
+        self._event_wall: float | None = None
         self._started_at = time.monotonic()
         self._state_due = 0.0
         self._state_dirty = True
@@ -238,6 +241,7 @@ class App:
                 config.tts.threads,
                 self._updates.put,
                 self._request_swap,
+                resolve_cache_dir(config.cache, environ),
             )
             ota = self._on_ota_message
             handlers[topics.ota] = ota
@@ -358,10 +362,13 @@ class App:
     def _handle(self, event: Event, now: float) -> None:
         """One event: its journal writes in one transaction (one sync), and only then the
         acknowledgements and events it caused go out."""
+        if isinstance(event, UtteranceStarted | UtteranceEnded) and event.wall:
+            self._event_wall = event.wall  # its events carry when it was played, not handled
         with self._journal.transaction():
             for action in self._core.handle(event, now):
                 self._execute(action, now)
         self._flush()
+        self._event_wall = None
         if isinstance(event, AudioStatus):
             self._audio_available = event.available
         if not isinstance(event, Tick | SynthesisDone):
@@ -375,9 +382,8 @@ class App:
             case Acknowledge(delivery):
                 self._unsent.append(delivery)  # after the journal is synced
             case Notify(request_id, event, details):
-                payload = encode_event(
-                    self._config.node_id, request_id, event, details, time.time()
-                )
+                wall = time.time() if self._event_wall is None else self._event_wall
+                payload = encode_event(self._config.node_id, request_id, event, details, wall)
                 state = _journal_state(action)  # the state and its event, in one transaction
                 key = self._journal.note_event(request_id, state, self._topics.events, payload)
                 self._unsent.append((key, payload))
@@ -399,9 +405,9 @@ class App:
         """On the updater's thread: have the app loop switch to this voice; wait for the answer."""
         swap = _Swap(voice)
         self._updates.put(swap)
-        if not swap.done.wait(_SWAP_WAIT_SECONDS):
-            swap.cancelled = True
+        if not swap.done.wait(_SWAP_WAIT_SECONDS) and swap.cancel():
             return False
+        swap.done.wait()  # claimed by the loop: it is switching now
         return swap.ok
 
     def _handle_updates(self, now: float) -> None:
@@ -419,7 +425,7 @@ class App:
         swap = self._swap_waiting
         if swap is not None and (self._core.idle or swap.cancelled):
             self._swap_waiting = None
-            if not swap.cancelled:
+            if swap.claim():
                 swap.ok = self._switch_voice(swap.voice)
             swap.done.set()
             self._hold(False, now)
@@ -699,12 +705,33 @@ _UPDATE_RUNNING: Final = frozenset(
 
 @dataclass(slots=True)
 class _Swap:
-    """A switch to a new default voice, asked by the updater, done by the app loop."""
+    """A switch to a new default voice, asked by the updater, done by the app loop. Exactly one
+    of `claim` (the loop) and `cancel` (the updater, at its timeout) wins."""
 
     voice: Voice
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
-    cancelled: bool = False
+    _state: str = "waiting"
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self) -> bool:
+        """The loop is about to switch; False if the updater gave up first."""
+        with self._lock:
+            if self._state == "waiting":
+                self._state = "claimed"
+            return self._state == "claimed"
+
+    def cancel(self) -> bool:
+        """The updater gives up; False if the loop is already switching."""
+        with self._lock:
+            if self._state == "waiting":
+                self._state = "cancelled"
+            return self._state == "cancelled"
+
+    @property
+    def cancelled(self) -> bool:
+        with self._lock:
+            return self._state == "cancelled"
 
 
 _TERMINAL: Final = frozenset(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -67,7 +68,11 @@ def main() -> int:
     parser.add_argument("--reference", type=Path, default=None)
     parser.add_argument("--rate", type=int, default=None, help="the device's sample rate")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--memory-mb", type=int, default=None, help="address-space limit")
     args = parser.parse_args()
+    if args.memory_mb is not None:  # set here, not by the parent: it has threads (no preexec)
+        limit = args.memory_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     rate, compute, audio, problems = measure(args.model, args.threads)
     if args.rate is not None and rate != args.rate:
         problems.append(f"sample rate {rate} Hz, the device runs at {args.rate} Hz")

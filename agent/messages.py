@@ -229,6 +229,8 @@ class UtteranceStarted:
 
     id: str
     job: int = 0
+    wall: float = field(default=0.0, compare=False)
+    """Wall-clock time it happened (seconds since the epoch): the `ts` of its events."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +244,8 @@ class UtteranceEnded:
     info: Mapping[str, object] = field(default_factory=dict)
     """Extra fields for the `finished` or `failed` event (e.g. how much came from the cache)."""
     job: int = 0
+    wall: float = field(default=0.0, compare=False)
+    """Wall-clock time it happened (seconds since the epoch): the `ts` of its events."""
 
 
 Event = (

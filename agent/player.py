@@ -17,6 +17,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
@@ -247,7 +248,7 @@ class Player:
                 return
             current.last_sample = int(samples[-1]) if len(samples) else 0
             if current.frames == 0:
-                self._report(UtteranceStarted(current.id, current.job))
+                self._report(UtteranceStarted(current.id, current.job, time.time()))
             current.frames += len(period)
             if current.cut:
                 return
@@ -285,7 +286,11 @@ class Player:
             error = (chunk.error, chunk.detail)
         seconds = current.frames / self._rate
         reason, detail = error if error is not None else (None, "")
-        self._report(UtteranceEnded(current.id, seconds, reason, detail, chunk.info, current.job))
+        self._report(
+            UtteranceEnded(
+                current.id, seconds, reason, detail, chunk.info, current.job, time.time()
+            )
+        )
 
     def _fade_tail(self, current: _Utterance) -> None:
         """Ramp from the last sample written to silence in 5 ms, so a cut never clicks."""

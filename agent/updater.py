@@ -25,13 +25,13 @@ import json
 import logging
 import os
 import queue
-import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -87,6 +87,8 @@ class Pending:
     release: int
     version: str
     attempts: int = 0
+    offer: str = "start"
+    """The offer that installed it: results reached after a restart are reported under it."""
 
 
 @dataclass(slots=True)
@@ -141,8 +143,10 @@ class Updater:
         threads: int,
         report: Callable[[UpdateReport], None],
         swap: Callable[[Voice], bool],
+        cache_dir: Path | None = None,
     ) -> None:
         self._config = config
+        self._cache_dir = cache_dir
         self._dir = directory
         self._factory = factory_model
         self._rate = rate
@@ -158,16 +162,14 @@ class Updater:
         self._cancel = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run_blocking, name="updater", daemon=True)
+        self._running: str | None = None
         self.state = load_state(directory)
 
     # ---- start-up -----------------------------------------------------------------------------
 
     def active_model(self) -> Path:
         """The model file of the active slot, or the factory model."""
-        state = self.state
-        if state.active is None or state.model is None:
-            return self._factory
-        return self._dir / "slots" / state.active / state.model
+        return self._model_of(self.state)
 
     def started(self) -> None:
         """The agent is up with the active model: confirm a pending switch."""
@@ -177,7 +179,9 @@ class Updater:
             self.state = replace(self.state, pending=None)
             save_state(self._dir, self.state)
             self._report(
-                UpdateReport("start", "installed", release=pending.release, version=pending.version)
+                UpdateReport(
+                    pending.offer, "installed", release=pending.release, version=pending.version
+                )
             )
         for earlier in self.state.reports:  # results reached while nobody could be told
             self._report(UpdateReport(**earlier))
@@ -193,8 +197,21 @@ class Updater:
     # ---- commands (any thread; never blocking) ------------------------------------------
 
     def start(self) -> None:
-        """Start the worker thread."""
+        """Clean up what an interrupted update left, then start the worker thread."""
+        self._clean_up()
         self._thread.start()
+
+    def _clean_up(self) -> None:
+        """Slots neither active nor previous (an install that never switched) and temporary
+        state files go; staged downloads stay, so offering the release again resumes them."""
+        for leftover in self._dir.glob("*.partial"):
+            leftover.unlink(missing_ok=True)
+        keep = {self.state.active, self.state.previous}
+        slots = self._dir / "slots"
+        for slot in slots.iterdir() if slots.is_dir() else ():
+            if slot.name not in keep:
+                _LOGGER.info("Removing the unused slot %s", slot)
+                shutil.rmtree(slot, ignore_errors=True)
 
     def stop(self) -> None:
         """Stop: an update in progress is cancelled (what was downloaded stays for a resume)."""
@@ -207,6 +224,9 @@ class Updater:
         if body.get("cancel") is True:
             if self._busy.is_set():
                 self._cancel.set()
+            return
+        if offer_id == self._running:
+            _LOGGER.info("Offer %s is already being carried out (delivered again)", offer_id)
             return
         if self._busy.is_set():
             self._report(UpdateReport(offer_id, "busy", reason="already_in_progress"))
@@ -225,6 +245,7 @@ class Updater:
             except queue.Empty:
                 continue
             self._busy.set()
+            self._running = offer_id
             self._cancel.clear()
             try:
                 if body.get("rollback") is True:
@@ -240,6 +261,7 @@ class Updater:
                 _LOGGER.exception("Update %s failed", offer_id)
                 self._report(UpdateReport(offer_id, "failed", reason="internal", detail=str(err)))
             finally:
+                self._running = None
                 self._busy.clear()
 
     def _update_blocking(self, offer_id: str, body: dict[str, Any]) -> None:
@@ -269,7 +291,10 @@ class Updater:
         if isinstance(envelope, dict):
             data = json.dumps(envelope).encode()
         elif isinstance(body.get("manifest_url"), str):
-            data = self._fetch_small(str(body["manifest_url"]))
+            url = str(body["manifest_url"])
+            if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+                raise UpdateError("malformed", "manifest_url: expected an http(s) URL")
+            data = self._fetch_small(url)
         else:
             raise UpdateError("malformed", "expected `manifest` or `manifest_url`")
         checked = manifests.verify(data, self._trusted)
@@ -352,10 +377,18 @@ class Updater:
         if have > entry.length:
             part.unlink()
             have = 0
+        if have == entry.length:
+            return  # complete before a restart: only its hash is left to check
         request = urllib.request.Request(url)  # noqa: S310 - http(s) only (checked)
         if have:
             request.add_header("Range", f"bytes={have}-")
-        with urllib.request.urlopen(request, timeout=self._config.download_timeout) as response:  # noqa: S310
+        try:
+            response = urllib.request.urlopen(request, timeout=self._config.download_timeout)  # noqa: S310
+        except urllib.error.HTTPError as err:
+            if err.code == 416:
+                part.unlink(missing_ok=True)
+            raise
+        with response:
             if have and response.status != 206:
                 part.unlink()  # it ignored the Range: nothing to resume from
                 raise UpdateError(
@@ -384,6 +417,15 @@ class Updater:
     def _install_blocking(self, offer_id: str, release: Manifest, staged: dict[str, Path]) -> str:
         self._report(UpdateReport(offer_id, "installing", release=release.release))
         slot = "b" if self.state.active == "a" else "a"
+        if self.state.previous == slot:  # about to be overwritten: no longer a rollback target
+            self.state = replace(
+                self.state,
+                previous=None,
+                previous_release=0,
+                previous_version=None,
+                previous_model=None,
+            )
+            save_state(self._dir, self.state)
         target = self._dir / "slots" / slot
         shutil.rmtree(target, ignore_errors=True)
         target.mkdir(parents=True)
@@ -401,29 +443,39 @@ class Updater:
         fault_point("healthcheck")
         command = [sys.executable, "-m", "agent.healthcheck", str(model), "--rate", str(self._rate)]
         command += ["--reference", str(self.active_model()), "--threads", str(self._threads)]
-        limit = self._config.health_memory_mb * 1024 * 1024
-        try:
-            result = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=self._config.health_timeout,
-                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
-                check=False,
-            )
-        except subprocess.TimeoutExpired as err:
-            raise UpdateError(
-                "health_check", f"no answer in {self._config.health_timeout:g} s"
-            ) from err
-        verdict = _last_json(result.stdout)
-        if result.returncode != 0 or not verdict.get("ok"):
-            problems = verdict.get("problems") or [_exit_reason(result.returncode, result.stderr)]
+        command += ["--memory-mb", str(self._config.health_memory_mb)]  # it limits itself
+        returncode, stdout, stderr = self._run_check(command)
+        verdict = _last_json(stdout)
+        if returncode != 0 or not verdict.get("ok"):
+            problems = verdict.get("problems") or [_exit_reason(returncode, stderr)]
             raise UpdateError("health_check", "; ".join(str(p) for p in problems)[:300])
         if self._cancel.is_set():
             raise _Cancelled
-        candidate = Voice.load(model, self._threads, None)
+        candidate = Voice.load(model, self._threads, self._cache_dir)  # as a start loads it
         candidate.prewarm()
         return candidate
+
+    def _run_check(self, command: list[str]) -> tuple[int, str, str]:
+        """Run the health check; a timeout, a cancel or a stop kills it."""
+        deadline = time.monotonic() + self._config.health_timeout
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as child:
+            while True:
+                try:
+                    stdout, stderr = child.communicate(timeout=0.25)
+                    return child.returncode, stdout, stderr
+                except subprocess.TimeoutExpired as err:
+                    cancelled, late = self._cancel.is_set(), time.monotonic() > deadline
+                    if not (cancelled or late):
+                        continue
+                    child.kill()
+                    child.communicate()
+                    if cancelled:
+                        raise _Cancelled from err
+                    raise UpdateError(
+                        "health_check", f"no answer in {self._config.health_timeout:g} s"
+                    ) from err
 
     def _switch_blocking(self, offer_id: str, release: Manifest, slot: str, voice: Voice) -> None:
         self._report(UpdateReport(offer_id, "switching", release=release.release))
@@ -438,13 +490,15 @@ class Updater:
             previous_release=old.release,
             previous_version=old.version,
             previous_model=old.model,
-            pending=Pending(slot, release.release, release.version),
+            pending=Pending(slot, release.release, release.version, offer=offer_id),
         )
         fault_point("switch")
         save_state(self._dir, new)  # the pointer: from here a restart starts with the new model
         self.state = new
         if not self._swap(voice):  # in this process, between two announcements
-            self._roll_back_state("the running agent could not switch")
+            self.state = rolled_back(
+                self.state, "the running agent could not switch", keep_other=False
+            )
             save_state(self._dir, self.state)
             raise UpdateError("switch_failed", "the running agent could not take the new model")
         fault_point("commit")
@@ -459,10 +513,15 @@ class Updater:
         if self.state.previous is None and self.state.active is None:
             raise UpdateError("nothing_to_roll_back", "the factory model is active")
         fault_point("rollback")
-        self._roll_back_state("rollback requested")
+        target = rolled_back(self.state, "rollback requested")
+        model = self._model_of(target)
+        try:  # loaded first: the pointer moves only to a model that loads
+            voice = Voice.load(model, self._threads, self._cache_dir)
+            voice.prewarm()
+        except Exception as err:
+            raise UpdateError("switch_failed", f"the previous model does not load: {err}") from err
+        self.state = target
         save_state(self._dir, self.state)
-        voice = Voice.load(self.active_model(), self._threads, None)
-        voice.prewarm()
         if not self._swap(voice):
             raise UpdateError("switch_failed", "the running agent could not take the model")
         self._report(
@@ -471,8 +530,10 @@ class Updater:
             )
         )
 
-    def _roll_back_state(self, why: str) -> None:
-        self.state = rolled_back(self.state, why)
+    def _model_of(self, state: UpdateState) -> Path:
+        if state.active is None or state.model is None:
+            return self._factory
+        return self._dir / "slots" / state.active / state.model
 
     def _clean_staging(self, release: Manifest) -> None:
         for entry in release.files:
@@ -491,10 +552,12 @@ def start_model(config: OtaConfig, directory: Path, factory: Path) -> Path:
         if state.pending.attempts > config.max_start_attempts:
             failed = state.pending
             state = rolled_back(
-                state, f"{failed.attempts - 1} starts with release {failed.release}"
+                state,
+                f"{failed.attempts - 1} starts with release {failed.release}",
+                keep_other=False,
             )
             report = UpdateReport(
-                "start", "rolled_back", reason="start_failed", release=failed.release
+                failed.offer, "rolled_back", reason="start_failed", release=failed.release
             )
             state.reports.append(asdict(report))
         save_state(directory, state)
@@ -503,10 +566,12 @@ def start_model(config: OtaConfig, directory: Path, factory: Path) -> Path:
     return directory / "slots" / state.active / state.model
 
 
-def rolled_back(state: UpdateState, why: str) -> UpdateState:
-    """The state with the previous slot active again."""
+def rolled_back(state: UpdateState, why: str, *, keep_other: bool = True) -> UpdateState:
+    """The state with the previous slot active again. With `keep_other` the slot left becomes
+    the previous one (a second rollback returns to it); without, it is no rollback target (it
+    was never confirmed: failed starts, a refused switch)."""
     _LOGGER.warning("Rolling back to release %d: %s", state.previous_release, why)
-    return replace(
+    back = replace(
         state,
         release=state.previous_release,
         version=state.previous_version,
@@ -517,6 +582,11 @@ def rolled_back(state: UpdateState, why: str) -> UpdateState:
         previous_version=state.version,
         previous_model=state.model,
         pending=None,
+    )
+    if keep_other:
+        return back
+    return replace(
+        back, previous=None, previous_release=0, previous_version=None, previous_model=None
     )
 
 

@@ -6,6 +6,7 @@ test_ota_fleet.py.)"""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import queue
 from collections.abc import Iterator
@@ -551,3 +552,100 @@ def test_reports_reached_before_a_start_are_delivered_by_started(
     updater.started()
     assert reports.get_nowait().state == "rolled_back"
     assert load_state(directory).reports == []
+
+
+# ---- review fixes: slots, rollback targets, leftovers, redelivery ---------------------------
+
+
+def test_a_failed_install_into_the_rollback_slot_never_becomes_a_rollback_target(
+    harness: Harness, key: Ed25519PrivateKey, tiny_voice: Path
+) -> None:
+    """2 in slot a, 3 in slot b (previous: a); 4 goes to slot a and fails its health check:
+    slot a no longer holds 2, so a rollback goes to the configured model, never into 4."""
+    for number, gain in ((2, 0.006), (3, 0.007)):
+        item = released(harness, key, number, gain=gain)
+        assert harness.run(item.offer(url(harness, item)), f"o{number}").state == "installed"
+    broken = released(harness, key, 4, gain=float("nan"))
+    report = harness.run(broken.offer(url(harness, broken)), "o4")
+    assert (report.state, report.reason) == ("failed", "health_check")
+    assert (load_state(harness.directory).previous, harness.updater.state.release) == (None, 3)
+    back = harness.run({"rollback": True}, "back")
+    assert (back.state, back.release) == ("rolled_back", 0)
+    assert harness.updater.active_model() == tiny_voice
+    assert harness.swapped[-1].path == tiny_voice
+
+
+def test_a_rollback_to_a_model_that_does_not_load_changes_nothing(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """The previous slot's file damaged: `switch_failed`, and the pointer stays where it was."""
+    for number, gain in ((2, 0.006), (3, 0.007)):
+        item = released(harness, key, number, gain=gain)
+        assert harness.run(item.offer(url(harness, item)), f"o{number}").state == "installed"
+    previous = harness.directory / "slots" / "a" / "voice2.onnx"
+    previous.unlink()
+    previous.write_bytes(b"not a model")
+    report = harness.run({"rollback": True}, "back")
+    assert (report.state, report.reason) == ("failed", "switch_failed")
+    assert (load_state(harness.directory).release, len(harness.swapped)) == (3, 2)
+
+
+def test_a_download_complete_before_a_restart_is_only_checked(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """Killed after the last byte, before the rename: no request for that file again."""
+    item = released(harness, key, 2)
+    staging = harness.directory / "staging"
+    staging.mkdir(parents=True)
+    digest = hashlib.sha256(item.model.read_bytes()).hexdigest()
+    (staging / f"{digest}.part").write_bytes(item.model.read_bytes())
+    assert harness.run(item.offer(url(harness, item))).state == "installed"
+    names = [name for name, _ in harness.server.behaviour.requests]
+    assert item.model.name not in names, names
+
+
+def test_the_running_offer_delivered_again_is_ignored(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """QoS 1 redelivery of the offer being carried out: no `busy` under its own id."""
+    item = released(harness, key, 2)
+    harness.server.behaviour.bytes_per_second = 2000
+    harness.updater.command("same", item.offer(url(harness, item)))
+    wait_until(lambda: any(r.state == "downloading" for r in harness.reports), what="downloading")
+    harness.updater.command("same", item.offer(url(harness, item)))
+    harness.server.behaviour.bytes_per_second = None
+    assert harness.final("same").state == "installed"
+    assert [r.state for r in harness.finals("same")] == ["installed"]
+
+
+def test_a_manifest_url_must_be_http(harness: Harness) -> None:
+    """`file:` and other schemes are refused before anything is read."""
+    report = harness.run({"manifest_url": "file:///etc/passwd", "base_url": "http://x/"})
+    assert (report.state, report.reason) == ("failed", "malformed")
+
+
+def test_failed_starts_leave_no_rollback_target_and_leftovers_are_removed(
+    tmp_path: Path, tiny_voice: Path
+) -> None:
+    """After the automatic rollback the slot that failed is no target; at start, a slot that
+    is neither active nor previous and temporary state files are removed."""
+    config = OtaConfig(trusted_keys=("x",), max_start_attempts=1)
+    directory = tmp_path / "ota"
+    state = load_state(directory)
+    state.release, state.active, state.model, state.version = 4, "b", "voice4.onnx", "4.0"
+    state.previous, state.previous_release, state.previous_model = "a", 3, "voice3.onnx"
+    state.pending = Pending("b", 4, "4.0", offer="o4")
+    save_state(directory, state)
+    for _ in range(2):
+        start_model(config, directory, tiny_voice)
+    after = load_state(directory)
+    assert (after.active, after.previous, after.reports[0]["offer"]) == ("a", None, "o4")
+    (directory / "slots" / "a").mkdir(parents=True)
+    (directory / "slots" / "b").mkdir(parents=True)
+    (directory / "leftover.partial").write_text("{", encoding="utf-8")
+    trusting = OtaConfig(trusted_keys=(release.public_text(Ed25519PrivateKey.generate()),))
+    updater = Updater(trusting, directory, tiny_voice, 22050, 1, lambda _r: None, lambda _v: True)
+    updater.start()
+    updater.stop()
+    assert sorted(p.name for p in (directory / "slots").iterdir()) == ["a"]
+    assert not list(directory.glob("*.partial"))
