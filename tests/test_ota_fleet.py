@@ -162,8 +162,8 @@ def test_a_model_the_agent_cannot_start_on_is_rolled_back_after_three_starts(
         failing = start_agent(tiny_voice, node_id=node, sections=sections, wait=False)
         assert wait_exit(failing) == 1
     back = start_agent(tiny_voice, node_id=node, sections=sections)
-    event = back.watcher.wait_event("start", "update")
-    assert (event["state"], event["reason"]) == ("rolled_back", "start_failed")
+    assert update_state(back, "first") == "rolled_back"  # reported under the offer's id
+    assert _finals(back.watcher, "first")[-1]["reason"] == "start_failed"
     state = speaks(back, "old-model")
     assert (state["model_sha256"], state["model_release"]) == (sha256(tiny_voice), 0)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.soak import run, write_report
+from tests.soak import Interval, Soak, _judge, run, write_report
 
 pytestmark = [pytest.mark.broker, pytest.mark.voice]
 
@@ -19,3 +19,27 @@ def test_a_short_soak_keeps_memory_descriptors_threads_and_latency_bounded(tmp_p
     assert all(i.announcements > 5 for i in soak.intervals)
     failed = [goal for goal, met in soak.verdicts.items() if not met]
     assert not failed, soak.notes
+
+
+def test_growth_is_measured_once_the_phrase_cache_is_full() -> None:
+    """Growth while the bounded cache fills is by design; a leak after it is not."""
+
+    def soak_of(rss: list[float], cache: list[float]) -> Soak:
+        soak = Soak(
+            1.0,
+            [
+                Interval(60.0 * n, r, 13, 9, 10, cache_mb=c)
+                for n, (r, c) in enumerate(zip(rss, cache, strict=True), 1)
+            ],
+        )
+        _judge(soak, cache_bound_mb=32.0)
+        return soak
+
+    filling = soak_of([500, 516, 532, 533, 534], [0, 16, 31, 32, 32])
+    assert filling.notes["warm_until_s"] == 180.0
+    assert filling.verdicts["rss_growth_under_5_percent"]
+    leaking = soak_of([500, 516, 532, 560, 590], [0, 16, 31, 32, 32])
+    assert not leaking.verdicts["rss_growth_under_5_percent"]
+    never_full = soak_of([500, 510, 540], [0, 5, 10])
+    assert never_full.notes["warm_until_s"] == 120.0
+    assert not never_full.verdicts["rss_growth_under_5_percent"]
