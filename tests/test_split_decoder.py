@@ -18,6 +18,7 @@ import pytest
 
 from agent.chunking import FIRST_FRAMES, MAX_FRAMES, frame_chunks
 from agent.voice import SynthesisParams, Voice, bundled_voice, to_pcm16
+from bench.texts import STORY
 from tests.conftest import StartAgent
 from tests.support import PulseNullSink, wait_until
 
@@ -95,25 +96,6 @@ def test_chunked_decoding_is_within_one_pcm_step_of_whole_decoding(
             steps = np.abs(to_pcm16(chunked).astype(np.int32) - to_pcm16(reference))
             assert steps.max() <= 1, text
             assert snr_db(reference, chunked) >= 110, text
-
-
-STORY = (
-    "Here is the long evening report for the whole house, read slowly from start to end. "
-    "The living room is warm and the lights are dimmed, the kitchen is tidy, and the "
-    "dishwasher finished its cycle a few minutes ago, so it can be emptied whenever you like. "
-    "In the garden the sprinklers ran for twenty minutes, the gate is closed and locked, and "
-    "the motion sensor by the shed saw nothing unusual since the afternoon. "
-    "Upstairs, the bedroom windows are shut, the heating is set to eighteen degrees for the "
-    "night, and the bathroom fan will switch itself off in about a quarter of an hour. "
-    "The washing machine in the cellar is still running and will be done at a quarter past "
-    "nine; remember to hang the laundry before you go to bed, or it will smell tomorrow. "
-    "Tomorrow morning the alarm is set for half past six, the coffee machine will warm up at "
-    "twenty past, and the forecast says light rain until ten, then sunshine with a cool wind "
-    "from the north, so take a jacket if you cycle to work. "
-    "The car is charged to eighty percent, which is enough for the trip to the coast on "
-    "Saturday, and the tyre pressure was checked on Monday. "
-    "That is all for tonight; sleep well, and I will wake you with the news in the morning."
-)
 
 
 @pytest.mark.slow  # a minute of real-time audio: `make test-slow`
