@@ -462,7 +462,9 @@ class App:
         in_progress = report.state in _UPDATE_RUNNING
         self._update_view = {
             "latest": report.version or self._update_view.get("latest"),
-            "notes": report.notes or self._update_view.get("notes"),
+            "notes": (report.notes or self._update_view.get("notes"))
+            if in_progress or report.state == "installed"
+            else None,  # the notes of a release that is not (or no longer) installed go
             "progress": report.progress if in_progress else None,
             "in_progress": in_progress,
         }
@@ -546,7 +548,8 @@ class App:
             "queue_depth": self._core.queue_depth,
             "underruns": self._player.underruns,
             "model": voice.path.stem,
-            "model_version": voice.sha256[:12],
+            "model_version": (self._updater.installed_version if self._updater else None)
+            or voice.sha256[:12],
             "model_sha256": voice.sha256,
             "model_release": self._updater.state.release if self._updater else 0,
             "last_ttfa_ms": telemetry.last_ttfa_ms,
