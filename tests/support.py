@@ -329,6 +329,17 @@ class PulseNullSink:
                 env={**os.environ, "HOME": str(self.xdg)},
             )
         wait_until(self.socket.exists, 15, "the PulseAudio socket")
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Play a second of silence through ALSA's `pulse` device and wait for it: the
+        first stream of a fresh server can stall for a second or more (seen in CI: a test's
+        first 1.5 s of speech took that long to be consumed), which no test should measure."""
+        env = {**os.environ, **self.env(self.socket.parent / "warm-up.raw")}
+        command = ["aplay", "-q", "-D", "pulse", "-t", "raw", "-f", "S16_LE", "-r", "22050"]
+        subprocess.run(
+            [*command, "-c", "1", "-d", "1", "/dev/zero"], env=env, check=True, timeout=30
+        )
 
     def stop(self) -> None:
         """Stop the server."""

@@ -34,6 +34,12 @@ def speak(agent: RunningAgent, **payload: object) -> float:
     return agent.watcher.publish(agent.topics.speak, json.dumps(payload).encode())
 
 
+def captured_seconds(agent: RunningAgent) -> float:
+    """Audio that went through the paced device so far (the capture file's length)."""
+    size = agent.capture.stat().st_size if agent.capture.exists() else 0
+    return size / 2 / RATE
+
+
 def event_time(event: dict[str, object]) -> float:
     """The agent's wall-clock time of an event (its `ts`)."""
     return datetime.fromisoformat(str(event["ts"]).replace("Z", "+00:00")).timestamp()
@@ -57,7 +63,8 @@ def test_an_alarm_preempts_a_long_chat_within_100_ms_with_a_fade(paced: RunningA
     agent = paced
     speak(agent, id="chat", text=LONG_CHAT, priority="chat")
     agent.watcher.wait_event("chat", "started")
-    time.sleep(1.5)
+    # The premise: the chat is playing. Wait until a second of it went through the device.
+    wait_until(lambda: captured_seconds(agent) >= 1.0, 15, "a second of the chat played")
     sent = speak(agent, id="fire", text="Fire alarm in hall two.", priority="alarm")
     started = agent.watcher.wait_event("fire", "started")
     agent.watcher.wait_event("fire", "finished")
