@@ -200,7 +200,6 @@ class App:
         self._telemetry = Telemetry()
         self._systemd = Notifier(environ)
         self._audio_available = True
-        self._event_wall: float | None = None
         self._started_at = time.monotonic()
         self._state_due = 0.0
         self._state_dirty = True
@@ -230,7 +229,7 @@ class App:
             }
         self._updates: queue.Queue[UpdateReport | _Swap] = queue.Queue()
         self._swap_waiting: _Swap | None = None
-        self._update_view: dict[str, object] = {"latest": None, "progress": None}
+        self._update_view = _UpdateView()
         self._updater: Updater | None = None
         if config.ota.trusted_keys:
             self._updater = Updater(
@@ -362,19 +361,20 @@ class App:
     def _handle(self, event: Event, now: float) -> None:
         """One event: its journal writes in one transaction (one sync), and only then the
         acknowledgements and events it caused go out."""
+        wall = None  # when its events happened: the audio writer's time for these, else now
         if isinstance(event, UtteranceStarted | UtteranceEnded) and event.wall:
-            self._event_wall = event.wall  # its events carry when it was played, not handled
+            wall = event.wall
         with self._journal.transaction():
             for action in self._core.handle(event, now):
-                self._execute(action, now)
+                self._execute(action, now, wall)  # its events carry when it was played
         self._flush()
-        self._event_wall = None
         if isinstance(event, AudioStatus):
             self._audio_available = event.available
         if not isinstance(event, Tick | SynthesisDone):
             self._state_dirty = True
 
-    def _execute(self, action: Action, now: float) -> None:
+    def _execute(self, action: Action, now: float, wall: float | None = None) -> None:
+        """Carry out one action; `wall` is the time its events carry (default: now)."""
         match action:
             case Record(request, fingerprint):
                 if request.audio is None:  # recorded audio (Hermes) is real-time only
@@ -382,8 +382,8 @@ class App:
             case Acknowledge(delivery):
                 self._unsent.append(delivery)  # after the journal is synced
             case Notify(request_id, event, details):
-                wall = time.time() if self._event_wall is None else self._event_wall
-                payload = encode_event(self._config.node_id, request_id, event, details, wall)
+                at = time.time() if wall is None else wall
+                payload = encode_event(self._config.node_id, request_id, event, details, at)
                 state = _journal_state(action)  # the state and its event, in one transaction
                 key = self._journal.note_event(request_id, state, self._topics.events, payload)
                 self._unsent.append((key, payload))
@@ -449,25 +449,24 @@ class App:
         return True
 
     def _publish_update(self, report: UpdateReport, now: float) -> None:
-        previous = self._update_view.get("progress")
+        view = self._update_view
         if (
             report.state == "downloading"
-            and isinstance(previous, int)
+            and view.progress is not None
             and report.progress is not None
-            and report.progress // 10 == previous // 10
+            and report.progress // 10 == view.progress // 10
             and report.progress != 100
         ):
-            self._update_view["progress"] = report.progress
+            view.progress = report.progress
             return  # progress events in steps of 10 %
         in_progress = report.state in _UPDATE_RUNNING
-        self._update_view = {
-            "latest": report.version or self._update_view.get("latest"),
-            "notes": (report.notes or self._update_view.get("notes"))
-            if in_progress or report.state == "installed"
-            else None,  # the notes of a release that is not (or no longer) installed go
-            "progress": report.progress if in_progress else None,
-            "in_progress": in_progress,
-        }
+        keeps_notes = in_progress or report.state == "installed"  # else not (or no longer) ours
+        self._update_view = _UpdateView(
+            latest=report.version or view.latest,
+            notes=(report.notes or view.notes) if keeps_notes else None,
+            progress=report.progress if in_progress else None,
+            in_progress=in_progress,
+        )
         details = {
             k: v
             for k, v in asdict(report).items()
@@ -481,20 +480,20 @@ class App:
             self._execute(notify, now)
         self._flush()
 
+    def _model_version(self) -> str:
+        """The installed release's version; the configured model's first 12 sha256 digits."""
+        installed = self._updater.installed_version if self._updater else None
+        return installed or self._voices["default"].voice.sha256[:12]
+
     def _publish_update_state(self) -> None:
-        voice = self._voices["default"].voice
-        installed = (self._updater.installed_version if self._updater else None) or voice.sha256[
-            :12
-        ]
         view = self._update_view
-        progress, notes = view.get("progress"), view.get("notes")
         body = update_state(
-            installed,
-            str(view["latest"]) if view.get("latest") else None,
-            f"Voice model {voice.path.stem}",
-            in_progress=bool(view.get("in_progress")),
-            percentage=progress if isinstance(progress, int) else None,
-            notes=str(notes) if notes else None,
+            self._model_version(),
+            view.latest,
+            f"Voice model {self._voices['default'].voice.path.stem}",
+            in_progress=view.in_progress,
+            percentage=view.progress,
+            notes=view.notes,
         )
         self._link.publish(self._topics.update, body, retain=True)
 
@@ -548,8 +547,7 @@ class App:
             "queue_depth": self._core.queue_depth,
             "underruns": self._player.underruns,
             "model": voice.path.stem,
-            "model_version": (self._updater.installed_version if self._updater else None)
-            or voice.sha256[:12],
+            "model_version": self._model_version(),
             "model_sha256": voice.sha256,
             "model_release": self._updater.state.release if self._updater else 0,
             "last_ttfa_ms": telemetry.last_ttfa_ms,
@@ -704,6 +702,16 @@ _SWAP_WAIT_SECONDS: Final = 600.0
 _UPDATE_RUNNING: Final = frozenset(
     {"verifying", "downloading", "installing", "checking", "switching"}
 )
+
+
+@dataclass(slots=True)
+class _UpdateView:
+    """What Home Assistant's update entity shows of the update in progress (or the last)."""
+
+    latest: str | None = None
+    notes: str | None = None
+    progress: int | None = None
+    in_progress: bool = False
 
 
 @dataclass(slots=True)

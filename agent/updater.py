@@ -319,12 +319,16 @@ class Updater:
         if free < release.total_bytes + _SPARE_BYTES:
             raise UpdateError("no_space", f"{free} bytes free, {release.total_bytes} needed")
         done = 0
+        reported = [-1]  # the last percent reported
         staged: dict[str, Path] = {}
         for entry in release.files:
             url = urllib.parse.urljoin(base if base.endswith("/") else base + "/", entry.path)
 
             def progress(got: int, before: int = done) -> None:
                 percent = int(100 * (before + got) / max(release.total_bytes, 1))
+                if percent == reported[0]:
+                    return  # at most one report per percent, however small the reads
+                reported[0] = percent
                 self._report(
                     UpdateReport(
                         offer_id,

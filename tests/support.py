@@ -3,6 +3,7 @@ as a subprocess, and numbers about captured audio. No mocks."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -11,17 +12,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import alsaaudio
 import numpy as np
 import numpy.typing as npt
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+
+from agent.player import Pcm
 
 TIMEOUT: Final = 60.0
 """Upper bound for any wait in a test: slow machines pass, hangs fail."""
@@ -388,3 +392,26 @@ def make_pki(directory: Path, name: str = "test") -> Pki:
     for path in (key, cert, ca):
         path.chmod(0o644)  # readable by the broker, which may run as another user
     return Pki(ca, cert, key)
+
+
+class FaultyPcm:
+    """A real PCM with faults at given writes (1-based): `underrun` returns what pyalsaaudio
+    returns after recovering one (-EPIPE), `lost` raises as a vanished device does."""
+
+    def __init__(self, pcm: Pcm, faults: Mapping[int, str]) -> None:
+        self._pcm, self._faults, self._writes = pcm, faults, 0
+
+    def write(self, data: bytes) -> int:
+        self._writes += 1
+        fault = self._faults.get(self._writes)
+        if fault == "underrun":
+            return -errno.EPIPE
+        if fault == "lost":
+            raise alsaaudio.ALSAAudioError("No such device [hw:1,0]")
+        return self._pcm.write(data)
+
+    def drain(self) -> int:
+        return self._pcm.drain()
+
+    def close(self) -> None:
+        self._pcm.close()

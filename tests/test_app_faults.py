@@ -3,7 +3,6 @@ serving, says the audio is unavailable meanwhile, and plays the next announcemen
 
 from __future__ import annotations
 
-import errno
 import threading
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 from agent.app import App, load_voices
 from agent.config import from_mapping
 from agent.player import Pcm, alsa_opener
-from tests.support import Broker, Watcher, publish
+from tests.support import Broker, FaultyPcm, Watcher, publish
 
 pytestmark = pytest.mark.broker
 
@@ -31,26 +30,7 @@ class FlakyDevice:
         if self.opens in (2, 3):
             raise alsaaudio.ALSAAudioError("Device or resource busy [hw:1,0]")
         pcm, period = self._open()
-        return (_Dying(pcm) if self.opens == 1 else pcm), period
-
-
-class _Dying:
-    def __init__(self, pcm: Pcm) -> None:
-        self._pcm, self._writes = pcm, 0
-
-    def write(self, data: bytes) -> int:
-        self._writes += 1
-        if self._writes == 5:
-            return -errno.EPIPE
-        if self._writes == 12:
-            raise alsaaudio.ALSAAudioError("No such device [hw:1,0]")
-        return self._pcm.write(data)
-
-    def drain(self) -> int:
-        return self._pcm.drain()
-
-    def close(self) -> None:
-        self._pcm.close()
+        return (FaultyPcm(pcm, {5: "underrun", 12: "lost"}) if self.opens == 1 else pcm), period
 
 
 @pytest.mark.allow_error_logs

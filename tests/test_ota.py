@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import queue
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -649,3 +650,22 @@ def test_failed_starts_leave_no_rollback_target_and_leftovers_are_removed(
     updater.stop()
     assert sorted(p.name for p in (directory / "slots").iterdir()) == ["a"]
     assert not list(directory.glob("*.partial"))
+
+
+def test_download_progress_is_reported_once_per_percent(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """A 1 MB model arriving 256 bytes at a time (4,000 reads): at most one report a percent."""
+    source = harness.server.directory / "src-big"
+    source.mkdir(parents=True)
+    model = source / "big.onnx"
+    model.write_bytes(os.urandom(1 << 20))  # not a model: only the download is looked at
+    Path(f"{model}.json").write_text("{}", encoding="utf-8")
+    envelope = release.sign(release.build_manifest(model, 2, "2.0"), [key])
+    directory = release.publish_release(harness.server.directory / "r-big", model, envelope)
+    harness.server.behaviour.bytes_per_second = 50_000_000
+    body = {"manifest": json.loads(envelope), "base_url": f"{harness.server.url}{directory.name}/"}
+    assert harness.run(body).reason == "health_check"
+    progress = [r.progress for r in harness.reports if r.state == "downloading"]
+    assert len(progress) == len(set(progress)) <= 101
+    assert progress[-1] == 100

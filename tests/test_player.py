@@ -3,7 +3,6 @@ injected by a wrapper around the real pyalsaaudio PCM."""
 
 from __future__ import annotations
 
-import errno
 import queue
 import threading
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from agent.messages import (
     UtteranceStarted,
 )
 from agent.player import BUFFER_CHUNKS, Chunk, Pcm, PcmOpener, Player, alsa_opener
-from tests.support import read_pcm, wait_until
+from tests.support import FaultyPcm, read_pcm, wait_until
 
 RATE = 22050
 PERIOD = RATE // 50  # 20 ms
@@ -217,27 +216,6 @@ class _Gated:
         self._pcm.close()
 
 
-class _Faulty:
-    """The real PCM, with a fault at the n-th write: an underrun or a lost device."""
-
-    def __init__(self, pcm: Pcm, at: int, fault: str) -> None:
-        self._pcm, self._at, self._fault, self._writes = pcm, at, fault, 0
-
-    def write(self, data: bytes) -> int:
-        self._writes += 1
-        if self._writes == self._at:
-            if self._fault == "underrun":
-                return -errno.EPIPE  # what pyalsaaudio returns after recovering an underrun
-            raise alsaaudio.ALSAAudioError("No such device [hw:1,0]")
-        return self._pcm.write(data)
-
-    def drain(self) -> int:
-        return self._pcm.drain()
-
-    def close(self) -> None:
-        self._pcm.close()
-
-
 @pytest.mark.allow_error_logs
 def test_an_underrun_is_recovered_and_counted(
     tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
@@ -246,7 +224,7 @@ def test_an_underrun_is_recovered_and_counted(
 
     def opener() -> tuple[Pcm, int]:
         pcm, period = file_opener(capture)()
-        return _Faulty(pcm, 3, "underrun"), period
+        return FaultyPcm(pcm, {3: "underrun"}), period
 
     player = make_player(opener)  # type: ignore[call-arg]
     sound = tone(0.3)
@@ -267,7 +245,7 @@ def test_a_lost_device_fails_the_announcement_then_is_reopened(
     def opener() -> tuple[Pcm, int]:
         pcm, period = file_opener(capture)()
         opened.append(1)
-        return (_Faulty(pcm, 2, "lost") if len(opened) == 1 else pcm), period
+        return (FaultyPcm(pcm, {2: "lost"}) if len(opened) == 1 else pcm), period
 
     player = make_player(opener)  # type: ignore[call-arg]
     player.put(Chunk("a", tone(0.3)))
