@@ -20,8 +20,8 @@ test-slow: $(STAMP)  ## the tests marked slow (a minute or more each of real-tim
 	$(VENV)/bin/pytest -m slow
 
 lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
-	$(VENV)/bin/ruff check agent tests scripts bench ota
-	$(VENV)/bin/ruff format --check agent tests scripts bench ota
+	$(VENV)/bin/ruff check agent tests scripts bench ota harness
+	$(VENV)/bin/ruff format --check agent tests scripts bench ota harness
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)  ## benchmark against piper-tts: bench/results.json, bench/REPORT.md, bench/latency.png

@@ -1,0 +1,31 @@
+"""Real parts for integration tests and benchmarks: a Mosquitto broker, MQTT watchers and
+publishers, the agent as a subprocess with its config, a paced PulseAudio sink, and numbers about
+captured audio. No mocks. `tests/` and `bench/` both import it."""
+
+from __future__ import annotations
+
+from .agent import AgentProcess, agent_config, write_config
+from .audio import FaultyPcm, PulseNullSink, read_pcm, speech_stats
+from .broker import Broker, Pki, free_port, make_pki
+from .mqtt import Received, Watcher, publish
+from .wait import ROOT, TIMEOUT, wait_until
+
+__all__ = [
+    "ROOT",
+    "TIMEOUT",
+    "AgentProcess",
+    "Broker",
+    "FaultyPcm",
+    "Pki",
+    "PulseNullSink",
+    "Received",
+    "Watcher",
+    "agent_config",
+    "free_port",
+    "make_pki",
+    "publish",
+    "read_pcm",
+    "speech_stats",
+    "wait_until",
+    "write_config",
+]

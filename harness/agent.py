@@ -1,0 +1,95 @@
+"""The agent as a subprocess, as a user or systemd starts it, and the one builder of its configs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .broker import Broker
+from .wait import ROOT, TIMEOUT
+
+
+def agent_config(
+    broker: Broker | None,
+    workdir: Path,
+    node_id: str,
+    *,
+    voice: Path | None = None,
+    device: str = "null",
+    **sections: Mapping[str, Any],
+) -> dict[str, Any]:
+    """An agent config for tests and benchmarks: the broker's address with short reconnect
+    delays, `device` for audio, `voice` (None: the bundled one), cache and storage under
+    `workdir`, Home Assistant discovery off; each of `sections` is merged over those defaults
+    (e.g. `speak={"queue_size": 2000}`, `mqtt={"username": "a"}`)."""
+    config: dict[str, Any] = {
+        "node_id": node_id,
+        "mqtt": {"reconnect_min": 0.2, "reconnect_max": 2.0},
+        "audio": {"device": device},
+        "tts": {"voice": str(voice) if voice else None},
+        "cache": {"dir": str(workdir / "cache")},
+        "storage": {"dir": str(workdir / "storage")},
+        "homeassistant": {"discovery": False},
+    }
+    if broker is not None:
+        config["mqtt"] |= {"host": broker.host, "port": broker.port}
+    for section, values in sections.items():
+        config[section] = {**config.get(section, {}), **values}
+    return config
+
+
+def write_config(path: Path, config: Mapping[str, Any]) -> Path:
+    """Write a config as YAML (as an operator would) and return its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(dict(config)), encoding="utf-8")
+    return path
+
+
+class AgentProcess:
+    """`python -m agent run` as a subprocess, as a user or systemd would start it."""
+
+    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.log = log
+        self.env = {**os.environ, **(env or {})}
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start it (returns at once; wait for `online` to know it is ready)."""
+        with self.log.open("ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "agent", "run", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=ROOT,
+            )
+
+    def signal(self, sig: int) -> int:
+        """Send a signal and wait for the exit; returns the exit code."""
+        assert self._process is not None
+        if self._process.poll() is None:
+            self._process.send_signal(sig)
+        code = self._process.wait(TIMEOUT)
+        self._process = None
+        return code
+
+    @property
+    def pid(self) -> int:
+        """The running process's id."""
+        assert self._process is not None, "not started"
+        return self._process.pid
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self._process is not None and self._process.poll() is None
+
+    def output(self) -> str:
+        """Everything it logged so far."""
+        return self.log.read_text(encoding="utf-8", errors="replace")
