@@ -1,74 +1,211 @@
-"""Operator side of model updates over MQTT: offer a release to a node, a group or the fleet,
-collect the results, and roll out in stages (canaries first, halting at a failure threshold)."""
+"""The operator's live view of the fleet over MQTT: the inventory from retained status and state,
+the nodes' update events, and offers and commands sent to them.
+
+One paho client (its network thread feeds the inventory and the event log). A rollout uses a
+persistent session (MQTT 5 session expiry, clean start off when resuming), so update events
+published while the tool was down are delivered when it comes back.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
-from agent.updater import FINAL_STATES
+from agent.states import FINAL_PHASES, GOOD_PHASES
+from ota.connection import BrokerError, BrokerSettings, connect, new_client
+from ota.inventory import Inventory
 
-FINAL: Final = FINAL_STATES
+FINAL: Final = FINAL_PHASES
 """Update states after which a node is done with an offer."""
-GOOD: Final = frozenset({"installed", "already_installed"})
+GOOD: Final = GOOD_PHASES
+"""Final states that leave a node on the offered release."""
+PUBLISH_STALL: Final = 120.0
+"""Seconds without a single acknowledgement of pending publications before giving up."""
+
+
+@dataclass(frozen=True)
+class UpdateEvent:
+    """One `update` event of a node (progress or result of an offer or command)."""
+
+    node: str
+    offer: str
+    state: str
+    at: float
+    """Wall time the tool received it."""
+    reason: str | None = None
+    detail: str | None = None
+    release: int | None = None
+    progress: int | None = None
+    ts: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """Whether the node is done with the offer."""
+        return self.state in FINAL
+
+
+def _update_event(node: str, body: dict[str, Any], at: float) -> UpdateEvent | None:
+    if body.get("event") != "update" or not isinstance(body.get("state"), str):
+        return None
+    release, progress = body.get("release"), body.get("progress")
+    return UpdateEvent(
+        node=node,
+        offer=str(body.get("id")),
+        state=body["state"],
+        at=at,
+        reason=body.get("reason") if isinstance(body.get("reason"), str) else None,
+        detail=body.get("detail") if isinstance(body.get("detail"), str) else None,
+        release=release if isinstance(release, int) else None,
+        progress=progress if isinstance(progress, int) else None,
+        ts=body.get("ts") if isinstance(body.get("ts"), str) else None,
+    )
+
+
+def offer_body(envelope: bytes, base_url: str, offer_id: str) -> dict[str, Any]:
+    """The JSON of an offer (README: Model updates over the air)."""
+    return {"id": offer_id, "manifest": json.loads(envelope), "base_url": base_url}
 
 
 class Fleet:
-    """A real MQTT client that offers releases and watches the nodes' update events."""
+    """A real MQTT client that knows the inventory, watches update events and sends offers."""
 
-    def __init__(self, host: str, port: int, prefix: str = "voice") -> None:
-        self.prefix = prefix
-        self._states: dict[str, dict[str, dict[str, Any]]] = {}  # offer -> node -> last event
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        *,
+        client_id: str | None = None,
+        clean_start: bool = True,
+        session_expiry: int = 0,
+        events: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.prefix = settings.prefix
+        self.client_id = client_id or f"ota-{uuid.uuid4().hex[:10]}"
+        self.inventory = Inventory(settings.prefix)
         self._lock = threading.Lock()
-        self._client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=f"ota-fleet-{uuid.uuid4().hex[:8]}",
-            protocol=MQTTProtocolVersion.MQTTv5,
-        )
+        self._log: list[UpdateEvent] = []
+        self._last: dict[str, dict[str, UpdateEvent]] = {}  # offer -> node -> newest event
+        self._final: dict[str, dict[str, UpdateEvent]] = {}  # offer -> node -> newest final
+        self._subscribed = threading.Event()
+        self._synced: set[str] = set()
+        p = settings.prefix
+        self._sync_topic = f"{p}/_ota/{self.client_id}/sync"
+        self._topics = [(f"{p}/+/status", 1), (f"{p}/+/state", 1), (self._sync_topic, 1)]
+        self._topics.append(("$SYS/broker/connection/+/state", 0))
+        if events:
+            self._topics.append((f"{p}/+/events", 1))
+        self._client = new_client(settings, self.client_id)
         self._client.on_message = self._on_message
-        subscribed = threading.Event()
-        self._client.on_subscribe = lambda *_args: subscribed.set()
-        self._client.connect(host, port)
-        self._client.subscribe(f"{prefix}/+/events", qos=1)
-        self._client.loop_start()
-        if not subscribed.wait(10):
-            raise ConnectionError(f"no SUBACK from {host}:{port}")
+        self._client.on_subscribe = lambda *_args: self._subscribed.set()
+        self.session_present = connect(
+            self._client, settings, clean_start=clean_start, session_expiry=session_expiry
+        )
+        self._client.on_connect = self._on_reconnect
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        self._subscribed.clear()
+        self._client.subscribe(self._topics)
+        if not self._subscribed.wait(15):
+            self.close()
+            raise BrokerError(f"no SUBACK from {self.settings.address}")
+
+    def _on_reconnect(
+        self, client: mqtt.Client, _userdata: Any, _flags: Any, reason: Any, _props: Any
+    ) -> None:
+        if not getattr(reason, "is_failure", False):
+            client.subscribe(self._topics)
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
+        now = time.time()
+        if message.topic == self._sync_topic:
+            with self._lock:
+                self._synced.add(message.payload.decode("ascii", "replace"))
+            return
+        node = self.inventory.feed(message.topic, bytes(message.payload), bool(message.retain), now)
+        if node is None or not message.topic.endswith("/events"):
+            return
         try:
-            event = json.loads(message.payload)
+            body = json.loads(message.payload)
         except ValueError:
             return
-        if not isinstance(event, dict) or event.get("event") != "update":
+        event = _update_event(node, body, now) if isinstance(body, dict) else None
+        if event is None:
             return
-        node = message.topic.split("/")[-2]
         with self._lock:
-            self._states.setdefault(str(event.get("id")), {})[node] = event
+            self._log.append(event)
+            self._last.setdefault(event.offer, {})[node] = event
+            if event.final:
+                self._final.setdefault(event.offer, {})[node] = event
 
-    def offer(self, topic_target: str, envelope: bytes, base_url: str, offer_id: str) -> None:
-        """Publish an offer on `<prefix>/<target>/ota` (target: a node id, `group/<g>`, `all`)."""
-        body = {"id": offer_id, "manifest": json.loads(envelope), "base_url": base_url}
-        info = self._client.publish(f"{self.prefix}/{topic_target}/ota", json.dumps(body), qos=1)
-        info.wait_for_publish(10)
+    def sync(self, timeout: float = 10.0) -> bool:
+        """Wait until the retained messages of the subscriptions have arrived: a marker the tool
+        publishes after its SUBACK comes back after them (the broker keeps one connection's
+        messages in order). False when it did not come back in time (an ACL may forbid it)."""
+        token = uuid.uuid4().hex
+        self._client.publish(self._sync_topic, token, qos=1)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if token in self._synced:
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def drain(self) -> list[UpdateEvent]:
+        """Update events received since the last call, in arrival order."""
+        with self._lock:
+            events, self._log = self._log, []
+        return events
+
+    def states(self, offer_id: str) -> dict[str, UpdateEvent]:
+        """The newest event of each node for an offer."""
+        with self._lock:
+            return dict(self._last.get(offer_id, {}))
+
+    def finals(self, offer_id: str) -> dict[str, UpdateEvent]:
+        """The newest final event of each node for an offer."""
+        with self._lock:
+            return dict(self._final.get(offer_id, {}))
+
+    def send(self, messages: Iterable[tuple[str, dict[str, Any]]]) -> None:
+        """Publish (target, body) pairs on `<prefix>/<target>/ota` at QoS 1 and wait until the
+        broker acknowledged all of them (a busy broker may take long: this waits as long as
+        acknowledgements keep coming). Target: a node id, `group/<g>` or `all`."""
+        infos = [
+            self._client.publish(f"{self.prefix}/{target}/ota", json.dumps(body), qos=1)
+            for target, body in messages
+        ]
+        waiting = len(infos)
+        progressed = time.monotonic()
+        while waiting:
+            infos = [i for i in infos if not i.is_published()]
+            if len(infos) < waiting:
+                waiting, progressed = len(infos), time.monotonic()
+            elif time.monotonic() - progressed > PUBLISH_STALL:
+                raise BrokerError(
+                    f"the broker at {self.settings.address} acknowledged none of the last "
+                    f"{waiting} publications in {PUBLISH_STALL:.0f} s"
+                )
+            if infos:
+                infos[0].wait_for_publish(0.5)
+
+    def offer(self, target: str, envelope: bytes, base_url: str, offer_id: str) -> None:
+        """Offer a release on `<prefix>/<target>/ota` (a node id, `group/<g>`, `all`)."""
+        self.send([(target, offer_body(envelope, base_url, offer_id))])
 
     def command(self, node: str, body: dict[str, Any]) -> None:
-        """Send `{"rollback": true}` or `{"cancel": true}` to a node."""
-        info = self._client.publish(f"{self.prefix}/{node}/ota", json.dumps(body), qos=1)
-        info.wait_for_publish(10)
-
-    def states(self, offer_id: str) -> dict[str, dict[str, Any]]:
-        """The last update event of each node for this offer."""
-        with self._lock:
-            return dict(self._states.get(offer_id, {}))
+        """Send `{"id": ..., "rollback": true}` or `{"id": ..., "cancel": true}` to a node."""
+        self.send([(node, body)])
 
     def wait(
         self,
@@ -77,77 +214,28 @@ class Fleet:
         timeout: float,
         progress: Callable[[str], None] = print,
     ) -> dict[str, str]:
-        """Wait until every node reached a final state (or the timeout); node -> state."""
+        """Wait until every node reached a final state (or the timeout); node -> state
+        (`timeout` for a node that gave none)."""
         deadline = time.monotonic() + timeout
         shown = ""
         while True:
-            states = self.states(offer_id)
-            final = {
-                n: str(states[n]["state"]) for n in nodes if states.get(n, {}).get("state") in FINAL
-            }
-            line = f"{offer_id}: {len(final)}/{len(nodes)} done, " + ", ".join(
-                f"{state} {list(final.values()).count(state)}"
-                for state in sorted(set(final.values()))
+            final = {n: e.state for n, e in self.finals(offer_id).items() if n in set(nodes)}
+            counts = sorted(set(final.values()))
+            line = f"{offer_id}: {len(final)}/{len(nodes)} done" + "".join(
+                f", {state} {list(final.values()).count(state)}" for state in counts
             )
             if line != shown:
                 progress(line)
                 shown = line
             if len(final) == len(nodes) or time.monotonic() > deadline:
                 return {n: final.get(n, "timeout") for n in nodes}
-            time.sleep(0.2)
+            time.sleep(0.1)
 
-    def close(self) -> None:
-        """Disconnect."""
+    def close(self, forget_session: bool = False) -> None:
+        """Disconnect; with `forget_session` the broker drops the persistent session now."""
+        properties = None
+        if forget_session:
+            properties = Properties(PacketTypes.DISCONNECT)  # type: ignore[no-untyped-call]
+            properties.SessionExpiryInterval = 0
+        self._client.disconnect(properties=properties)
         self._client.loop_stop()
-        self._client.disconnect()
-
-
-@dataclass
-class Rollout:
-    """What a staged rollout did."""
-
-    canary: dict[str, str] = field(default_factory=dict)
-    rest: dict[str, str] = field(default_factory=dict)
-    halted: bool = False
-    rolled_back: list[str] = field(default_factory=list)
-
-
-def rollout(
-    fleet: Fleet,
-    nodes: Sequence[str],
-    envelope: bytes,
-    base_url: str,
-    *,
-    canary_share: float = 0.2,
-    failure_threshold: float = 0.1,
-    timeout: float = 600.0,
-    progress: Callable[[str], None] = print,
-) -> Rollout:
-    """Offer to a canary share of the nodes; if their failure share stays at or under the
-    threshold, offer to the rest; otherwise halt and roll the canaries back."""
-    ordered = sorted(nodes)
-    count = max(1, math.ceil(canary_share * len(ordered)))
-    canaries, rest = ordered[:count], ordered[count:]
-    name = f"rollout-{uuid.uuid4().hex[:8]}"
-    result = Rollout()
-    progress(f"canaries: {', '.join(canaries)}")
-    for node in canaries:
-        fleet.offer(node, envelope, base_url, f"{name}-canary")
-    result.canary = fleet.wait(f"{name}-canary", canaries, timeout, progress)
-    failed = [n for n, state in result.canary.items() if state not in GOOD]
-    if len(failed) / len(canaries) > failure_threshold:
-        result.halted = True
-        progress(f"halted: {len(failed)} of {len(canaries)} canaries failed ({', '.join(failed)})")
-        for node, state in result.canary.items():
-            if state == "installed":
-                fleet.command(node, {"id": f"{name}-rollback", "rollback": True})
-                result.rolled_back.append(node)
-        if result.rolled_back:
-            fleet.wait(f"{name}-rollback", result.rolled_back, timeout, progress)
-        return result
-    progress(f"canaries good; offering to the other {len(rest)}")
-    for node in rest:
-        fleet.offer(node, envelope, base_url, f"{name}-rest")
-    if rest:
-        result.rest = fleet.wait(f"{name}-rest", rest, timeout, progress)
-    return result

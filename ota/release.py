@@ -7,6 +7,7 @@ verification live in `agent.manifest`, the one place both sides read.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import http.server
 import json
@@ -134,3 +135,18 @@ def serve(directory: Path, port: int, host: str = "0.0.0.0") -> http.server.Thre
     server = http.server.ThreadingHTTPServer((host, port), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def describe(envelope: bytes) -> tuple[int, str, str]:
+    """(release, version, model sha256) of a signed envelope, read without verifying it (the
+    nodes verify); ValueError when it is not a signed manifest."""
+    try:
+        outer = json.loads(envelope)
+        body = json.loads(base64.b64decode(outer["manifest"], validate=True))
+        model = next(f for f in body["files"] if str(f["path"]).endswith(".onnx"))
+        release, version, sha = body["release"], body["version"], model["sha256"]
+    except (ValueError, KeyError, TypeError, StopIteration, binascii.Error) as err:
+        raise ValueError(f"not a signed manifest envelope: {err}") from None
+    if not isinstance(release, int) or not isinstance(version, str) or not isinstance(sha, str):
+        raise ValueError("not a signed manifest envelope: release, version or sha256 mistyped")
+    return release, version, sha

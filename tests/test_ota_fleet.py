@@ -1,12 +1,16 @@
 """Model updates with real agents on a real broker: SIGKILL at every step of an update, an agent
 that cannot start on its new model, a result reached while the broker is down, and a staged
-rollout over 20 agent processes with the operator tool."""
+rollout in waves over 20 agent processes with the operator tool, and its inventory of real
+agents."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,11 +19,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent.updater import FAULT_ENV, FINAL_STATES
-from ota import fleet, release
+from harness.fleet_sim import tool
+from ota import release, rollout_state
 from tests.conftest import RunningAgent, StartAgent
 from tests.release_server import ReleaseServer
 from tests.support import TIMEOUT, Broker, Watcher, wait_until
 from tests.test_ota import Release, make_release
+from tests.tiny_voice import write_tiny_voice
 
 pytestmark = pytest.mark.allow_error_logs  # failed updates and killed agents log errors
 
@@ -215,23 +221,44 @@ def update_state_of(watcher: Watcher, offer_id: str) -> str:
     return str(_finals(watcher, offer_id)[-1]["state"])
 
 
-def test_staged_rollout_over_twenty_agents(
+def voice_at(directory: Path, rate: int) -> Path:
+    """The tiny voice declared at another sample rate (a device that runs at that rate)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model = write_tiny_voice(directory, "tiny16k.onnx")
+    config = Path(f"{model}.json")
+    body = json.loads(config.read_text())
+    body["audio"]["sample_rate"] = rate
+    config.write_text(json.dumps(body))
+    return model
+
+
+def run_tool(broker: Broker, command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The operator's tool as an operator runs it, to its end."""
+    return subprocess.run(
+        tool(broker, command, *args), check=False, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_wave_rollout_over_twenty_agents(
     start_agent: StartAgent,
     broker: Broker,
     server: ReleaseServer,
     key: Ed25519PrivateKey,
     tiny_voice: Path,
 ) -> None:
-    """20 agents. A good release: the 4 canaries install before any other node is offered it,
-    then the rest. A release too big for two canaries' memory limit: the rollout halts at the
-    threshold, the canaries that installed it roll back, no other node is touched."""
+    """20 agents; n00 and n01 run at 16 kHz. Release 1 (22.05 kHz) goes to n02-n19 in waves of
+    4, 6 and 8: each wave ends before the next is offered. Release 2 (22.05 kHz, healthy) goes
+    to all 20 in waves of 4 and 16: the health check of n00 and n01 refuses its sample rate (a
+    reason that no CPU load changes), 2 of 4 > 25 %, the rollout halts, n02 and n03 (which
+    installed it) are rolled back, and n04-n19 are never offered it."""
     nodes = [f"n{i:02d}" for i in range(20)]
-    small = {"n00", "n01"}  # small devices: a 300 MB limit for the check
+    tmp_path = server.directory.parent
+    slow_rate = voice_at(tmp_path / "voice16k", 16000)
     agents = {
         node: start_agent(
-            tiny_voice,
+            slow_rate if node in {"n00", "n01"} else tiny_voice,
             node_id=node,
-            sections=ota_section(key, health_memory_mb=300 if node in small else 2048),
+            sections=ota_section(key),
             wait=False,
         )
         for node in nodes
@@ -239,52 +266,107 @@ def test_staged_rollout_over_twenty_agents(
     for agent in agents.values():
         agent.wait_online()
     good = make_release(server.directory, key, 1)
-    heavy = make_release(server.directory, key, 2, fault="heavy")
-    operator = fleet.Fleet(broker.host, broker.port)
-    lines: list[str] = []
-    try:
-        first = fleet.rollout(
-            operator,
-            nodes,
-            good.envelope,
-            f"{server.url}{good.directory.name}/",
-            canary_share=0.2,
-            failure_threshold=0.25,
-            timeout=TIMEOUT * 3,
-            progress=lines.append,
-        )
-        assert not first.halted
-        assert sorted(first.canary) == nodes[:4]
-        assert set(first.canary.values()) == set(first.rest.values()) == {"installed"}
-        canaries_done = max(_event_time(agents[n], "installed") for n in nodes[:4])
-        rest_started = min(_event_time(agents[n], "verifying") for n in nodes[4:])
-        assert canaries_done < rest_started
+    newer = make_release(server.directory, key, 2, gain=0.007)
+    first_state, second_state = tmp_path / "r1.json", tmp_path / "r2.json"
+    common = ["--soak", "0", "--node-timeout", "300", "--error-threshold", "0.25"]
+    first = run_tool(
+        broker,
+        "rollout",
+        str(good.directory / "manifest.json"),
+        "--base-url",
+        f"{server.url}{good.directory.name}/",
+        "--nodes",
+        ",".join(nodes[2:]),
+        "--waves",
+        "4,10,all",
+        "--state-file",
+        str(first_state),
+        *common,
+    )
+    assert first.returncode == 0, first.stdout + first.stderr
+    plan = rollout_state.load(first_state)
+    assert [w.nodes for w in plan.waves] == [nodes[2:6], nodes[6:12], nodes[12:]]
+    assert {plan.nodes[n].state for n in nodes[2:]} == {"installed"}
+    for done, following in itertools.pairwise(plan.waves):
+        finished = max(_event_time(agents[n], "installed") for n in done.nodes)
+        begun = min(_event_time(agents[n], "verifying") for n in following.nodes)
+        assert finished < begun, (done.index, following.index)
 
-        second = fleet.rollout(
-            operator,
-            nodes,
-            heavy.envelope,
-            f"{server.url}{heavy.directory.name}/",
-            canary_share=0.2,
-            failure_threshold=0.25,
-            timeout=TIMEOUT * 3,
-            progress=lines.append,
-        )
-    finally:
-        operator.close()
-    assert second.halted
-    assert second.canary == {
-        "n00": "failed",
-        "n01": "failed",
-        "n02": "installed",
-        "n03": "installed",
+    second = run_tool(
+        broker,
+        "rollout",
+        str(newer.directory / "manifest.json"),
+        "--base-url",
+        f"{server.url}{newer.directory.name}/",
+        "--nodes",
+        ",".join(nodes),
+        "--waves",
+        "4,all",
+        "--rollback-on-halt",
+        "--state-file",
+        str(second_state),
+        *common,
+    )
+    assert second.returncode == 1, second.stdout + second.stderr
+    halted = rollout_state.load(second_state)
+    assert halted.status == "halted"
+    assert [w.outcome for w in halted.waves] == ["halted", None]
+    outcome = {n: (halted.nodes[n].state, halted.nodes[n].reason) for n in nodes[:4]}
+    assert outcome == {
+        "n00": ("failed", "health_check"),
+        "n01": ("failed", "health_check"),
+        "n02": ("installed", None),
+        "n03": ("installed", None),
     }
-    assert second.rolled_back == ["n02", "n03"]
-    assert second.rest == {}
+    assert "sample rate" in str(halted.nodes["n00"].detail)
+    assert [n for n in nodes if halted.nodes[n].rollback == "rolled_back"] == ["n02", "n03"]
+    for node in nodes[4:]:
+        assert not agents[node].watcher.events(halted.waves[1].offer_id), node
     for node in nodes:
         state = speaks(agents[node], f"check-{node}")
-        assert (state["model_sha256"], state["model_release"]) == (sha256(good.model), 1), node
-    assert any("halted" in line for line in lines), lines
+        expected = (sha256(slow_rate), 0) if node in {"n00", "n01"} else (sha256(good.model), 1)
+        assert (state["model_sha256"], state["model_release"]) == expected, node
+    assert "halted at wave 1" in second.stdout
+    for agent in agents.values():  # all stop at once; the fixture then waits for each
+        os.kill(agent.process.pid, signal.SIGTERM)
+
+
+def test_inventory_of_real_agents_shows_a_killed_one_offline(
+    start_agent: StartAgent, broker: Broker, key: Ed25519PrivateKey, tiny_voice: Path
+) -> None:
+    """Three agents; one is killed (its Last Will says offline): `status` lists all three, the
+    killed one offline, each with what its retained state says (None for a field it does not
+    publish, `?` in the table)."""
+    agents = {
+        node: start_agent(tiny_voice, node_id=node, sections=ota_section(key))
+        for node in ("inv-a", "inv-b", "inv-c")
+    }
+    states = {node: speaks(agent, f"hello-{node}") for node, agent in agents.items()}
+    agents["inv-b"].process.signal(signal.SIGKILL)
+    agents["inv-b"].watcher.wait_payload("voice/inv-b/status", b"offline")
+    shown = run_tool(broker, "status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    nodes = {n["node"]: n for n in json.loads(shown.stdout)["nodes"]}
+    assert sorted(nodes) == ["inv-a", "inv-b", "inv-c"]
+    assert {n: v["presence"] for n, v in nodes.items()} == {
+        "inv-a": "online",
+        "inv-b": "offline",
+        "inv-c": "online",
+    }
+    for node, view in nodes.items():
+        published = states[node]
+        for name in ("model", "model_version", "model_sha256", "model_release", "audio"):
+            assert view[name] == published[name], (node, name)
+        for name in ("device_class", "agent_version", "last_update"):  # the lead's new fields
+            assert view[name] == published.get(name), (node, name)
+        assert view["model_sha256"] == sha256(tiny_voice)
+    table = run_tool(broker, "status")
+    assert table.returncode == 0, table.stderr
+    row = next(line.split() for line in table.stdout.splitlines() if line.startswith("inv-b"))
+    assert row[1] == "offline"
+    assert "3 nodes: 2 online, 1 offline" in table.stdout
+    if "device_class" not in states["inv-b"]:
+        assert "?" in row
 
 
 def _event_time(agent: RunningAgent, update_state: str) -> float:

@@ -1,0 +1,218 @@
+"""How the operator's tool reaches the broker: address, credentials, TLS, shared by every command.
+
+Errors name the broker, the file or the broker's reason code, never a secret: the password is
+read from the first line of a file and only handed to paho.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+DEFAULT_BROKER: Final = "127.0.0.1:1883"
+CONNECT_TIMEOUT: Final = 15.0
+"""Seconds to wait for the broker's CONNACK before giving up."""
+KEEPALIVE: Final = 30
+"""MQTT keepalive of the tool's connection (seconds)."""
+
+
+class BrokerError(Exception):
+    """The broker could not be reached or refused the tool; the message holds no secret."""
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Where the broker is and how to log in (the password stays in its file until connect)."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    prefix: str = "voice"
+    username: str | None = None
+    password_file: Path | None = None
+    tls: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    @property
+    def address(self) -> str:
+        """host:port, for messages."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`host`, `host:port` or `[v6]:port`; port 1883 (8883 is not guessed) when absent."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise ValueError(f"{text!r}: expected host:port")
+    try:
+        port = int(port_text) if port_text else 1883
+    except ValueError:
+        raise ValueError(f"{text!r}: the port is not a number") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"{text!r}: the port must be 1-65535")
+    return host, port
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The broker options every MQTT command takes."""
+    group = parser.add_argument_group("broker")
+    group.add_argument("--broker", default=None, help=f"host:port (default {DEFAULT_BROKER})")
+    group.add_argument("--prefix", default=None, help="topic prefix (default voice)")
+    group.add_argument("--username", default=None)
+    group.add_argument(
+        "--password-file", type=Path, default=None, help="the password is its first line"
+    )
+    group.add_argument("--tls", action="store_true", help="TLS, verifying the broker's name")
+    group.add_argument("--ca-file", type=Path, default=None, help="CA of the broker (implies TLS)")
+    group.add_argument("--cert-file", type=Path, default=None, help="client certificate (TLS)")
+    group.add_argument("--key-file", type=Path, default=None, help="its private key (TLS)")
+
+
+def settings_from_args(
+    args: argparse.Namespace, fallback: BrokerSettings | None = None
+) -> BrokerSettings:
+    """Settings from the options; `fallback` (e.g. a resumed rollout's) fills what is absent."""
+    base = fallback or BrokerSettings()
+    host, port = parse_address(args.broker) if args.broker else (base.host, base.port)
+    if (args.cert_file is None) != (args.key_file is None):
+        raise ValueError("--cert-file and --key-file go together")
+    for name in ("password_file", "ca_file", "cert_file", "key_file"):
+        path = getattr(args, name)
+        if path is not None and not path.is_file():
+            raise ValueError(f"--{name.replace('_', '-')} {path}: no such file")
+    if args.password_file is not None and args.username is None:
+        raise ValueError("--password-file needs --username")
+    tls = bool(args.tls or args.ca_file or args.cert_file)
+    return BrokerSettings(
+        host=host,
+        port=port,
+        prefix=args.prefix or base.prefix,
+        username=args.username,
+        password_file=args.password_file,
+        tls=tls,
+        ca_file=args.ca_file,
+        cert_file=args.cert_file,
+        key_file=args.key_file,
+    )
+
+
+def read_password(path: Path) -> str:
+    """The first line of the password file (without its line end)."""
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return handle.readline().rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "not UTF-8 text"
+        raise BrokerError(f"cannot read the password file {path}: {reason}") from None
+
+
+def _no_delay(_client: mqtt.Client, _userdata: Any, sock: Any) -> None:
+    """Small packets (offers, acks) go out at once, not after the peer's delayed ACK."""
+    if isinstance(sock, socket.socket) and sock.family in {socket.AF_INET, socket.AF_INET6}:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def new_client(settings: BrokerSettings, client_id: str) -> mqtt.Client:
+    """A paho MQTT 5 client with the settings' credentials and TLS (not yet connected)."""
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
+    )
+    client.on_socket_open = _no_delay
+    if settings.username is not None:
+        password = read_password(settings.password_file) if settings.password_file else None
+        client.username_pw_set(settings.username, password)
+    if settings.tls:
+        try:
+            client.tls_set(
+                ca_certs=str(settings.ca_file) if settings.ca_file else None,
+                certfile=str(settings.cert_file) if settings.cert_file else None,
+                keyfile=str(settings.key_file) if settings.key_file else None,
+            )
+        except (OSError, ssl.SSLError) as err:
+            raise BrokerError(f"TLS files could not be loaded: {_ssl_reason(err)}") from None
+    client.reconnect_delay_set(1, 10)
+    return client
+
+
+def _ssl_reason(err: BaseException) -> str:
+    if isinstance(err, ssl.SSLError):
+        return str(err.reason or err.__class__.__name__)
+    if isinstance(err, OSError):
+        return str(err.strerror or err.__class__.__name__)
+    return err.__class__.__name__
+
+
+def connect(
+    client: mqtt.Client,
+    settings: BrokerSettings,
+    *,
+    clean_start: bool = True,
+    session_expiry: int = 0,
+    timeout: float = CONNECT_TIMEOUT,
+) -> bool:
+    """Connect, start paho's network thread and wait for the CONNACK; whether the broker still
+    had a session for this client id. Raises BrokerError with the broker's reason."""
+    done = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def on_connect(
+        _client: mqtt.Client, _userdata: Any, flags: Any, reason: Any, _props: Any
+    ) -> None:
+        outcome.setdefault("reason", reason)
+        outcome.setdefault("session", bool(getattr(flags, "session_present", False)))
+        done.set()
+
+    def on_disconnect(*_args: Any) -> None:
+        outcome.setdefault("closed", True)
+        done.set()
+
+    previous, previous_disconnect = client.on_connect, client.on_disconnect
+    client.on_connect, client.on_disconnect = on_connect, on_disconnect
+    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    properties.SessionExpiryInterval = session_expiry
+    try:
+        client.connect(
+            settings.host,
+            settings.port,
+            keepalive=KEEPALIVE,
+            clean_start=clean_start,
+            properties=properties,
+        )
+    except ssl.SSLError as err:
+        raise BrokerError(f"TLS with {settings.address} failed: {_ssl_reason(err)}") from None
+    except OSError as err:
+        why = err.strerror or err.__class__.__name__
+        raise BrokerError(f"cannot reach the broker at {settings.address}: {why}") from None
+    client.loop_start()
+    if not done.wait(timeout):
+        client.loop_stop()
+        raise BrokerError(f"no answer (CONNACK) from {settings.address} within {timeout:.0f} s")
+    client.on_disconnect = previous_disconnect
+    answer = outcome.get("reason")
+    if answer is None or getattr(answer, "is_failure", False):
+        client.loop_stop()
+        client.disconnect()
+        if answer is None:
+            hint = "" if settings.tls else " (does it expect TLS?)"
+            raise BrokerError(f"the broker at {settings.address} closed the connection{hint}")
+        raise BrokerError(f"the broker at {settings.address} refused the connection: {answer}")
+    client.on_connect = previous
+    return bool(outcome["session"])

@@ -1,0 +1,69 @@
+"""`python -m ota status`: the inventory from retained topics, as a table or JSON, once or
+refreshed in place."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Final, TextIO
+
+from ota import inventory
+from ota.connection import BrokerSettings
+from ota.fleet import Fleet
+
+CLEAR: Final = "\x1b[H\x1b[2J"
+"""ANSI: cursor home, clear screen (for --watch on a terminal)."""
+
+
+def run(
+    settings: BrokerSettings,
+    *,
+    group: str | None = None,
+    as_json: bool = False,
+    watch: bool = False,
+    interval: float = 2.0,
+    stale_after: float = inventory.DEFAULT_STALE_AFTER,
+    sync_timeout: float = 10.0,
+    out: TextIO = sys.stdout,
+    rounds: int | None = None,
+) -> int:
+    """Print the inventory (with `watch`, every `interval` s until Ctrl-C or `rounds`)."""
+    fleet = Fleet(settings, events=False)
+    try:
+        if not fleet.sync(sync_timeout):
+            print(
+                f"warning: retained messages may be incomplete (no echo of the tool's marker on "
+                f"{settings.prefix}/_ota/... within {sync_timeout:.0f} s)",
+                file=sys.stderr,
+            )
+        shown = 0
+        while True:
+            now = time.time()
+            records = fleet.inventory.records(group)
+            bridges = fleet.inventory.bridges()
+            if as_json:
+                document = inventory.report(records, now, stale_after, bridges)
+                if watch:  # one document per line
+                    text = json.dumps(document, separators=(",", ":"))
+                else:
+                    text = json.dumps(document, indent=1)
+            else:
+                heading = f"{settings.prefix}/ at {settings.address}, {inventory.iso(now)}"
+                if group is not None:
+                    heading += f", group {group}"
+                body = inventory.table(records, now, stale_after, bridges)
+                if not records:
+                    body = f"no node has announced itself under {settings.prefix}/"
+                text = f"{heading}\n\n{body}"
+                if watch and out.isatty():
+                    text = CLEAR + text
+            print(text, file=out, flush=True)
+            shown += 1
+            if not watch or (rounds is not None and shown >= rounds):
+                return 0
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        fleet.close()
