@@ -1,0 +1,545 @@
+"""Home Assistant itself judges the agent's MQTT discovery: a real Home Assistant core (installed
+into a cached venv on first use, see harness.homeassistant) and a real agent on one broker. Every
+entity the agent announces must appear as announced with no refusal in Home Assistant's log, and
+every control must work through Home Assistant's own services.
+
+One Home Assistant and one agent serve the whole module (a start takes seconds, the first
+install minutes); each test leaves both running as it found them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from agent.discovery import TEXT_MAX
+from agent.topics import Topics
+from harness import (
+    AgentProcess,
+    Broker,
+    PulseNullSink,
+    Watcher,
+    agent_config,
+    wait_until,
+    write_config,
+)
+from harness.homeassistant import DISCOVERY_PREFIX, ApiError, HomeAssistant, entity_ids, install
+from ota import release
+from tests.release_server import ReleaseServer
+from tests.tiny_voice import write_tiny_voice
+
+pytestmark = pytest.mark.broker
+
+ANNOUNCED: Final = {
+    "notify": 1,
+    "text": 1,
+    "button": 3,
+    "number": 1,
+    "select": 1,
+    "sensor": 7,
+    "update": 1,
+}
+"""Entities per component the README's Home Assistant table lists."""
+
+NOTES: Final = "Clearer vowels."
+"""Release notes of the update the last test installs."""
+
+
+@dataclass
+class Node:
+    """The agent under test, with a watcher on its own topics."""
+
+    process: AgentProcess
+    topics: Topics
+    watcher: Watcher
+
+    @property
+    def node_id(self) -> str:
+        """The agent's node id."""
+        return self.topics.node_id
+
+    def start(self) -> None:
+        """Start and wait for `online` on its status topic (published after this call)."""
+        mark = len(self.watcher.snapshot())
+        self.process.start()
+
+        def online() -> bool:
+            status = [m for m in self.watcher.snapshot()[mark:] if m.topic == self.topics.status]
+            return bool(status) and status[-1].payload == b"online"
+
+        wait_until(lambda: online() or not self.process.alive(), what="the agent online")
+        assert self.process.alive(), self.process.output()[-3000:]
+
+    def stop(self) -> None:
+        """Stop as systemd does."""
+        assert self.process.signal(signal.SIGTERM) == 0, self.process.output()[-3000:]
+
+    def state(self, since: int = 0) -> dict[str, Any]:
+        """The latest state JSON it published after message number `since` ({} if none)."""
+        found = [m for m in self.watcher.snapshot()[since:] if m.topic == self.topics.state]
+        return found[-1].json() if found else {}
+
+
+@pytest.fixture(scope="module")
+def ha_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """The broker Home Assistant and the agent share."""
+    server = Broker(tmp_path_factory.mktemp("ha-broker"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def seen(ha_broker: Broker) -> Iterator[Watcher]:
+    """Everything under the discovery prefix: configs and Home Assistant's birth messages."""
+    watcher = Watcher(ha_broker, f"{DISCOVERY_PREFIX}/#")
+    yield watcher
+    watcher.close()
+
+
+@pytest.fixture(scope="module")
+def homeassistant(
+    ha_broker: Broker, seen: Watcher, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HomeAssistant]:
+    """Home Assistant core, installed if the cache has none, onboarded, MQTT connected."""
+    ha = HomeAssistant(install(), tmp_path_factory.mktemp("homeassistant"), ha_broker)
+    ha.start()
+    yield ha
+    ha.stop()
+
+
+@pytest.fixture(scope="module")
+def signing_key() -> Ed25519PrivateKey:
+    """The release signing key the agent trusts."""
+    return Ed25519PrivateKey.generate()
+
+
+@pytest.fixture(scope="module")
+def node(
+    ha_broker: Broker,
+    tiny_voice: Path,
+    pulse: PulseNullSink,
+    signing_key: Ed25519PrivateKey,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Node]:
+    """The agent with discovery on, a second voice, trusted update key, paced audio."""
+    workdir = tmp_path_factory.mktemp("agent")
+    node_id = f"ha{uuid.uuid4().hex[:6]}"
+    second = write_tiny_voice(workdir, "second.onnx", gain=0.006)
+    config = agent_config(
+        ha_broker,
+        workdir,
+        node_id,
+        voice=tiny_voice,
+        device="paced_capture",
+        tts={"voices": {"second": str(second)}},
+        homeassistant={"discovery": True},
+        ota={
+            "trusted_keys": [release.public_text(signing_key)],
+            "health_timeout": 60,
+            "download_timeout": 3,
+        },
+    )
+    path = write_config(workdir / "agent.yaml", config)
+    process = AgentProcess(path, workdir / "agent.log", pulse.env(workdir / "capture.raw"))
+    topics = Topics("voice", node_id)
+    agent = Node(process, topics, Watcher(ha_broker, f"voice/{node_id}/#"))
+    agent.start()
+    yield agent
+    if agent.process.alive():
+        agent.stop()
+    agent.watcher.close()
+    errors = [line for line in process.output().splitlines() if " ERROR " in line]
+    assert not errors, errors
+
+
+@pytest.fixture(scope="module")
+def entities(homeassistant: HomeAssistant, node: Node, seen: Watcher) -> dict[str, str]:
+    """Entity id per object id (`say`, `volume`, ...) once Home Assistant made every entity
+    the agent announced."""
+
+    def made() -> dict[str, str]:
+        return entity_ids(homeassistant, f"voice_agent_{node.node_id}_")
+
+    wait_until(
+        lambda: len(announced(seen, node.node_id)) == sum(ANNOUNCED.values()),
+        what="the agent's discovery configs",
+    )
+    wait_until(
+        lambda: (
+            len(made()) == len(announced(seen, node.node_id)) or bool(homeassistant.mqtt_problems())
+        ),
+        what="the entities",
+    )
+    assert homeassistant.mqtt_problems() == []  # a refused config says why here
+    return made()
+
+
+def announced(seen: Watcher, node_id: str) -> dict[str, dict[str, Any]]:
+    """The latest discovery config per `<component>/<object_id>` of a node."""
+    found = {}
+    for message in seen.snapshot():
+        parts = message.topic.split("/")
+        if len(parts) == 5 and parts[2] == node_id and parts[4] == "config" and message.payload:
+            found[f"{parts[1]}/{parts[3]}"] = message.json()
+    return found
+
+
+def spoken(node: Node, since: int) -> tuple[bytes, dict[str, Any]]:
+    """The first speak message after message number `since`, and its `finished` event."""
+
+    def after() -> list[Any]:
+        return node.watcher.snapshot()[since:]
+
+    def accepted() -> list[dict[str, Any]]:
+        events = [m.json() for m in after() if m.topic == node.topics.events]
+        return [e for e in events if e["event"] == "accepted"]
+
+    wait_until(lambda: any(m.topic == node.topics.speak for m in after()), what="a speak message")
+    payload = next(m.payload for m in after() if m.topic == node.topics.speak)
+    wait_until(lambda: bool(accepted()), what="an accepted event")
+    return payload, node.watcher.wait_event(accepted()[0]["id"], "finished")
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery: what Home Assistant made of it
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_announced_entity_appears_as_announced(
+    homeassistant: HomeAssistant, node: Node, seen: Watcher, entities: dict[str, str]
+) -> None:
+    configs = announced(seen, node.node_id)
+    components = [key.split("/")[0] for key in configs]
+    assert {c: components.count(c) for c in set(components)} == ANNOUNCED
+    devices = [
+        d
+        for d in homeassistant.device_registry()
+        if ["mqtt", f"voice_agent_{node.node_id}"] in d["identifiers"]
+    ]
+    assert len(devices) == 1
+    device = devices[0]
+    shared = next(iter(configs.values()))["device"]
+    assert device["name"] == f"Voice {node.node_id}"
+    assert (device["manufacturer"], device["model"]) == ("voice-agent", shared["model"])
+    assert device["sw_version"] == shared["sw_version"]
+    for entity_id in entities.values():  # the retained `online` may come after the config
+        homeassistant.wait_state(entity_id, lambda s: s["state"] != "unavailable")
+    registry = {e["entity_id"]: e for e in homeassistant.entity_registry()}
+    states = {s["entity_id"]: s for s in homeassistant.states()}
+    for key, config in configs.items():
+        component, object_id = key.split("/")
+        entry = registry[entities[object_id]]
+        attributes = states[entry["entity_id"]]["attributes"]
+        assert entry["entity_id"].startswith(f"{component}."), key
+        assert (entry["platform"], entry["device_id"]) == ("mqtt", device["id"]), key
+        assert entry["original_name"] == config["name"], key
+        assert attributes["friendly_name"] == f"Voice {node.node_id} {config['name']}", key
+        assert entry["original_icon"] == config.get("icon"), key
+        assert attributes.get("icon") == config.get("icon"), key
+        assert entry["entity_category"] == config.get("entity_category"), key
+        assert entry["original_device_class"] == config.get("device_class"), key
+        assert attributes.get("unit_of_measurement") == config.get("unit_of_measurement"), key
+        assert attributes.get("state_class") == config.get("state_class"), key
+    for key, object_id, fields in (
+        ("text/say", "say", ("min", "max", "mode")),
+        ("number/volume", "volume", ("min", "max", "step", "mode")),
+        ("select/voice", "voice", ("options",)),
+    ):
+        shown = states[entities[object_id]]["attributes"]
+        assert {f: shown[f] for f in fields} == {f: configs[key][f] for f in fields}, key
+    assert states[entities["voice"]]["attributes"]["options"] == ["default", "second"]
+    assert homeassistant.mqtt_problems() == []
+
+
+def test_sensors_show_what_the_state_carries(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    node.watcher.publish(node.topics.speak, b'{"id": "sensors", "text": "Sensor check."}')
+    node.watcher.wait_event("sensors", "finished")
+    wait_until(lambda: node.state().get("last_ttfa_ms") is not None, what="a measured TTFA")
+
+    def expected(state: dict[str, Any]) -> dict[str, object]:
+        return {
+            "queue_depth": state["queue_depth"],
+            "time_to_first_audio": state["last_ttfa_ms"],
+            "synthesis_speed": state["synthesis_speed"],
+            "cache_hit_rate": round(state["cache"]["hit_rate"] * 100, 1),
+            "underruns": state["underruns"],
+            "model_version": state["model_version"],
+            "last_error": state["last_error"] or "none",
+        }
+
+    def mismatches() -> list[tuple[str, object, object]]:
+        want = expected(node.state())
+        shown = {key: homeassistant.state(entities[key]) for key in want}
+        wrong = []
+        for key, value in want.items():
+            state = shown[key]
+            got = None if state is None else state["state"]
+            same = got == str(value)
+            if isinstance(value, float) and got not in {None, "unknown", "unavailable"}:
+                same = float(str(got)) == pytest.approx(value)
+            if not same:
+                wrong.append((key, got, value))
+        return wrong
+
+    try:
+        wait_until(lambda: not mismatches(), what="the sensors to show the state")
+    except AssertionError:
+        assert mismatches() == []
+    assert homeassistant.mqtt_problems() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Controls, through Home Assistant's services
+# ---------------------------------------------------------------------------------------------
+
+
+def test_notify_send_message_speaks(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    since = len(node.watcher.snapshot())
+    homeassistant.call_service(
+        "notify",
+        "send_message",
+        {"entity_id": entities["speak"], "message": "The front door is open."},
+    )
+    payload, finished = spoken(node, since)
+    assert payload == b"The front door is open."
+    assert finished["priority"] == "info"
+    assert finished["audio_seconds"] > 0
+
+
+def test_text_set_value_speaks_and_home_assistant_caps_it(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    since = len(node.watcher.snapshot())
+    homeassistant.call_service(
+        "text", "set_value", {"entity_id": entities["say"], "value": "Dinner is ready."}
+    )
+    payload, finished = spoken(node, since)
+    assert payload == b"Dinner is ready."
+    assert finished["audio_seconds"] > 0
+    with pytest.raises(ApiError, match=rf"too long \(maximum length {TEXT_MAX}\)"):
+        homeassistant.call_service(
+            "text", "set_value", {"entity_id": entities["say"], "value": "x" * (TEXT_MAX + 1)}
+        )
+
+
+def test_the_stop_button_stops_speech(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    long = json.dumps({"id": "long", "text": "One two three four five. " * 12})
+    node.watcher.publish(node.topics.speak, long.encode())
+    node.watcher.wait_event("long", "started")
+    homeassistant.call_service("button", "press", {"entity_id": entities["stop"]})
+    assert node.watcher.wait_event("long", "stopped")["priority"] == "info"
+
+
+def test_the_test_chime_button_plays_the_test_announcement(
+    homeassistant: HomeAssistant, node: Node, seen: Watcher, entities: dict[str, str]
+) -> None:
+    since = len(node.watcher.snapshot())
+    homeassistant.call_service("button", "press", {"entity_id": entities["test_chime"]})
+    payload, finished = spoken(node, since)
+    config = announced(seen, node.node_id)["button/test_chime"]
+    assert payload.decode() == config["payload_press"]
+    assert json.loads(payload)["chime"] is True
+    assert finished["audio_seconds"] > 0
+
+
+def test_the_replay_button_says_the_last_announcement_again(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    node.watcher.publish(node.topics.speak, b'{"id": "replay-me", "text": "Bins go out."}')
+    node.watcher.wait_event("replay-me", "finished")
+    homeassistant.call_service("button", "press", {"entity_id": entities["replay"]})
+    replayed = node.watcher.wait_event("replay-me~replay1", "finished")
+    assert replayed["sentences"] == 1
+
+
+def test_the_volume_number_sets_the_volume(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    try:
+        homeassistant.call_service(
+            "number", "set_value", {"entity_id": entities["volume"], "value": 0.25}
+        )
+        wait_until(lambda: node.state().get("volume") == 0.25, what="volume 0.25 in the state")
+        homeassistant.wait_state(entities["volume"], lambda s: float(s["state"]) == 0.25)
+    finally:
+        homeassistant.call_service(
+            "number", "set_value", {"entity_id": entities["volume"], "value": 1.0}
+        )
+        wait_until(lambda: node.state().get("volume") == 1.0, what="volume 1 again")
+
+
+def test_the_voice_select_sets_the_voice(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    try:
+        homeassistant.call_service(
+            "select", "select_option", {"entity_id": entities["voice"], "option": "second"}
+        )
+        wait_until(lambda: node.state().get("voice") == "second", what="voice in the state")
+        homeassistant.wait_state(entities["voice"], lambda s: s["state"] == "second")
+    finally:
+        homeassistant.call_service(
+            "select", "select_option", {"entity_id": entities["voice"], "option": "default"}
+        )
+        wait_until(lambda: node.state().get("voice") == "default", what="default voice again")
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifecycles: the agent's and Home Assistant's
+# ---------------------------------------------------------------------------------------------
+
+
+def test_entities_are_unavailable_while_the_agent_is_stopped(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    def available() -> dict[str, bool]:
+        states = {s["entity_id"]: s["state"] for s in homeassistant.states()}
+        return {key: states.get(e) != "unavailable" for key, e in entities.items()}
+
+    node.stop()
+    try:
+        wait_until(lambda: not any(available().values()), what="every entity unavailable")
+    finally:
+        node.start()
+    wait_until(lambda: all(available().values()), what="every entity available again")
+
+
+def test_entities_come_back_after_home_assistant_restarts(
+    homeassistant: HomeAssistant, node: Node, seen: Watcher, entities: dict[str, str]
+) -> None:
+    since = len(seen.snapshot())
+    homeassistant.restart()
+    after = seen.snapshot()[since:]
+    birth = max(i for i, m in enumerate(after) if m.topic == f"{DISCOVERY_PREFIX}/status")
+    assert after[birth].payload == b"online"
+
+    def announced_again() -> set[str]:
+        """Config topics of the node published live (not retained) after the birth."""
+        messages = seen.snapshot()[since + birth :]
+        return {
+            m.topic
+            for m in messages
+            if m.topic.endswith("/config") and f"/{node.node_id}/" in m.topic and not m.retain
+        }
+
+    wait_until(lambda: len(announced_again()) == sum(ANNOUNCED.values()), what="the configs again")
+    after_restart = entity_ids(homeassistant, f"voice_agent_{node.node_id}_")
+    assert after_restart == entities  # the same entity ids: no duplicates, nothing renamed
+    for entity_id in entities.values():
+        homeassistant.wait_state(entity_id, lambda s: s["state"] != "unavailable")
+    assert homeassistant.mqtt_problems() == []
+
+
+def test_settings_from_home_assistant_survive_an_agent_restart(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    """Home Assistant publishes number and select commands non-retained, so the agent must keep
+    the volume and voice it was given itself."""
+    volume, voice = entities["volume"], entities["voice"]
+    try:
+        homeassistant.call_service("number", "set_value", {"entity_id": volume, "value": 0.4})
+        homeassistant.call_service(
+            "select", "select_option", {"entity_id": voice, "option": "second"}
+        )
+        wait_until(
+            lambda: (node.state().get("volume"), node.state().get("voice")) == (0.4, "second"),
+            what="the settings in the state",
+        )
+        node.stop()
+        since = len(node.watcher.snapshot())
+        node.start()
+
+        def restored() -> tuple[object, object]:
+            state = node.state(since)
+            return state.get("volume"), state.get("voice")
+
+        try:
+            wait_until(lambda: restored() == (0.4, "second"), what="the settings after restart")
+        except AssertionError:
+            assert restored() == (0.4, "second"), "(volume, voice) the restarted agent published"
+        homeassistant.wait_state(volume, lambda s: float(s["state"]) == 0.4)
+        homeassistant.wait_state(voice, lambda s: s["state"] == "second")
+    finally:
+        homeassistant.call_service("number", "set_value", {"entity_id": volume, "value": 1.0})
+        homeassistant.call_service(
+            "select", "select_option", {"entity_id": voice, "option": "default"}
+        )
+        wait_until(
+            lambda: (node.state().get("volume"), node.state().get("voice")) == (1.0, "default"),
+            what="the settings put back",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The update entity (last: it installs a new model on the module's agent)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_update_entity_shows_an_update_while_it_runs(
+    homeassistant: HomeAssistant,
+    node: Node,
+    signing_key: Ed25519PrivateKey,
+    entities: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    update = entities["voice_model"]
+    before = homeassistant.wait_state(update, lambda s: s["state"] == "off")["attributes"]
+    assert before["installed_version"] == before["latest_version"] == node.state()["model_version"]
+    assert before["in_progress"] is False
+    model = write_tiny_voice(tmp_path, "voice1.onnx", gain=0.006)
+    manifest = release.build_manifest(model, 1, "1.0", notes=NOTES)
+    envelope = release.sign(manifest, [signing_key])
+    release.publish_release(tmp_path / "releases" / "r1", model, envelope)
+    server = ReleaseServer(tmp_path / "releases").start()
+    try:
+        total = model.stat().st_size + Path(f"{model}.json").stat().st_size
+        server.behaviour.bytes_per_second = 10**9  # small steps (256 bytes), no real pacing
+        server.behaviour.stall_after = total // 2  # hold the download half way
+        offer = {
+            "id": "ha-update",
+            "manifest": json.loads(envelope),
+            "base_url": f"{server.url}r1/",
+        }
+        node.watcher.publish(node.topics.ota, json.dumps(offer).encode())
+        running = homeassistant.wait_state(
+            update,
+            lambda s: (
+                s["attributes"]["in_progress"] is True
+                and 0 < (s["attributes"]["update_percentage"] or 0) < 100
+            ),
+            what="an update in progress with its percentage",
+        )
+        assert running["state"] == "on"
+        assert running["attributes"]["latest_version"] == "1.0"
+        assert running["attributes"]["installed_version"] == before["installed_version"]
+        assert running["attributes"]["release_summary"] == NOTES
+        server.behaviour.stall_after = None  # the agent times out, resumes with Range
+        done = homeassistant.wait_state(
+            update,
+            lambda s: (
+                s["attributes"]["installed_version"] == "1.0"
+                and s["attributes"]["in_progress"] is False
+            ),
+            what="the update installed and over",
+        )
+    finally:
+        server.stop()
+    attributes = done["attributes"]
+    assert done["state"] == "off"
+    assert (attributes["latest_version"], attributes["update_percentage"]) == ("1.0", None)
+    assert attributes["release_summary"] == NOTES
+    assert homeassistant.mqtt_problems() == []
