@@ -124,7 +124,7 @@ def _install_signals(stop: Callable[[], None]) -> None:
 
 
 def _say(config: AgentConfig, args: argparse.Namespace) -> int:
-    from .app import load_voice  # noqa: PLC0415 - see _run
+    from .voices import load_voice  # noqa: PLC0415 - see _run
 
     if args.voice != "default" and args.voice not in config.tts.voices:
         known = ", ".join(["default", *config.tts.voices])

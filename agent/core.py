@@ -19,6 +19,8 @@ The rules:
 - `stop` cuts what is playing; with `clear` it also drops everything waiting.
 - `dedupe_key`: a newcomer replaces a waiting announcement with the same key and takes its place.
 - No announcement starts while the audio device is unavailable; they wait (their ttl runs).
+- A voice switch (a model update) waits until nothing is synthesized or played, and nothing new
+  starts meanwhile (an alarm still preempts what plays, then starts with the new voice).
 
 Allowed imports: stdlib and `messages`.
 """
@@ -49,6 +51,10 @@ from .messages import (
     SpeakReceived,
     SpeakRequest,
     StopRequested,
+    SwapCancelled,
+    SwapRequested,
+    SwitchDeclined,
+    SwitchVoice,
     SynthesisDone,
     Synthesize,
     Tick,
@@ -137,7 +143,8 @@ class SpeakCore:
         self._fingerprints = RecentIds(remembered_ids)
         self._jobs = 0
         self._selected_voice = "default"
-        self._held = False
+        self._swap: int | None = None
+        """A voice switch waiting for the current announcement to end (its token)."""
         self._last: SpeakRequest | None = None
         self._replays = 0
 
@@ -168,15 +175,17 @@ class SpeakCore:
                 actions.append(_notify(item, Lifecycle.INTERRUPTED, queue_depth=len(self._queue)))
         return [*actions, *self._expire(now), *self._next(now)]
 
-    @property
-    def idle(self) -> bool:
-        """Nothing is being synthesized or played."""
-        return self._active is None
-
-    def hold(self, held: bool, now: float) -> list[Action]:
-        """While held, nothing new starts (a model switch waits for the current announcement)."""
-        self._held = held
-        return [] if held else self._next(now)
+    def discard(self, request_id: str, now: float) -> list[Action]:
+        """Forget a request whose handling failed half-way (it was answered `rejected`): drop it
+        if it waits; if it was made active, cut it and free the worker at once (whether or not
+        its synthesis began: later reports of that activation are ignored). No event: its last
+        one is out."""
+        self._queue = [i for i in self._queue if i.request.id != request_id]
+        active = self._active
+        if active is None or active.item.request.id != request_id:
+            return []
+        self._active = None
+        return [Cut(request_id, active.job), *self._switch_when_idle(now)]
 
     @property
     def selected_voice(self) -> str:
@@ -223,6 +232,14 @@ class SpeakCore:
                 return self._started(request_id, job)
             case UtteranceEnded():
                 return [*self._ended(event, now), *self._finish_active(now)]
+            case SwapRequested(token):
+                self._swap = token  # nothing new starts until it is done
+                return self._switch_when_idle(now) if self._active is None else []
+            case SwapCancelled(token):
+                if self._swap != token:
+                    return []  # already switched
+                self._swap = None
+                return [SwitchDeclined(token), *self._next(now)]
         raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
 
     # ---- arrivals ---------------------------------------------------------------------------
@@ -394,7 +411,7 @@ class SpeakCore:
         return actions
 
     def _next(self, now: float) -> list[Action]:
-        if self._active is not None or not self._audio_available or self._held:
+        if self._active is not None or not self._audio_available or self._swap is not None:
             return []
         actions = self._expire(now)
         ready = next((i for i in self._queue if i.not_before <= now), None)
@@ -453,7 +470,14 @@ class SpeakCore:
         if active is None or not (active.synthesized and active.played):
             return []
         self._active = None
-        return self._next(now)
+        return self._switch_when_idle(now)
+
+    def _switch_when_idle(self, now: float) -> list[Action]:
+        """Nothing runs: a waiting voice switch happens now, then the next announcement."""
+        if self._swap is None:
+            return self._next(now)
+        token, self._swap = self._swap, None
+        return [SwitchVoice(token), *self._next(now)]
 
 
 def _past(deadline: float | None, now: float) -> bool:

@@ -1,7 +1,7 @@
 """The Hermes protocol (Rhasspy, Node-RED): its messages to requests and its replies. Pure.
 
 JSON keys are camelCase as in rhasspy-hermes. A message for another site id is ignored (None).
-Allowed imports: stdlib, `messages`, `payloads`.
+Allowed imports: stdlib, `messages`, `payloads`, `states`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import json
 import wave
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from .messages import AudioClip, Reason, Rejection, SpeakRequest
 from .payloads import SpeakLimits, finish_request, parse_json_object
+from .states import HermesKind
 
 SAY: Final = "hermes/tts/say"
 SAY_FINISHED: Final = "hermes/tts/sayFinished"
@@ -38,8 +39,7 @@ def play_bytes_topic(site_id: str) -> str:
 class HermesContext:
     """What a Hermes reply must echo."""
 
-    kind: str
-    """`say` or `play`."""
+    kind: HermesKind
     id: str | None
     """The request's `id` (say) or request id from the topic (play)."""
     site_id: str
@@ -58,7 +58,7 @@ def parse_say(
     raw_id = obj.get("id")
     hermes_id = raw_id if isinstance(raw_id, str) and raw_id else None
     session = obj.get("sessionId") if isinstance(obj.get("sessionId"), str) else None
-    context = HermesContext("say", hermes_id, site_id, session)
+    context = HermesContext(HermesKind.SAY, hermes_id, site_id, session)
     request_id = f"hermes-{hermes_id}" if hermes_id else f"hermes-{new_id()}"
     text = obj.get("text")
     if not isinstance(text, str):
@@ -80,7 +80,7 @@ def parse_play_bytes(
     if len(parts) != 5 or parts[2] != site_id:
         return None
     request_id = parts[4] or new_id()
-    context = HermesContext("play", request_id, site_id, None)
+    context = HermesContext(HermesKind.PLAY, request_id, site_id, None)
     try:
         with wave.open(io.BytesIO(payload), "rb") as wav:
             width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
@@ -104,7 +104,7 @@ def parse_site(payload: bytes, site_id: str) -> bool:
 
 def finished(context: HermesContext) -> Reply:
     """sayFinished or playFinished for a request that ended."""
-    if context.kind == "say":
+    if context.kind == HermesKind.SAY:
         body = {"siteId": context.site_id, "id": context.id, "sessionId": context.session_id}
         return SAY_FINISHED, _json(body)
     body = {"id": context.id, "sessionId": context.session_id}
@@ -119,16 +119,21 @@ def error(context: HermesContext, message: str) -> Reply:
         "siteId": context.site_id,
         "sessionId": context.session_id,
     }
-    return (TTS_ERROR if context.kind == "say" else PLAY_ERROR), _json(body)
+    return (TTS_ERROR if context.kind == HermesKind.SAY else PLAY_ERROR), _json(body)
 
 
-def voices_reply(payload: bytes, site_id: str, voices: Mapping[str, str]) -> Reply | None:
-    """rhasspy/tts/voices for a getVoices addressed to this site."""
+def parse_get_voices(payload: bytes, site_id: str) -> dict[str, Any] | None:
+    """A getVoices request for this site (its JSON object), or None."""
     obj = parse_json_object(payload, 4096, lambda: "")
     if isinstance(obj, Rejection) or obj.get("siteId", "default") != site_id:
         return None
+    return obj
+
+
+def voices_reply(request_id: object, site_id: str, voices: Mapping[str, str]) -> Reply:
+    """rhasspy/tts/voices: the voices by id with a description, echoing the request's id."""
     listed = [{"voiceId": vid, "description": text} for vid, text in voices.items()]
-    return VOICES, _json({"voices": listed, "id": obj.get("id"), "siteId": site_id})
+    return VOICES, _json({"voices": listed, "id": request_id, "siteId": site_id})
 
 
 def _json(body: object) -> bytes:

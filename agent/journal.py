@@ -6,7 +6,7 @@
 - The ids (and payload digests) of recent announcements, so a restart does not say one twice.
 - Events not yet acknowledged by the broker (the outbox): published again after a restart.
 
-Used from the app thread only. Allowed imports: stdlib, `messages`.
+Used from the app thread only. Allowed imports: stdlib, `messages`, `states`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .messages import Priority, SpeakRequest
+from .states import EntryState
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -39,9 +40,6 @@ CREATE TABLE IF NOT EXISTS outbox (
     payload BLOB NOT NULL
 );
 """
-QUEUED: Final = "queued"
-STARTED: Final = "started"
-ENDED: Final = "ended"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,28 +77,28 @@ class Journal:
         self._db.execute(
             "INSERT OR IGNORE INTO announcements (id, fingerprint, request, received, state) "
             "VALUES (?, ?, ?, ?, ?)",
-            (request.id, fingerprint, _dump(request), received, QUEUED),
+            (request.id, fingerprint, _dump(request), received, EntryState.QUEUED),
         )
 
     def ended(self, request_id: str) -> None:
         """It ended (any terminal event); only its id is still of use, to refuse it again."""
-        self._set(request_id, ENDED)
+        self._set(request_id, EntryState.ENDED)
         self._db.execute(
             "DELETE FROM announcements WHERE state = ? AND seq <= "
             "(SELECT seq FROM announcements ORDER BY seq DESC LIMIT 1 OFFSET ?)",
-            (ENDED, self._remembered),
+            (EntryState.ENDED, self._remembered),
         )
 
     def pending(self) -> list[Pending]:
         """Announcements that had not ended, oldest first."""
         rows = self._db.execute(
             "SELECT request, received, state FROM announcements WHERE state != ? ORDER BY seq",
-            (ENDED,),
+            (EntryState.ENDED,),
         ).fetchall()
         out = []
         for text, received, state in rows:
             try:
-                out.append(Pending(_load(text), received, state == STARTED))
+                out.append(Pending(_load(text), received, state == EntryState.STARTED))
             except (ValueError, TypeError, KeyError) as err:
                 _LOGGER.error("Journal entry unreadable, skipped: %s", err)
         return out
@@ -114,7 +112,7 @@ class Journal:
         rows.reverse()
         return [r[0] for r in rows], [r[1] for r in rows if r[1]]
 
-    def _set(self, request_id: str, state: str) -> None:
+    def _set(self, request_id: str, state: EntryState) -> None:
         self._db.execute("UPDATE announcements SET state = ? WHERE id = ?", (state, request_id))
 
     # ---- outbox -------------------------------------------------------------------------------
@@ -126,10 +124,12 @@ class Journal:
         )
         return int(cursor.lastrowid or 0)
 
-    def note_event(self, request_id: str, state: str | None, topic: str, payload: bytes) -> int:
+    def note_event(
+        self, request_id: str, state: EntryState | None, topic: str, payload: bytes
+    ) -> int:
         """Move an announcement to `state` (if given) and keep its event in the outbox; inside
         a `transaction`, a crash never leaves one without the other. Returns the outbox key."""
-        if state == ENDED:
+        if state == EntryState.ENDED:
             self.ended(request_id)
         elif state is not None:
             self._set(request_id, state)

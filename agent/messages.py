@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from typing import Final
 
 
 class Lifecycle(StrEnum):
@@ -29,6 +30,22 @@ class Lifecycle(StrEnum):
     """A model update's progress or result (its id is the offer's)."""
 
 
+FINAL_EVENTS: Final = frozenset(
+    {
+        Lifecycle.FINISHED,
+        Lifecycle.FAILED,
+        Lifecycle.REJECTED,
+        Lifecycle.EXPIRED,
+        Lifecycle.STOPPED,
+        Lifecycle.ACKNOWLEDGED,
+        Lifecycle.COALESCED,
+        Lifecycle.PREEMPTED,
+    }
+)
+"""Events that end an announcement (`finished` of a repeat is the last): its journal entry
+ends and a Hermes request gets its reply."""
+
+
 class Reason(StrEnum):
     """The `reason` field of `rejected` and `failed` events."""
 
@@ -46,6 +63,8 @@ class Reason(StrEnum):
     SYNTHESIS_ERROR = "synthesis_error"
     NO_SPEECH = "no_speech"
     AUDIO_ERROR = "audio_error"
+    INTERNAL = "internal"
+    """The agent failed while handling the message (a bug: logged with its traceback)."""
 
 
 class Priority(IntEnum):
@@ -248,6 +267,20 @@ class UtteranceEnded:
     """Wall-clock time it happened (seconds since the epoch): the `ts` of its events."""
 
 
+@dataclass(frozen=True, slots=True)
+class SwapRequested:
+    """A new default voice is ready: switch to it once nothing is synthesized or played."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwapCancelled:
+    """The switch asked with this token is no longer wanted (it waited too long)."""
+
+    token: int
+
+
 Event = (
     SpeakReceived
     | SpeakInvalid
@@ -261,6 +294,8 @@ Event = (
     | SynthesisDone
     | UtteranceStarted
     | UtteranceEnded
+    | SwapRequested
+    | SwapCancelled
 )
 
 
@@ -318,4 +353,18 @@ class SetVolume:
     volume: float
 
 
-Action = Acknowledge | Record | Notify | Synthesize | Cut | SetVolume
+@dataclass(frozen=True, slots=True)
+class SwitchVoice:
+    """Switch the default voice now (nothing plays; nothing starts before it is done)."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchDeclined:
+    """The switch with this token will not happen."""
+
+    token: int
+
+
+Action = Acknowledge | Record | Notify | Synthesize | Cut | SetVolume | SwitchVoice | SwitchDeclined

@@ -68,7 +68,7 @@ class MqttLink:
         handlers: Mapping[str, MessageHandler],
         *,
         retained: frozenset[str] = frozenset(),
-        on_connected: Callable[[], None] | None = None,
+        on_connected: Callable[[], object] | None = None,
     ) -> None:
         self._config = config
         self._client_id = client_id

@@ -14,7 +14,8 @@ never past the manifest length, with bounded retries and a stall timeout; then h
 the inactive slot, checked in a subprocess (memory and time limited), loaded and prewarmed here,
 and only then switched to, between announcements. A switch not yet confirmed by a successful
 start is rolled back after `ota.max_start_attempts` starts. Every step can be repeated.
-Allowed imports: stdlib, tenacity, `config`, `manifest`, `voice`.
+Allowed imports: stdlib, tenacity, cryptography, `config`, `manifest`, `states` (the model
+loader is given: the updater never loads ONNX Runtime itself).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
@@ -47,38 +48,17 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from . import manifest as manifests
 from .config import OtaConfig
 from .manifest import FileEntry, Manifest, Refusal
-from .voice import Voice
+from .states import UpdatePhase, UpdateReport
 
 _LOGGER = logging.getLogger(__name__)
+M = TypeVar("M")
+"""A loaded model, as the agent's loader makes it (the updater only hands it over)."""
 
 _CHUNK: Final = 64 * 1024
 _SPARE_BYTES: Final = 32 * 1024 * 1024
 """Free disk kept on top of the release's size."""
 FAULT_ENV: Final = "VOICE_AGENT_FAULT_AT"
 """Test hook: the agent kills itself (SIGKILL) when it reaches this step of an update."""
-
-
-FINAL_STATES: Final = frozenset(
-    {"installed", "failed", "already_installed", "rolled_back", "cancelled", "busy"}
-)
-"""Report states after which an offer or command is over."""
-
-
-@dataclass(frozen=True, slots=True)
-class UpdateReport:
-    """Progress or result of an update, for the events and Home Assistant's update entity."""
-
-    offer: str
-    state: str
-    """verifying, downloading, installing, checking, switching, installed, failed, cancelled,
-    already_installed, busy, rolled_back."""
-    progress: int | None = None
-    reason: str | None = None
-    detail: str = ""
-    release: int | None = None
-    version: str | None = None
-    notes: str | None = None
-    """The manifest's release notes (for Home Assistant's update entity, not the events)."""
 
 
 @dataclass(slots=True)
@@ -131,7 +111,7 @@ def fault_point(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Updater:
+class Updater(Generic[M]):
     """Runs one update at a time in its own thread; reports through `report`."""
 
     def __init__(  # noqa: PLR0917 - the composition root passes every collaborator
@@ -141,12 +121,12 @@ class Updater:
         factory_model: Path,
         rate: int,
         threads: int,
-        report: Callable[[UpdateReport], None],
-        swap: Callable[[Voice], bool],
-        cache_dir: Path | None = None,
+        report: Callable[[UpdateReport], object],
+        load: Callable[[Path], M],
+        swap: Callable[[M], bool],
     ) -> None:
         self._config = config
-        self._cache_dir = cache_dir
+        self._load = load
         self._dir = directory
         self._factory = factory_model
         self._rate = rate
@@ -180,11 +160,14 @@ class Updater:
             save_state(self._dir, self.state)
             self._report(
                 UpdateReport(
-                    pending.offer, "installed", release=pending.release, version=pending.version
+                    pending.offer,
+                    UpdatePhase.INSTALLED,
+                    release=pending.release,
+                    version=pending.version,
                 )
             )
         for earlier in self.state.reports:  # results reached while nobody could be told
-            self._report(UpdateReport(**earlier))
+            self._report(UpdateReport(**{**earlier, "state": UpdatePhase(earlier["state"])}))
         if self.state.reports:
             self.state = replace(self.state, reports=[])
             save_state(self._dir, self.state)
@@ -229,12 +212,12 @@ class Updater:
             _LOGGER.info("Offer %s is already being carried out (delivered again)", offer_id)
             return
         if self._busy.is_set():
-            self._report(UpdateReport(offer_id, "busy", reason="already_in_progress"))
+            self._report(UpdateReport(offer_id, UpdatePhase.BUSY, reason="already_in_progress"))
             return
         try:
             self._offers.put_nowait((offer_id, body))
         except queue.Full:
-            self._report(UpdateReport(offer_id, "busy", reason="already_in_progress"))
+            self._report(UpdateReport(offer_id, UpdatePhase.BUSY, reason="already_in_progress"))
 
     # ---- the worker -------------------------------------------------------------------------
 
@@ -253,25 +236,31 @@ class Updater:
                 else:
                     self._update_blocking(offer_id, body)
             except _Cancelled:
-                self._report(UpdateReport(offer_id, "cancelled"))
+                self._report(UpdateReport(offer_id, UpdatePhase.CANCELLED))
             except UpdateError as err:
                 _LOGGER.error("Update %s failed: %s", offer_id, err)
-                self._report(UpdateReport(offer_id, "failed", reason=err.reason, detail=err.detail))
+                self._report(
+                    UpdateReport(offer_id, UpdatePhase.FAILED, reason=err.reason, detail=err.detail)
+                )
             except Exception as err:
                 _LOGGER.exception("Update %s failed", offer_id)
-                self._report(UpdateReport(offer_id, "failed", reason="internal", detail=str(err)))
+                self._report(
+                    UpdateReport(offer_id, UpdatePhase.FAILED, reason="internal", detail=str(err))
+                )
             finally:
                 self._running = None
                 self._busy.clear()
 
     def _update_blocking(self, offer_id: str, body: dict[str, Any]) -> None:
-        self._report(UpdateReport(offer_id, "verifying"))
+        self._report(UpdateReport(offer_id, UpdatePhase.VERIFYING))
         release = self._verified(body)
         refusal = manifests.admissible(
             release, datetime.now(UTC), self.state.release, self._config.device_class, "default"
         )
         if refusal is not None and refusal.reason == "already_installed":
-            self._report(UpdateReport(offer_id, "already_installed", release=release.release))
+            self._report(
+                UpdateReport(offer_id, UpdatePhase.ALREADY_INSTALLED, release=release.release)
+            )
             return
         if refusal is not None:
             raise UpdateError(refusal.reason, refusal.detail)
@@ -332,7 +321,7 @@ class Updater:
                 self._report(
                     UpdateReport(
                         offer_id,
-                        "downloading",
+                        UpdatePhase.DOWNLOADING,
                         progress=percent,
                         release=release.release,
                         version=release.version,
@@ -419,7 +408,7 @@ class Updater:
     # ---- install, check, switch -----------------------------------------------------------------
 
     def _install_blocking(self, offer_id: str, release: Manifest, staged: dict[str, Path]) -> str:
-        self._report(UpdateReport(offer_id, "installing", release=release.release))
+        self._report(UpdateReport(offer_id, UpdatePhase.INSTALLING, release=release.release))
         slot = "b" if self.state.active == "a" else "a"
         if self.state.previous == slot:  # about to be overwritten: no longer a rollback target
             self.state = replace(
@@ -439,8 +428,8 @@ class Updater:
         fault_point("install")
         return slot
 
-    def _check_blocking(self, offer_id: str, release: Manifest, slot: str) -> Voice:
-        self._report(UpdateReport(offer_id, "checking", release=release.release))
+    def _check_blocking(self, offer_id: str, release: Manifest, slot: str) -> M:
+        self._report(UpdateReport(offer_id, UpdatePhase.CHECKING, release=release.release))
         if self._cancel.is_set():
             raise _Cancelled
         model = self._dir / "slots" / slot / release.model.path
@@ -455,9 +444,7 @@ class Updater:
             raise UpdateError("health_check", "; ".join(str(p) for p in problems)[:300])
         if self._cancel.is_set():
             raise _Cancelled
-        candidate = Voice.load(model, self._threads, self._cache_dir)  # as a start loads it
-        candidate.prewarm()
-        return candidate
+        return self._load(model)  # loaded and prewarmed as a start loads it
 
     def _run_check(self, command: list[str]) -> tuple[int, str, str]:
         """Run the health check; a timeout, a cancel or a stop kills it."""
@@ -481,8 +468,8 @@ class Updater:
                         "health_check", f"no answer in {self._config.health_timeout:g} s"
                     ) from err
 
-    def _switch_blocking(self, offer_id: str, release: Manifest, slot: str, voice: Voice) -> None:
-        self._report(UpdateReport(offer_id, "switching", release=release.release))
+    def _switch_blocking(self, offer_id: str, release: Manifest, slot: str, voice: M) -> None:
+        self._report(UpdateReport(offer_id, UpdatePhase.SWITCHING, release=release.release))
         old = self.state
         new = replace(
             old,
@@ -509,7 +496,9 @@ class Updater:
         self.state = replace(self.state, pending=None)  # confirmed: this process speaks with it
         save_state(self._dir, self.state)
         self._report(
-            UpdateReport(offer_id, "installed", release=release.release, version=release.version)
+            UpdateReport(
+                offer_id, UpdatePhase.INSTALLED, release=release.release, version=release.version
+            )
         )
         self._clean_staging(release)
 
@@ -520,8 +509,7 @@ class Updater:
         target = rolled_back(self.state, "rollback requested")
         model = self._model_of(target)
         try:  # loaded first: the pointer moves only to a model that loads
-            voice = Voice.load(model, self._threads, self._cache_dir)
-            voice.prewarm()
+            voice = self._load(model)
         except Exception as err:
             raise UpdateError("switch_failed", f"the previous model does not load: {err}") from err
         self.state = target
@@ -530,7 +518,10 @@ class Updater:
             raise UpdateError("switch_failed", "the running agent could not take the model")
         self._report(
             UpdateReport(
-                offer_id, "rolled_back", release=self.state.release, version=self.state.version
+                offer_id,
+                UpdatePhase.ROLLED_BACK,
+                release=self.state.release,
+                version=self.state.version,
             )
         )
 
@@ -561,7 +552,7 @@ def start_model(config: OtaConfig, directory: Path, factory: Path) -> Path:
                 keep_other=False,
             )
             report = UpdateReport(
-                failed.offer, "rolled_back", reason="start_failed", release=failed.release
+                failed.offer, UpdatePhase.ROLLED_BACK, reason="start_failed", release=failed.release
             )
             state.reports.append(asdict(report))
         save_state(directory, state)

@@ -15,11 +15,11 @@ from typing import Any, Final
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from agent.updater import FINAL_STATES
+from agent.states import FINAL_PHASES, GOOD_PHASES, UpdatePhase
 
-FINAL: Final = FINAL_STATES
+FINAL: Final = FINAL_PHASES
 """Update states after which a node is done with an offer."""
-GOOD: Final = frozenset({"installed", "already_installed"})
+GOOD: Final = GOOD_PHASES
 
 
 class Fleet:
@@ -139,7 +139,7 @@ def rollout(
         result.halted = True
         progress(f"halted: {len(failed)} of {len(canaries)} canaries failed ({', '.join(failed)})")
         for node, state in result.canary.items():
-            if state == "installed":
+            if state == UpdatePhase.INSTALLED:
                 fleet.command(node, {"id": f"{name}-rollback", "rollback": True})
                 result.rolled_back.append(node)
         if result.rolled_back:

@@ -9,10 +9,13 @@ from pathlib import Path
 import alsaaudio
 import pytest
 
-from agent.app import App, load_voices
+from agent import payloads
+from agent.app import App
 from agent.config import from_mapping
+from agent.messages import Action, Event, SpeakRequest, SynthesisDone
 from agent.player import Pcm, alsa_opener
-from tests.support import Broker, FaultyPcm, Watcher, publish
+from agent.voices import load_voices
+from harness import Broker, FaultyPcm, Watcher, agent_config, publish
 
 pytestmark = pytest.mark.broker
 
@@ -38,13 +41,7 @@ def test_device_loss_is_survived_reported_and_the_next_announcement_plays(
     broker: Broker, tmp_path: Path, tiny_voice: Path
 ) -> None:
     config = from_mapping(
-        {
-            "node_id": "faulty",
-            "mqtt": {"host": broker.host, "port": broker.port},
-            "tts": {"voice": str(tiny_voice)},
-            "cache": {"dir": str(tmp_path / "cache")},
-            "storage": {"dir": str(tmp_path / "storage")},
-        },
+        agent_config(broker, tmp_path, "faulty", voice=tiny_voice, homeassistant={}),
         environ={},
     )
     device = FlakyDevice(tmp_path / "capture.raw")
@@ -71,5 +68,70 @@ def test_device_loss_is_survived_reported_and_the_next_announcement_plays(
     finally:
         app.request_stop()
         serving.join(15)
+        watcher.close()
+    assert not serving.is_alive()
+
+
+@pytest.mark.allow_error_logs  # the injected fault is logged with its traceback
+@pytest.mark.parametrize("where", ["event", "synthesize", "report"])
+def test_a_fault_while_handling_one_message_ends_that_message_not_the_agent(
+    broker: Broker, tmp_path: Path, tiny_voice: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A handler that raises (a bug) while one delivery is handled: that delivery is rejected
+    with reason `internal` and acknowledged, and the same process speaks the next one."""
+    import agent.app as app_module  # noqa: PLC0415 - the module whose collaborators are broken
+
+    encode_event = payloads.encode_event
+
+    def encode_breaking(*args: object, **kwargs: object) -> bytes:
+        if args[1] == "boom" and args[2] == "accepted":
+            raise RuntimeError("injected fault while encoding an event")
+        return encode_event(*args, **kwargs)  # type: ignore[arg-type]
+
+    if where == "event":
+        monkeypatch.setattr(app_module, "encode_event", encode_breaking)
+    config = from_mapping(
+        agent_config(
+            broker,
+            tmp_path,
+            "guarded",
+            voice=tiny_voice,
+            device=f"file:FILE={tmp_path / 'c.raw'},FORMAT=raw",
+        ),
+        environ={},
+    )
+    app = App(config, load_voices(config))
+    if where == "synthesize":
+        submit = app._synthesizer.submit
+
+        def submit_breaking(request: SpeakRequest, job: int = 0) -> None:
+            if request.id == "boom":
+                raise RuntimeError("injected fault while handing over a request")
+            submit(request, job)
+
+        monkeypatch.setattr(app._synthesizer, "submit", submit_breaking)
+    if where == "report":
+        handle = app._core.handle
+
+        def handle_breaking(event: Event, now: float) -> list[Action]:
+            if isinstance(event, SynthesisDone) and event.id == "boom":
+                raise RuntimeError("injected fault while handling a worker's report")
+            return handle(event, now)
+
+        monkeypatch.setattr(app._core, "handle", handle_breaking)
+    watcher = Watcher(broker, "voice/guarded/#")
+    serving = threading.Thread(target=app.serve)
+    serving.start()
+    try:
+        watcher.wait_payload("voice/guarded/status", b"online")
+        publish(broker, "voice/guarded/speak", b'{"id": "boom", "text": "This one breaks."}')
+        ended = watcher.wait_event("boom", "failed" if where == "report" else "rejected")
+        assert ended["reason"] == "internal"
+        publish(broker, "voice/guarded/speak", b'{"id": "after", "text": "Still speaking."}')
+        watcher.wait_event("after", "finished")
+        assert serving.is_alive()
+    finally:
+        app.request_stop()
+        serving.join(30)
         watcher.close()
     assert not serving.is_alive()

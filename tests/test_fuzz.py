@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,7 +19,7 @@ from agent import hermes
 from agent import manifest as manifests
 from agent.messages import Reason, Rejection, SpeakRequest
 from agent.payloads import SpeakLimits, parse_ack, parse_speak, parse_stop, parse_volume
-from tests.support import AgentProcess, Broker, Watcher
+from harness import AgentProcess, Broker, Watcher, agent_config, write_config
 
 FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LIMITS = SpeakLimits(max_bytes=4096, max_text_chars=500)
@@ -193,18 +192,9 @@ def mutated_payloads(count: int, seed: int = 11) -> list[bytes]:
 def test_a_thousand_fuzzed_messages_through_the_broker(
     tmp_path: Path, broker: Broker, tiny_voice: Path
 ) -> None:
-    config = {
-        "node_id": "fuzz",
-        "mqtt": {"host": broker.host, "port": broker.port},
-        "audio": {"device": "null"},
-        "tts": {"voice": str(tiny_voice)},
-        "cache": {"dir": str(tmp_path / "cache")},
-        "storage": {"dir": str(tmp_path / "storage")},
-        "speak": {"queue_size": 2000, "remembered_ids": 5000, "max_payload_bytes": 4096},
-        "homeassistant": {"discovery": False},
-    }
-    path = tmp_path / "agent.yaml"
-    path.write_text(yaml.safe_dump(config))
+    speak = {"queue_size": 2000, "remembered_ids": 5000, "max_payload_bytes": 4096}
+    config = agent_config(broker, tmp_path, "fuzz", voice=tiny_voice, speak=speak)
+    path = write_config(tmp_path / "agent.yaml", config)
     process = AgentProcess(path, tmp_path / "agent.log")
     watcher = Watcher(broker, "voice/fuzz/#")
     process.start()

@@ -13,8 +13,8 @@ import pytest
 from agent import hermes
 from agent.messages import Rejection
 from agent.payloads import SpeakLimits
+from harness import Broker, Watcher, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
-from tests.support import Broker, Watcher, read_pcm, wait_until
 
 pytestmark = pytest.mark.broker
 

@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from agent.core import SpeakCore
-from agent.journal import ENDED, STARTED, Journal
+from agent.journal import Journal
 from agent.messages import (
     Delivery,
     Lifecycle,
@@ -16,6 +16,7 @@ from agent.messages import (
     SpeakRequest,
     Synthesize,
 )
+from agent.states import EntryState
 
 
 def request(request_id: str, **fields: object) -> SpeakRequest:
@@ -30,8 +31,8 @@ def test_pending_announcements_and_ids_survive_reopening(tmp_path: Path) -> None
     )
     journal.record(request("b"), "fb", 101.0)
     journal.record(request("c"), "", 102.0)
-    journal.note_event("a", STARTED, "voice/n/events", b"a started")
-    journal.note_event("c", ENDED, "voice/n/events", b"c finished")
+    journal.note_event("a", EntryState.STARTED, "voice/n/events", b"a started")
+    journal.note_event("c", EntryState.ENDED, "voice/n/events", b"c finished")
     journal.close()
 
     again = Journal(path, remembered=10)

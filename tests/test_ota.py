@@ -22,19 +22,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from agent import manifest as manifests
 from agent.config import OtaConfig
 from agent.manifest import Manifest, Refusal
-from agent.updater import (
-    FINAL_STATES,
-    Pending,
-    Updater,
-    UpdateReport,
-    load_state,
-    save_state,
-    start_model,
-)
+from agent.states import FINAL_PHASES, UpdateReport
+from agent.updater import Pending, Updater, load_state, save_state, start_model
 from agent.voice import Voice
+from harness import TIMEOUT, wait_until
 from ota import release
 from tests.release_server import ReleaseServer
-from tests.support import TIMEOUT, wait_until
 from tests.tiny_voice import write_tiny_voice
 
 pytestmark = pytest.mark.allow_error_logs  # failed updates are logged as errors, by design
@@ -75,11 +68,18 @@ def make_release(
     return Release(envelope, directory, model)
 
 
+def load_prewarmed(model: Path) -> Voice:
+    """The candidate as the agent loads it: loaded and prewarmed."""
+    voice = Voice.load(model, 1, None)
+    voice.prewarm()
+    return voice
+
+
 @dataclass
 class Harness:
     """An Updater with a recording report and swap, and the server it downloads from."""
 
-    updater: Updater
+    updater: Updater[Voice]
     server: ReleaseServer
     directory: Path
     reports: list[UpdateReport] = field(default_factory=list)
@@ -97,7 +97,7 @@ class Harness:
 
     def finals(self, offer: str) -> list[UpdateReport]:
         """Final reports of an offer so far."""
-        return [r for r in list(self.reports) if r.offer == offer and r.state in FINAL_STATES]
+        return [r for r in list(self.reports) if r.offer == offer and r.state in FINAL_PHASES]
 
     def files_written(self) -> list[Path]:
         """Everything under the update directory except the state."""
@@ -133,6 +133,7 @@ def harness(
         22050,
         1,
         reports.append,
+        load_prewarmed,
         lambda voice: not swapped.append(voice),  # type: ignore[func-returns-value]
     )
     updater.start()
@@ -548,6 +549,7 @@ def test_reports_reached_before_a_start_are_delivered_by_started(
         22050,
         1,
         reports.put,
+        load_prewarmed,
         lambda _voice: True,
     )
     updater.started()
@@ -645,7 +647,9 @@ def test_failed_starts_leave_no_rollback_target_and_leftovers_are_removed(
     (directory / "slots" / "b").mkdir(parents=True)
     (directory / "leftover.partial").write_text("{", encoding="utf-8")
     trusting = OtaConfig(trusted_keys=(release.public_text(Ed25519PrivateKey.generate()),))
-    updater = Updater(trusting, directory, tiny_voice, 22050, 1, lambda _r: None, lambda _v: True)
+    updater = Updater(
+        trusting, directory, tiny_voice, 22050, 1, lambda _r: None, load_prewarmed, lambda _v: True
+    )
     updater.start()
     updater.stop()
     assert sorted(p.name for p in (directory / "slots").iterdir()) == ["a"]

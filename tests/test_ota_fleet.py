@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent.updater import FAULT_ENV, FINAL_STATES
+from agent.states import FINAL_PHASES as FINAL_STATES
+from agent.updater import FAULT_ENV
+from harness import TIMEOUT, Broker, Watcher, wait_until
 from ota import fleet, release
 from tests.conftest import RunningAgent, StartAgent
 from tests.release_server import ReleaseServer
-from tests.support import TIMEOUT, Broker, Watcher, wait_until
 from tests.test_ota import Release, make_release
 
 pytestmark = pytest.mark.allow_error_logs  # failed updates and killed agents log errors
