@@ -83,6 +83,9 @@ _TICK_SECONDS: Final = 0.1
 """How often time passes for the core when nothing else happens (deadlines, repeats)."""
 REPORT_SLOTS: Final = 256
 """Reports of the workers that can wait in the inbox (a worker waits for room beyond)."""
+QOS1_SLOTS: Final = 256
+"""QoS 1 deliveries that can wait in the inbox beyond `mqtt.receive_maximum` (more are left
+unacknowledged and sent again by the broker after a reconnect)."""
 QOS0_SLOTS: Final = 256
 """QoS 0 deliveries that can wait in the inbox (more are dropped: QoS 0 is at most once)."""
 
@@ -103,7 +106,7 @@ class App:
         self._config = config
         environ = os.environ if environ is None else environ
         self._topics = topics = Topics(config.mqtt.topic_prefix, config.node_id)
-        deliveries = config.mqtt.receive_maximum + 16  # a compliant broker never sends more
+        deliveries = config.mqtt.receive_maximum + QOS1_SLOTS
         self._inbox: Inbox[InboxEvent] = Inbox(deliveries, QOS0_SLOTS, REPORT_SLOTS)
         speak, audio, cache = config.speak, config.audio, config.cache
         self._voices = voices  # the loop's own; the synthesizer has its copy
@@ -163,17 +166,16 @@ class App:
             status_topic=topics.status,
             handlers={topic: self._hand_off(route) for topic, route in table.routes.items()},
             retained=table.restored,
-            on_connected=lambda: self._inbox.deliver(Connected(), 1),  # never dropped
+            on_connected=lambda: self._inbox.notice(Connected()),
         )
         self._ledger = Ledger(journal, self._link, topics.events)
 
     def _hand_off(self, route: Route) -> MessageHandler:
         """The handler on paho's thread: route the message to one event and queue it, never
-        blocking (a refused QoS 1 delivery stays unacknowledged and comes again)."""
+        blocking (a refused QoS 1 delivery stays unacknowledged; see `_housekeeping`)."""
 
         def handle(topic: str, payload: bytes, delivery: Delivery) -> None:
-            if not self._inbox.deliver(route(topic, payload, delivery), delivery.qos):
-                _LOGGER.warning("Inbox full: a QoS %d message on %s waits", delivery.qos, topic)
+            self._inbox.deliver(route(topic, payload, delivery), delivery.qos)
 
         return handle
 
@@ -369,6 +371,10 @@ class App:
     def _housekeeping(self, now: float, next_ping: float) -> float:
         """Watchdog pings, discovery when due, the state when changed or due; next ping time."""
         self._ledger.settle()
+        refused = self._inbox.refusals_to_redeliver()
+        if refused:  # the broker sent more than the inbox holds: have it send them again
+            _LOGGER.warning("%d messages found the inbox full; reconnecting to get them", refused)
+            self._link.redeliver()
         interval = self._systemd.watchdog_interval
         if interval is not None and now >= next_ping:
             self._systemd.notify("WATCHDOG=1")  # from the main loop: a stuck loop stops pinging

@@ -19,7 +19,16 @@ from typing import Any, Final
 import yaml
 
 DEFAULT_CONFIG_PATH: Final = Path(__file__).resolve().parent.parent / "config" / "agent.yaml"
-"""The default configuration file shipped in the repository."""
+"""The default configuration file of a source checkout (absent from an installed wheel)."""
+SYSTEM_CONFIG_PATH: Final = Path("/etc/voice-agent/agent.yaml")
+"""Where an installed agent looks when no file is named (the systemd unit names it)."""
+
+
+def default_config_path() -> Path | None:
+    """The file read when none is named: the checkout's, else the system's; None when neither
+    exists (then every key takes its default: no file is needed)."""
+    return next((p for p in (DEFAULT_CONFIG_PATH, SYSTEM_CONFIG_PATH) if p.is_file()), None)
+
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _RESERVED_NODE_IDS: Final = frozenset({"all", "group"})
@@ -428,8 +437,11 @@ def load(
     environ: Mapping[str, str] | None = None,
     hostname: Callable[[], str] = socket.gethostname,
 ) -> AgentConfig:
-    """Load, override and validate a configuration file (the default one if path is None)."""
-    path = path or DEFAULT_CONFIG_PATH
+    """Load, override and validate a configuration file; with no path, the default file if
+    there is one (`default_config_path`), else the defaults alone."""
+    path = path or default_config_path()
+    if path is None:
+        return from_mapping({}, "(defaults)", os.environ if environ is None else environ, hostname)
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")

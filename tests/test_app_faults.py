@@ -7,7 +7,9 @@ import threading
 from pathlib import Path
 
 import alsaaudio
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from agent import payloads
 from agent.app import App
@@ -135,3 +137,49 @@ def test_a_fault_while_handling_one_message_ends_that_message_not_the_agent(
         serving.join(30)
         watcher.close()
     assert not serving.is_alive()
+
+
+def test_messages_that_find_the_inbox_full_come_again(
+    broker: Broker,
+    tmp_path: Path,
+    tiny_voice: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """QoS 1 deliveries beyond the inbox's budget stay unacknowledged; once there is room the
+    agent reconnects and the broker sends them again: every message is spoken, none twice."""
+    import agent.app as app_module  # noqa: PLC0415 - its budget is shrunk to force refusals
+
+    monkeypatch.setattr(app_module, "QOS1_SLOTS", -12)  # 16 in flight from the broker, room for 4
+    device = f"file:FILE={tmp_path / 'c.raw'},FORMAT=raw"
+    config = from_mapping(
+        agent_config(broker, tmp_path, "full", voice=tiny_voice, device=device), environ={}
+    )
+    app = App(config, load_voices(config))
+    watcher = Watcher(broker, "voice/full/#")
+    serving = threading.Thread(target=app.serve)
+    serving.start()
+    try:
+        watcher.wait_payload("voice/full/status", b"online")
+        ids = [f"f{n:02d}" for n in range(40)]
+        flood = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+        flood.connect(broker.host, broker.port)
+        flood.loop_start()
+        sent = [
+            flood.publish("voice/full/speak", f'{{"id": "{i}", "text": "Hi."}}', 1) for i in ids
+        ]
+        for info in sent:  # all at once, not one after another: the broker fills the window
+            info.wait_for_publish(30)
+        flood.loop_stop()
+        flood.disconnect()
+        for request_id in ids:
+            watcher.wait_event(request_id, "finished")
+        # events are at least once (a reconnect resends the unacknowledged): same event, same ts
+        started = {(e["id"], e["ts"]) for e in watcher.events() if e["event"] == "started"}
+        print(sorted(started))
+        assert sorted(request_id for request_id, _ in started) == ids  # each spoken once
+        assert "found the inbox full; reconnecting" in caplog.text  # the premise: some were
+    finally:
+        app.request_stop()
+        serving.join(30)
+        watcher.close()
