@@ -24,6 +24,7 @@ from . import version as package_version
 from .chimes import ChimePlan, chime_bank
 from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
 from .core import SpeakCore
+from .flood import FloodGate
 from .hermes_bridge import HermesBridge
 from .inbox import Inbox
 from .inputs import (
@@ -133,13 +134,15 @@ class App:
             report,
             cache.phrases,
             plan,
+            max_seconds=speak.max_audio_seconds,
         )
-        journal = Journal(
+        journal, self._storage_note = Journal.open_or_renew(
             resolve_storage_dir(config.storage, environ) / f"journal-{config.node_id}.sqlite3",
             speak.remembered_ids,
         )
         self._status = Status(config, topics)
         self._hermes = HermesBridge(config.hermes.site_id)
+        self._flood = FloodGate()
         self._systemd = Notifier(environ)
         self._audio_available = True
         self._started_at = time.monotonic()
@@ -296,6 +299,12 @@ class App:
         if not isinstance(event, Tick | SynthesisDone):
             self._status.changed()
 
+    def _guarded_notify(self, notify: Notify, now: float) -> None:
+        try:
+            self._handle_notify(notify, now)
+        except Exception:
+            _LOGGER.exception("Publishing %s failed", notify.event)
+
     def _handle_notify(self, notify: Notify, now: float) -> None:
         with self._ledger.transaction():
             self._execute(notify, now)
@@ -336,14 +345,20 @@ class App:
             case Acknowledge(delivery):
                 self._ledger.acknowledge(delivery)  # after the journal is synced
             case Notify(request_id, event, details):
+                for topic, reply in self._hermes.notified(action):
+                    self._publish(topic, reply)  # every Hermes request has its answer, flood or not
+                self._status.record(action, now)
+                if event == Lifecycle.REJECTED and not self._flood.allow(
+                    str(details.get("reason")), now
+                ):
+                    self._ledger.unreported(action)  # its journal entry ends all the same
+                    return  # counted: one `suppressed` event per interval says how many
                 at = time.time() if wall is None else wall
                 payload = encode_event(self._config.node_id, request_id, event, details, at)
                 self._ledger.event(action, payload)
-                self._status.record(action, now)
-                for topic, reply in self._hermes.notified(action):
-                    self._publish(topic, reply)
-                _LOGGER.info("%s %s %s", request_id, event, dict(details) or "")
+                _LOGGER.info("%s %s %r", request_id, event, dict(details) or "")
             case Synthesize(request, play, job):
+                self._ledger.activated(request.id)  # a crash from here on counts (crash loops)
                 self._synthesizer.submit(request, job)
                 _LOGGER.debug("Synthesizing %s, play %d (job %d)", request.id, play, job)
             case Cut(_, job):
@@ -363,9 +378,8 @@ class App:
         pending, ids, fingerprints = self._ledger.unfinished()
         if pending:
             _LOGGER.info("Journal: %d announcements had not ended; queued again", len(pending))
-        restored = [(p.request, p.ttl_left, p.started) for p in pending]
         with self._ledger.transaction():
-            for action in self._core.restore(restored, ids, fingerprints, now):
+            for action in self._core.restore(pending, ids, fingerprints, now):
                 self._execute(action, now)
 
     def _housekeeping(self, now: float, next_ping: float) -> float:
@@ -375,6 +389,19 @@ class App:
         if refused:  # the broker sent more than the inbox holds: have it send them again
             _LOGGER.warning("%d messages found the inbox full; reconnecting to get them", refused)
             self._link.redeliver()
+        held = self._flood.summary(now)
+        if held is not None:
+            count = sum(held.values())
+            _LOGGER.warning("Flood: %d rejections not reported one by one: %s", count, held)
+            suppressed = Notify(
+                f"flood-{_new_id()[:8]}", Lifecycle.SUPPRESSED, {"count": count, "reasons": held}
+            )
+            self._guarded_notify(suppressed, now)
+        if self._ledger.recovered(now):
+            self._status.changed()
+            if self._ledger.held_back:  # not recorded, so not acknowledged: get them again
+                self._ledger.held_back = 0
+                self._link.redeliver()
         interval = self._systemd.watchdog_interval
         if interval is not None and now >= next_ping:
             self._systemd.notify("WATCHDOG=1")  # from the main loop: a stuck loop stops pinging
@@ -420,6 +447,7 @@ class App:
                 "disk_bytes": stats.disk_bytes,
             },
             link_error=self._link.last_error,
+            storage_error=self._ledger.problem or self._storage_note,
             hermes_muted=self._hermes.muted,
             uptime_s=now - self._started_at,
             agent_version=package_version(),
@@ -470,6 +498,8 @@ def _common_rate(voices: dict[str, VoiceChoice]) -> int:
 def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], None]) -> int:
     """Load the voices, then serve until a signal asks to stop; returns the exit code."""
     from .voices import load_voices  # noqa: PLC0415 - kept beside run for the command line
+
+    os.umask(0o077)  # the journal, update slots, staged downloads and caches: the agent's only
 
     app = App(config, load_voices(config))
     install_signals(app.request_stop)

@@ -17,7 +17,8 @@ The rules:
 - `repeat`: after each play the announcement waits `repeat_interval` and plays again, until the
   count runs out or, for `repeat: 0`, until acknowledged; `ack` with its id ends it at once.
 - `stop` cuts what is playing; with `clear` it also drops everything waiting.
-- `dedupe_key`: a newcomer replaces a waiting announcement with the same key and takes its place.
+- `dedupe_key`: a newcomer replaces a waiting announcement with the same key and takes its place;
+  it never lowers the class of what waits (it takes the higher of the two).
 - No announcement starts while the audio device is unavailable; they wait (their ttl runs).
 - A voice switch (a model update) waits until nothing is synthesized or played, and nothing new
   starts meanwhile (an alarm still preempts what plays, then starts with the new voice).
@@ -58,6 +59,7 @@ from .messages import (
     SynthesisDone,
     Synthesize,
     Tick,
+    Unfinished,
     UtteranceEnded,
     UtteranceStarted,
     VoiceSelected,
@@ -150,28 +152,35 @@ class SpeakCore:
 
     def restore(
         self,
-        pending: list[tuple[SpeakRequest, float | None, bool]],
+        pending: list[Unfinished],
         ids: list[str],
         fingerprints: list[str],
         now: float,
     ) -> list[Action]:
         """After a restart: remember recent ids; queue again what had not ended, in order.
 
-        `pending` holds (request, seconds of ttl left or None, whether it had started). One that
-        had started was cut by the crash: it is reported `interrupted` and plays again.
+        One that had started was cut by the crash: it is reported `interrupted` and plays again.
+        One during which the agent died again (`crashed`) ends `failed` with `crash_loop`.
         """
         for request_id in ids:
             self._seen.add(request_id)
         for fingerprint in fingerprints:
             self._fingerprints.add(fingerprint)
         actions: list[Action] = []
-        for request, ttl_left, started in pending:
+        for unfinished in pending:
+            request = unfinished.request
             self._seen.add(request.id)
             self._seq += 1
-            deadline = None if ttl_left is None else now + ttl_left
-            item = _Item(request, self._seq, deadline)
+            ttl_left = unfinished.ttl_left
+            item = _Item(request, self._seq, None if ttl_left is None else now + ttl_left)
+            if unfinished.crashed:
+                detail = "the agent died while it played, and again when it was replayed"
+                actions.append(
+                    _notify(item, Lifecycle.FAILED, reason=str(Reason.CRASH_LOOP), detail=detail)
+                )
+                continue
             self._enqueue(item)
-            if started:
+            if unfinished.started:
                 actions.append(_notify(item, Lifecycle.INTERRUPTED, queue_depth=len(self._queue)))
         return [*actions, *self._expire(now), *self._next(now)]
 
@@ -251,11 +260,13 @@ class SpeakCore:
             return [_rejected(refusal)]
         if delivery.expiry is not None and (request.ttl is None or delivery.expiry < request.ttl):
             request = replace(request, ttl=max(delivery.expiry, 0.001))  # MQTT 5 expiry
+        replaced = self._waiting_with_key(request.dedupe_key)
+        if replaced is not None and replaced.request.priority > request.priority:
+            request = replace(request, priority=replaced.request.priority)  # never lowered
         self._seq += 1
         deadline = None if request.ttl is None else now + request.ttl
         item = _Item(request, self._seq, deadline)
         actions: list[Action] = []
-        replaced = self._waiting_with_key(request.dedupe_key)
         if replaced is not None:
             self._queue.remove(replaced)
             item.seq = replaced.seq  # the newcomer takes its place in the queue
@@ -440,7 +451,9 @@ class SpeakCore:
             return []  # its last event went out when it was cut
         item = active.item
         if event.error is not None:
-            return [_notify(item, Lifecycle.FAILED, reason=str(event.error), detail=event.detail)]
+            refused = event.error == Reason.TOO_LONG and not active.started  # nothing was heard
+            ended = Lifecycle.REJECTED if refused else Lifecycle.FAILED
+            return [_notify(item, ended, reason=str(event.error), detail=event.detail)]
         item.plays += 1
         request = item.request
         self._last = request

@@ -17,7 +17,6 @@ from . import hermes
 from .hermes import HermesContext, Reply
 from .inputs import HermesRequest
 from .messages import FINAL_EVENTS, Event, Lifecycle, Notify, Rejection, SpeakInvalid, SpeakReceived
-from .states import HermesKind
 
 MAX_IN_FLIGHT: Final = 4096
 """Reply contexts kept at most (every request ends, so this only bounds a pathological case)."""
@@ -55,9 +54,7 @@ class HermesBridge:
             return []
         if notify.event in (Lifecycle.FAILED, Lifecycle.REJECTED):
             error = hermes.error(context, str(notify.details.get("reason")))
-            if context.kind == HermesKind.SAY:
-                return [error]
-            return [error, hermes.finished(context)]  # an audio server always says it finished
+            return [error, hermes.finished(context)]  # Rhasspy always says it finished
         return [hermes.finished(context)]
 
     def toggle(self, on: bool) -> None:

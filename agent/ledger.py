@@ -4,21 +4,39 @@ Inside one `transaction` the journal records accepted announcements, moves their
 keeps each event in its outbox; only after the transaction's one sync do the acknowledgements
 of the messages and the events go to the broker, in order. So a crash never acknowledges what
 was not recorded, and an event the broker did not acknowledge is published again after a
-restart. Used by the app loop only. Allowed imports: stdlib, `journal`, `messages`, `states`.
+restart.
+
+When the journal cannot be written (disk full, a read-only or failing card), the agent keeps
+serving: the ledger goes volatile. Events go out at once (not kept); a message whose
+announcement could not be recorded is not acknowledged (the broker keeps it: it comes again
+after a reconnect, and a crash meanwhile loses nothing); other messages are acknowledged. A
+small write is tried every PROBE_SECONDS; when one succeeds the journal is used again and the
+messages it held back are asked for again. Used by the app loop only. Allowed imports: stdlib,
+`journal`, `messages`, `states`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import sqlite3
 import time
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Final, Protocol
 
-from .journal import Journal
-from .messages import FINAL_EVENTS, Delivery, Lifecycle, Notify, SpeakRequest
-from .states import EntryState
+from .journal import KEPT, Journal
+from .messages import FINAL_EVENTS, Delivery, Lifecycle, Notify, SpeakRequest, Unfinished
+from .states import FINAL_PHASES, EntryState
+
+_LOGGER = logging.getLogger(__name__)
+
+CRASHES_ALLOWED: Final = 1
+"""Times an announcement is tried again after the agent died while synthesizing or playing it;
+the next time it ends `failed` with reason `crash_loop` (a message that kills the agent must not
+kill it at every start)."""
+PROBE_SECONDS: Final = 5.0
+"""While the journal cannot be written, how often a small write is tried."""
 
 
 class Broker(Protocol):
@@ -34,16 +52,6 @@ class Broker(Protocol):
         """Acknowledge a received message."""
 
 
-@dataclass(frozen=True, slots=True)
-class Unfinished:
-    """An announcement accepted before a restart that had not ended."""
-
-    request: SpeakRequest
-    ttl_left: float | None
-    """Seconds of its ttl left now (None: no ttl)."""
-    started: bool
-
-
 class Ledger:
     """The journal, its outbox, and the acknowledgements and events waiting for a sync."""
 
@@ -52,29 +60,71 @@ class Ledger:
         self._broker = broker
         self._events_topic = events_topic
         self._outbox: dict[int, int] = {}  # publish mid -> outbox key
-        self._unsent: list[Delivery | tuple[int, bytes]] = []
+        self._unsent: list[Delivery | tuple[int | None, bytes]] = []
+        self._recorded = False  # the open transaction recorded an announcement
+        self._refused = False  # a write of the open transaction was refused
+        self.problem: str | None = None
+        """Why the journal cannot be written now (None: it can)."""
+        self.held_back = 0
+        """Messages left unacknowledged because their announcement could not be recorded."""
+        self._next_probe = 0.0
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """Journal writes at once with one sync; then what they made safe goes out. Nothing goes
-        out if the block raises (the writes are rolled back)."""
+        out if the block raises (the writes are rolled back). A write the disk refuses rolls
+        the journal's part back and makes the ledger volatile (see the module); the block
+        carries on."""
+        self._recorded = self._refused = False
         try:
-            with self._journal.transaction():
+            if self.problem is None and self._begun():
+                try:
+                    yield
+                except BaseException:
+                    self._journal.rollback()
+                    raise
+                self._end()
+            else:
                 yield
         except BaseException:
             self._unsent.clear()
             raise
+        hold = self.problem is not None and self._recorded
         for item in self._unsent:
             if isinstance(item, Delivery):
-                self._broker.ack(item)
+                if hold and item.qos > 0:
+                    self.held_back += 1  # not recorded: the broker keeps it
+                else:
+                    self._broker.ack(item)
             else:
                 key, payload = item
-                self._outbox[self._broker.publish(self._events_topic, payload)] = key
+                mid = self._broker.publish(self._events_topic, payload)
+                if key is not None and self.problem is None:
+                    self._outbox[mid] = key
         self._unsent.clear()
+
+    def _begun(self) -> bool:
+        try:
+            self._journal.begin()
+        except sqlite3.Error as err:
+            self._failed(err)
+            return False
+        return True
+
+    def _end(self) -> None:
+        if self._refused:
+            self._journal.rollback()
+            return
+        try:
+            self._journal.commit()
+        except sqlite3.Error as err:
+            self._journal.rollback()
+            self._failed(err)
 
     def record(self, request: SpeakRequest, fingerprint: str) -> None:
         """Record an accepted announcement (inside a transaction)."""
-        self._journal.record(request, fingerprint, time.time())
+        self._recorded = True
+        self._write(lambda: self._journal.record(request, fingerprint, time.time()))
 
     def acknowledge(self, delivery: Delivery) -> None:
         """Acknowledge this message once the transaction is synced."""
@@ -83,8 +133,28 @@ class Ledger:
     def event(self, notify: Notify, payload: bytes) -> None:
         """Publish this event once the transaction is synced, keeping it until the broker
         acknowledges it; the announcement's journal entry follows it in the same transaction."""
-        key = self._journal.note_event(notify.id, entry_state(notify), self._events_topic, payload)
-        self._unsent.append((key, payload))
+        state = entry_state(notify)
+        keys: list[int] = []
+
+        def write() -> None:
+            topic, rank = self._events_topic, outbox_rank(notify)
+            keys.append(self._journal.note_event(notify.id, state, topic, payload, rank))
+            if notify.event in (Lifecycle.FINISHED, Lifecycle.REQUEUED) and state is not None:
+                self._journal.played_through(notify.id)
+
+        self._write(write)
+        self._unsent.append((keys[0] if keys else None, payload))
+
+    def unreported(self, notify: Notify) -> None:
+        """An event that is not published (held back in a flood): its announcement's journal
+        entry still follows it."""
+        state = entry_state(notify)
+        if state == EntryState.ENDED:
+            self._write(lambda: self._journal.ended(notify.id))
+
+    def activated(self, request_id: str) -> None:
+        """Its synthesis begins: counted in the journal (see `CRASHES_ALLOWED`)."""
+        self._write(lambda: self._journal.activated(request_id))
 
     def unfinished(self) -> tuple[list[Unfinished], list[str], list[str]]:
         """After a restart: publish again what the broker never acknowledged; return the
@@ -97,6 +167,7 @@ class Ledger:
                 p.request,
                 None if p.request.ttl is None else p.request.ttl - (wall - p.received),
                 p.started,
+                crashed=p.begun >= CRASHES_ALLOWED + 1,
             )
             for p in self._journal.pending()
         ]
@@ -111,13 +182,61 @@ class Ledger:
             key = self._outbox.pop(acknowledged.popleft(), None)
             if key is not None:
                 keys.append(key)
-        if keys:
-            self._journal.outbox_done(keys)
+        if keys and self.problem is None:
+            self._write(lambda: self._journal.outbox_done(keys))
+
+    def recovered(self, now: float) -> bool:
+        """While volatile: try a small write (every PROBE_SECONDS); True when it worked, i.e.
+        the journal is used again (the caller asks for the held back messages again)."""
+        if self.problem is None or now < self._next_probe:
+            return False
+        self._next_probe = now + PROBE_SECONDS
+        try:
+            self._journal.probe()
+        except sqlite3.Error:
+            return False
+        _LOGGER.warning("The journal can be written again (it could not: %s)", self.problem)
+        self.problem = None
+        return True
 
     def close(self) -> None:
         """Settle and close the journal."""
         self.settle()
         self._journal.close()
+
+    def _write(self, write: Callable[[], object]) -> None:
+        """One journal write, unless volatile; a refused write makes the ledger volatile (the
+        transaction's writes are rolled back at its end)."""
+        if self.problem is not None:
+            return
+        try:
+            write()
+        except sqlite3.Error as err:
+            self._refused = True
+            self._failed(err)
+
+    def _failed(self, err: sqlite3.Error) -> None:
+        if self.problem is None:
+            _LOGGER.error("The journal cannot be written (%s): serving without it", err)
+        self.problem = f"journal: {err}"
+
+
+def outbox_rank(notify: Notify) -> int:
+    """How long an unacknowledged event is kept in a long broker outage (see `journal`): what
+    is dropped first is a flood's rejections, then progress (accepted, started, requeued, ...),
+    then the results of chat and info, then those of warnings and updates; the events of alarm
+    and critical announcements never."""
+    priority = notify.details.get("priority")
+    if priority in ("alarm", "critical"):
+        return KEPT
+    if notify.event in (Lifecycle.REJECTED, Lifecycle.SUPPRESSED):
+        return 0
+    final = notify.event in FINAL_EVENTS
+    if notify.event == Lifecycle.UPDATE:
+        return 3 if notify.details.get("state") in FINAL_PHASES else 1
+    if not final:
+        return 1
+    return 3 if priority == "warning" else 2
 
 
 def entry_state(notify: Notify) -> EntryState | None:

@@ -28,6 +28,8 @@ class Lifecycle(StrEnum):
     INTERRUPTED = "interrupted"
     UPDATE = "update"
     """A model update's progress or result (its id is the offer's)."""
+    SUPPRESSED = "suppressed"
+    """Rejections held back during a flood: their count by reason (one event per interval)."""
 
 
 FINAL_EVENTS: Final = frozenset(
@@ -63,6 +65,10 @@ class Reason(StrEnum):
     SYNTHESIS_ERROR = "synthesis_error"
     NO_SPEECH = "no_speech"
     AUDIO_ERROR = "audio_error"
+    TOO_LONG = "too_long"
+    """Its speech would last longer than `speak.max_audio_seconds`."""
+    CRASH_LOOP = "crash_loop"
+    """The agent died twice while this announcement was being synthesized or played."""
     INTERNAL = "internal"
     """The agent failed while handling the message (a bug: logged with its traceback)."""
 
@@ -160,6 +166,19 @@ class Rejection:
     """The payload field at fault, for `invalid_field`."""
     priority: Priority | None = None
     """The request's class, when the payload got that far."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """An announcement accepted before a restart that had not ended."""
+
+    request: SpeakRequest
+    ttl_left: float | None
+    """Seconds of its ttl left now (None: no ttl)."""
+    started: bool
+    """It was playing when the agent stopped."""
+    crashed: bool = False
+    """The agent died while it was synthesized or played, twice: it is not tried again."""
 
 
 # ---- events: edges -> core -------------------------------------------------------------

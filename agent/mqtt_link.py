@@ -126,9 +126,12 @@ class MqttLink:
         return client
 
     def _password(self) -> str | None:
-        if self._config.password_file is None:
+        path = self._config.password_file
+        if path is None:
             return None
-        lines = self._config.password_file.read_text(encoding="utf-8").splitlines()
+        if path.stat().st_mode & 0o077:
+            _LOGGER.warning("%s can be read by other users than the agent's: chmod 600 it", path)
+        lines = path.read_text(encoding="utf-8").splitlines()
         return lines[0] if lines else ""
 
     # ---- called from other threads ------------------------------------------------------

@@ -35,12 +35,14 @@ from .messages import (
     VolumeRequested,
 )
 from .payloads import (
+    MAX_ID_CHARS,
     SpeakLimits,
     parse_ack,
     parse_json_object,
     parse_speak,
     parse_stop,
     parse_volume,
+    valid_id,
 )
 from .states import HermesKind
 from .topics import Topics
@@ -98,7 +100,9 @@ def route_table(config: AgentConfig, topics: Topics, new_id: NewId) -> RouteTabl
         routes[f"{topics.prefix}/all/ota"] = ota
         for group in config.ota.groups:
             routes[f"{topics.prefix}/group/{group}/ota"] = ota
-    return RouteTable(routes, frozenset({topics.volume, topics.voice}))
+        routes[topics.revocation] = _revocation(new_id)
+    restored = {topics.volume, topics.voice, topics.revocation}
+    return RouteTable(routes, frozenset(restored))
 
 
 def _speak(limits: SpeakLimits, new_id: NewId) -> Route:
@@ -142,8 +146,6 @@ def _hermes_say(site: str, limits: SpeakLimits, new_id: NewId) -> Route:
         parsed = hermes.parse_say(payload, site, limits, new_id)
         if parsed is None:
             return Ignored(delivery)
-        if isinstance(parsed, Rejection):
-            return SpeakInvalid(parsed, delivery)
         request, context = parsed
         return HermesRequest(context, request, delivery)
 
@@ -183,13 +185,27 @@ def _hermes_voices(site: str) -> Route:
     return route
 
 
+def _revocation(new_id: NewId) -> Route:
+    """The retained revocation: a signed envelope, handed to the updater as a command."""
+
+    def route(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
+        body = parse_json_object(payload, MAX_ENVELOPE_BYTES, new_id)
+        if isinstance(body, Rejection):
+            return OtaCommand(body.id, None, delivery, body.detail)
+        return OtaCommand(f"revocation-{new_id()[:8]}", {"revocation": body}, delivery)
+
+    return route
+
+
 def _ota(new_id: NewId) -> Route:
     def route(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
         body = parse_json_object(payload, MAX_ENVELOPE_BYTES + 4096, new_id)
         if isinstance(body, Rejection):
             return OtaCommand(body.id, None, delivery, body.detail)
         offer = body.get("id")
-        offer_id = offer if isinstance(offer, str) and offer else new_id()
-        return OtaCommand(offer_id, body, delivery)
+        if offer is not None and not valid_id(offer):
+            problem = f"id: expected a string of 1-{MAX_ID_CHARS} printable characters"
+            return OtaCommand(new_id(), None, delivery, problem)
+        return OtaCommand(offer if isinstance(offer, str) else new_id(), body, delivery)
 
     return route

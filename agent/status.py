@@ -49,6 +49,8 @@ class NodeFacts:
     voices: Sequence[str]
     cache: Mapping[str, float]
     link_error: str | None
+    storage_error: str | None
+    """The journal cannot be written, or was damaged at start and renewed."""
     hermes_muted: bool
     uptime_s: float
     agent_version: str
@@ -147,7 +149,8 @@ class Status:
             "last_update": self._last_update,
             "last_ttfa_ms": telemetry.last_ttfa_ms,
             "synthesis_speed": telemetry.synthesis_speed,
-            "last_error": facts.link_error or telemetry.last_error,
+            "last_error": facts.link_error or facts.storage_error or telemetry.last_error,
+            "storage": "ok" if facts.storage_error is None else facts.storage_error,
             "events": dict(telemetry.counts),
             "cache": dict(facts.cache),
             "hermes_audio": "off" if facts.hermes_muted else "on",

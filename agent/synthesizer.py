@@ -25,7 +25,7 @@ from typing import Final
 import numpy as np
 
 from .chimes import ChimePlan, convert_pcm
-from .chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow
+from .chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
 from .messages import Event, Reason, SpeakRequest, SynthesisDone
 from .pcm import PCM16, Chunk
 from .phrase_cache import PhraseCache, cache_key
@@ -43,6 +43,14 @@ from .voice import (
 
 _LOGGER = logging.getLogger(__name__)
 _POLL_SECONDS: Final = 0.2
+SECONDS_PER_PHONEME: Final = 0.045
+"""Speech per phoneme at length scale 1 (measured on en_US-joe-medium: 0.044-0.053 s over
+English, CJK and nonsense text), to estimate a request's length before synthesizing it."""
+CUT_FACTOR: Final = 1.25
+"""Speech is cut at this many times `speak.max_audio_seconds` should the estimate be short."""
+CACHED_SECONDS_MAX: Final = 10.0
+"""Sentences longer than this are not kept in the phrase cache: phrases are short, and a long
+one would take the room of many (and could push out what an operator configured)."""
 COMMANDS: Final = 2
 """Commands that can wait: the core hands over a request only when the worker is free, and a
 voice switch only while no request runs, so one of each at most."""
@@ -71,6 +79,10 @@ class _CancelledError(Exception):
     """The request was cut (or the worker is stopping): synthesize no more of it."""
 
 
+class _TooLongError(Exception):
+    """The request's speech would last longer than allowed (the message says how long)."""
+
+
 class Synthesizer:
     """Synthesizes one request at a time into the player's buffer; renders phrases when idle."""
 
@@ -84,11 +96,13 @@ class Synthesizer:
         phrases: Sequence[str] = (),
         chimes: ChimePlan | None = None,
         chunk_frames: tuple[int, int] = (FIRST_FRAMES, MAX_FRAMES),
+        max_seconds: float = 120.0,
     ) -> None:
         self._voices = dict(voices)  # this thread's own: a switch arrives as a command
         self._cache = cache
         self._first_chunk, self._max_chunk = chunk_phonemes
         self._first_frames, self._max_frames = chunk_frames
+        self._max_seconds = max_seconds
         self._put = put
         self._report = report
         self._chimes = chimes or ChimePlan({}, {})
@@ -171,6 +185,7 @@ class Synthesizer:
         params = replace(choice.params, length_scale=choice.params.length_scale / request.rate)
         end = Chunk(request.id, end=True, priority=request.priority, job=job.token)
         try:
+            sentences = [] if request.audio is not None else self._planned(request, params, choice)
             chime = self._chimes.for_request(request)
             if chime is not None:
                 self._emit_or_cancel(job, chime)
@@ -180,50 +195,85 @@ class Synthesizer:
                 self._emit_or_cancel(job, pcm)
                 self._put(replace(end, info={"audio_clip": True}))
                 return
-            sentences, cached = self._speech_blocking(job, choice, params)
+            cached = self._speech_blocking(job, choice, params, sentences)
         except _CancelledError:
             self._put(end)
+            return
+        except _TooLongError as err:
+            self._put(replace(end, error=Reason.TOO_LONG, detail=str(err)))
             return
         except Exception as err:
             _LOGGER.exception("Synthesis of %s failed", request.id)
             self._put(replace(end, error=Reason.SYNTHESIS_ERROR, detail=str(err)))
             return
-        if sentences == 0:
+        if not sentences:
             self._put(replace(end, error=Reason.NO_SPEECH, detail="no phonemes"))
         else:
-            info: dict[str, object] = {"sentences": sentences, "cached_sentences": cached}
+            info: dict[str, object] = {"sentences": len(sentences), "cached_sentences": cached}
             if self._job_seconds:
                 info["synthesis_seconds"] = round(self._job_seconds, 4)
             self._put(replace(end, info=info))
 
+    def _planned(
+        self, request: SpeakRequest, params: SynthesisParams, choice: VoiceChoice
+    ) -> list[list[Clause]]:
+        """The request's sentences, every clause bounded; refused before a sound when its speech
+        is estimated beyond the cap."""
+        sentences = [self._bounded(s) for s in choice.voice.sentences(request.text)]
+        phonemes = sum(len(clause) for sentence in sentences for clause in sentence)
+        estimate = phonemes * SECONDS_PER_PHONEME * params.length_scale
+        if estimate > self._max_seconds:
+            raise _TooLongError(f"~{estimate:.0f} s of speech, at most {self._max_seconds:g} s")
+        return sentences
+
     def _speech_blocking(
-        self, job: _Job, choice: VoiceChoice, params: SynthesisParams
-    ) -> tuple[int, int]:
-        """Stream every sentence (cached, or synthesized in clause groups); (sentences, cached)."""
+        self,
+        job: _Job,
+        choice: VoiceChoice,
+        params: SynthesisParams,
+        sentences: list[list[Clause]],
+    ) -> int:
+        """Stream every sentence (cached, or synthesized in clause groups); how many came from
+        the cache. Cut at CUT_FACTOR times the cap, should the estimate have been short; a
+        sentence longer than CACHED_SECONDS_MAX is not kept for the cache."""
         voice = choice.voice
         budget = self._first_chunk
         plan = FramePlan(self._first_frames, self._max_frames)
         cached = 0
-        sentences = voice.sentences(job.request.text)
+        rate, played = voice.sample_rate, 0
         for sentence in sentences:
             key = self._key(choice, params, sentence)
-            pcm = self._cache.get(key, voice.sample_rate)
+            pcm = self._cache.get(key, rate)
             if pcm is not None:
                 cached += 1
                 budget = grow(budget, self._max_chunk)
                 plan.next = min(plan.next * plan.growth, plan.largest)
                 self._emit_or_cancel(job, pcm)
+                played += len(pcm)
                 continue
-            parts: list[PCM16] = []
+            parts: list[PCM16] | None = []
             groups = group_clauses([len(clause) for clause in sentence], budget, self._max_chunk)
             for group in groups:
                 ids = voice.ids(sentence[group.start : group.stop])
                 for audio in self._streamed(job.token, voice.stream, ids, params, plan):
-                    parts.append(to_pcm16(audio))
-                    self._emit_or_cancel(job, parts[-1])
+                    pcm = to_pcm16(audio)
+                    played += len(pcm)
+                    if played > CUT_FACTOR * self._max_seconds * rate:
+                        raise _TooLongError(f"cut at {played / rate:.0f} s of speech")
+                    self._emit_or_cancel(job, pcm)
+                    if parts is not None:
+                        parts.append(pcm)
+                        if sum(len(p) for p in parts) > CACHED_SECONDS_MAX * rate:
+                            parts = None  # too long to be a phrase: not kept
             budget = grow(budget, self._max_chunk, len(groups))
-            self._cache.put(key, np.concatenate(parts), voice.sample_rate)
-        return len(sentences), cached
+            if parts:
+                self._cache.put(key, np.concatenate(parts), rate)
+        return cached
+
+    def _bounded(self, sentence: list[Clause]) -> list[Clause]:
+        """The sentence with every clause at most `max_chunk_phonemes` long (one inference
+        never runs over more)."""
+        return [piece for clause in sentence for piece in split_clause(clause, self._max_chunk)]
 
     def _streamed(
         self,
@@ -287,12 +337,17 @@ class Synthesizer:
             for sentence in voice.sentences(clean_text(phrase)):
                 key = self._key(choice, choice.params, sentence)
                 if self._cache.get(key, rate, count=False) is not None:  # checked, not trusted
+                    self._cache.pin(key)
                     self._phrase_counts["cached"] += 1
                     continue
-                plan = FramePlan.largest_only(self._max_frames)
-                ids = voice.ids(sentence)
-                audio = list(self._streamed(_PHRASES, voice.stream, ids, choice.params, plan))
-                self._cache.put(key, to_pcm16(np.concatenate(audio)), rate)
+                audio: list[Audio] = []
+                bounded = self._bounded(sentence)
+                lengths = [len(clause) for clause in bounded]
+                for group in group_clauses(lengths, self._max_chunk, self._max_chunk):
+                    ids = voice.ids(bounded[group.start : group.stop])
+                    plan = FramePlan.largest_only(self._max_frames)
+                    audio += self._streamed(_PHRASES, voice.stream, ids, choice.params, plan)
+                self._cache.put(key, to_pcm16(np.concatenate(audio)), rate, pinned=True)
                 self._phrase_counts["rendered"] += 1
         except _CancelledError:
             self._phrases.appendleft(phrase)  # a request came first: render it again later

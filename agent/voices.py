@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .config import AgentConfig, resolve_cache_dir, resolve_storage_dir
 from .synthesizer import VoiceChoice
-from .updater import start_model
+from .updater import fall_back, start_model
 from .voice import SynthesisParams, Voice, bundled_voice, seed_random
 
 _LOGGER = logging.getLogger(__name__)
@@ -69,9 +69,16 @@ def choice_for(config: AgentConfig, voice_id: str, voice: Voice) -> VoiceChoice:
 def load_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
     """Every configured voice, loaded and prewarmed; the default one from its update slot when a
     model update is installed (see `updater.start_model`)."""
-    default = factory_model(config)
+    factory = default = factory_model(config)
     if config.ota.trusted_keys:
-        default = start_model(config.ota, ota_directory(config), default)
-    voices = {"default": load_voice(config, "default", default)}
+        default = start_model(config.ota, ota_directory(config), factory)
+    try:
+        chosen = load_voice(config, "default", default)
+    except Exception as err:
+        if default == factory:
+            raise  # the configured model itself: nothing to fall back to
+        _LOGGER.exception("The installed model %s does not load", default)
+        chosen = load_voice(config, "default", fall_back(ota_directory(config), factory, str(err)))
+    voices = {"default": chosen}
     voices |= {vid: load_voice(config, vid) for vid in config.tts.voices}
     return voices
