@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import version
-from .config import DEFAULT_CONFIG_PATH, AgentConfig, ConfigError, key_docs, load
+from .config import SYSTEM_CONFIG_PATH, AgentConfig, ConfigError, key_docs, load
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -71,7 +71,10 @@ def _config_option(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help=f"config file (default: $VOICE_AGENT_CONFIG or {DEFAULT_CONFIG_PATH})",
+        help=(
+            "config file (default: $VOICE_AGENT_CONFIG, else the checkout's config/agent.yaml "
+            f"or {SYSTEM_CONFIG_PATH} if present, else every key's default)"
+        ),
     )
 
 
@@ -124,7 +127,7 @@ def _install_signals(stop: Callable[[], None]) -> None:
 
 
 def _say(config: AgentConfig, args: argparse.Namespace) -> int:
-    from .app import load_voice  # noqa: PLC0415 - see _run
+    from .voices import load_voice  # noqa: PLC0415 - see _run
 
     if args.voice != "default" and args.voice not in config.tts.voices:
         known = ", ".join(["default", *config.tts.voices])

@@ -2,7 +2,7 @@
 
 Every chime is made once at start, at the voice's sample rate, as 16-bit mono. Built-in tones
 have a 5 ms fade at each note's ends (no clicks) and a level near speech (peak -14 dBFS).
-Allowed imports: stdlib, numpy, `messages`.
+Allowed imports: stdlib, numpy, `messages`, `pcm`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Final
 
 import numpy as np
-import numpy.typing as npt
 
 from .messages import Priority, SpeakRequest
+from .pcm import PCM16
 
-PCM16 = npt.NDArray[np.int16]
 _PEAK: Final = 0.2
 _EDGE_SECONDS: Final = 0.005
 

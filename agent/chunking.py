@@ -18,6 +18,35 @@ MIN_CHUNK: Final = 12
 """Fewest phonemes in a chunk (about two words): tiny chunks sound choppy."""
 
 
+def split_clause(clause: Sequence[str], cap: int) -> list[tuple[str, ...]]:
+    """A clause of more than `cap` phonemes cut into pieces of at most `cap`: at word
+    boundaries (spaces) where it can be, a word longer than `cap` cut hard. espeak-ng can make
+    one clause of thousands of phonemes (nonsense words without punctuation); one inference over
+    it would take seconds and hundreds of MB. The pieces join into the same phonemes."""
+    if len(clause) <= cap:
+        return [tuple(clause)]
+    pieces: list[tuple[str, ...]] = []
+    current: list[str] = []
+    word: list[str] = []
+    for phoneme in [*clause, " "]:
+        word.append(phoneme)
+        if phoneme != " ":
+            continue
+        if len(current) + len(word) > cap and current:
+            pieces.append(tuple(current))
+            current = []
+        while len(word) > cap:  # one word longer than the cap
+            pieces.append(tuple(word[:cap]))
+            word = word[cap:]
+        current += word
+        word = []
+    if current and current[-1] == " ":
+        current.pop()  # the space added above
+    if current:
+        pieces.append(tuple(current))
+    return pieces
+
+
 def group_clauses(lengths: Sequence[int], budget: int, cap: int | None = None) -> list[range]:
     """Group consecutive clauses (their phoneme counts) of one sentence into chunks.
 

@@ -19,7 +19,16 @@ from typing import Any, Final
 import yaml
 
 DEFAULT_CONFIG_PATH: Final = Path(__file__).resolve().parent.parent / "config" / "agent.yaml"
-"""The default configuration file shipped in the repository."""
+"""The default configuration file of a source checkout (absent from an installed wheel)."""
+SYSTEM_CONFIG_PATH: Final = Path("/etc/voice-agent/agent.yaml")
+"""Where an installed agent looks when no file is named (the systemd unit names it)."""
+
+
+def default_config_path() -> Path | None:
+    """The file read when none is named: the checkout's, else the system's; None when neither
+    exists (then every key takes its default: no file is needed)."""
+    return next((p for p in (DEFAULT_CONFIG_PATH, SYSTEM_CONFIG_PATH) if p.is_file()), None)
+
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _RESERVED_NODE_IDS: Final = frozenset({"all", "group"})
@@ -71,9 +80,13 @@ def _key(
     default: Any = MISSING,
     check: Callable[[Any], str | None] | None = None,
     factory: Callable[[], Any] | None = None,
+    *,
+    secret: bool = False,
 ) -> Any:
-    """A config key: its documentation (with unit), default (or factory) and extra check."""
-    metadata = {"doc": doc, "check": check}
+    """A config key: its documentation (with unit), default (or factory) and extra check; a
+    `secret` key's value is never repeated in an error (someone may have put the secret
+    itself where its file's name belongs)."""
+    metadata = {"doc": doc, "check": check, "secret": secret}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -120,9 +133,11 @@ class MqttConfig:
     port: int = _key("Broker TCP port.", 1883, _between(1, 65535))
     username: str | None = _key("User name for the broker; null connects anonymously.", None)
     password_file: Path | None = _key(
-        "File whose first line is the broker password (kept out of this file); null for none.",
+        "File whose first line is the broker password (kept out of this file); null for none. "
+        "It should be readable by the agent's user only (a warning is logged otherwise).",
         None,
         _readable_file,
+        secret=True,
     )
     topic_prefix: str = _key("First level of every topic of the agent.", "voice", _topic_prefix)
     keepalive: int = _key("MQTT keepalive (seconds).", 30, _between(5, 3600))
@@ -276,6 +291,13 @@ class SpeakConfig:
         5000,
         _between(1, 1048576),
     )
+    max_audio_seconds: float = _key(
+        "Longest speech of one request (seconds, estimated from its phonemes before it is "
+        "synthesized): longer is rejected too_long. Bounds a request's time and memory; an "
+        "evacuation text that must run longer is sent as several messages, or with `repeat`.",
+        120.0,
+        _between(5, 3600),
+    )
     queue_size: int = _key(
         "Most announcements waiting to be spoken (count); more are rejected.",
         64,
@@ -324,6 +346,12 @@ class OtaConfig:
         "A download that receives nothing for this long is retried (seconds).",
         30.0,
         _between(1, 3600),
+    )
+    download_deadline: float = _key(
+        "Longest time one file of an update may take to download, resumptions included in "
+        "each attempt (seconds): a server that sends a byte now and then is cut off.",
+        1800.0,
+        _between(10, 86400),
     )
     download_retries: int = _key(
         "Attempts per file before the update fails (count).", 5, _between(1, 100)
@@ -408,6 +436,7 @@ ENV_OVERRIDES: Final[Mapping[str, str]] = {
     "VOICE_AGENT_MQTT_USERNAME": "mqtt.username",
     "VOICE_AGENT_MQTT_PASSWORD_FILE": "mqtt.password_file",
     "VOICE_AGENT_AUDIO_DEVICE": "audio.device",
+    "VOICE_AGENT_TTS_VOICE": "tts.voice",
 }
 """Environment variables that override a key (deployment values only)."""
 
@@ -428,8 +457,11 @@ def load(
     environ: Mapping[str, str] | None = None,
     hostname: Callable[[], str] = socket.gethostname,
 ) -> AgentConfig:
-    """Load, override and validate a configuration file (the default one if path is None)."""
-    path = path or DEFAULT_CONFIG_PATH
+    """Load, override and validate a configuration file; with no path, the default file if
+    there is one (`default_config_path`), else the defaults alone."""
+    path = path or default_config_path()
+    if path is None:
+        return from_mapping({}, "(defaults)", os.environ if environ is None else environ, hostname)
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -562,7 +594,13 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
                 typing.cast(type, hint), raw.get(f.name, {}), f"{path}.", problems
             )
         elif f.name in raw:
-            values[f.name] = _value(raw[f.name], hint, path, f.metadata["check"], problems)
+            raw_value = raw[f.name]
+            problems_before = len(problems)
+            values[f.name] = _value(raw_value, hint, path, f.metadata["check"], problems)
+            if f.metadata.get("secret"):
+                problems[problems_before:] = [
+                    _without(problem, raw_value) for problem in problems[problems_before:]
+                ]
     return cls(**values)
 
 
@@ -591,6 +629,14 @@ def _value(
     if reason:
         problems.append(f"{where}: {reason}, got {raw!r}")
     return value
+
+
+def _without(problem: str, secret: Any) -> str:
+    """A problem's text with a secret's value taken out."""
+    text = secret.text if isinstance(secret, _EnvValue) else str(secret)
+    return (
+        problem.replace(repr(text), "(not shown)").replace(text, "(not shown)") if text else problem
+    )
 
 
 def _container(

@@ -17,8 +17,11 @@ The rules:
 - `repeat`: after each play the announcement waits `repeat_interval` and plays again, until the
   count runs out or, for `repeat: 0`, until acknowledged; `ack` with its id ends it at once.
 - `stop` cuts what is playing; with `clear` it also drops everything waiting.
-- `dedupe_key`: a newcomer replaces a waiting announcement with the same key and takes its place.
+- `dedupe_key`: a newcomer replaces a waiting announcement with the same key and takes its place;
+  it never lowers the class of what waits (it takes the higher of the two).
 - No announcement starts while the audio device is unavailable; they wait (their ttl runs).
+- A voice switch (a model update) waits until nothing is synthesized or played, and nothing new
+  starts meanwhile (an alarm still preempts what plays, then starts with the new voice).
 
 Allowed imports: stdlib and `messages`.
 """
@@ -49,9 +52,14 @@ from .messages import (
     SpeakReceived,
     SpeakRequest,
     StopRequested,
+    SwapCancelled,
+    SwapRequested,
+    SwitchDeclined,
+    SwitchVoice,
     SynthesisDone,
     Synthesize,
     Tick,
+    Unfinished,
     UtteranceEnded,
     UtteranceStarted,
     VoiceSelected,
@@ -137,46 +145,56 @@ class SpeakCore:
         self._fingerprints = RecentIds(remembered_ids)
         self._jobs = 0
         self._selected_voice = "default"
-        self._held = False
+        self._swap: int | None = None
+        """A voice switch waiting for the current announcement to end (its token)."""
         self._last: SpeakRequest | None = None
         self._replays = 0
 
     def restore(
         self,
-        pending: list[tuple[SpeakRequest, float | None, bool]],
+        pending: list[Unfinished],
         ids: list[str],
         fingerprints: list[str],
         now: float,
     ) -> list[Action]:
         """After a restart: remember recent ids; queue again what had not ended, in order.
 
-        `pending` holds (request, seconds of ttl left or None, whether it had started). One that
-        had started was cut by the crash: it is reported `interrupted` and plays again.
+        One that had started was cut by the crash: it is reported `interrupted` and plays again.
+        One during which the agent died again (`crashed`) ends `failed` with `crash_loop`.
         """
         for request_id in ids:
             self._seen.add(request_id)
         for fingerprint in fingerprints:
             self._fingerprints.add(fingerprint)
         actions: list[Action] = []
-        for request, ttl_left, started in pending:
+        for unfinished in pending:
+            request = unfinished.request
             self._seen.add(request.id)
             self._seq += 1
-            deadline = None if ttl_left is None else now + ttl_left
-            item = _Item(request, self._seq, deadline)
+            ttl_left = unfinished.ttl_left
+            item = _Item(request, self._seq, None if ttl_left is None else now + ttl_left)
+            if unfinished.crashed:
+                detail = "the agent died while it played, and again when it was replayed"
+                actions.append(
+                    _notify(item, Lifecycle.FAILED, reason=str(Reason.CRASH_LOOP), detail=detail)
+                )
+                continue
             self._enqueue(item)
-            if started:
+            if unfinished.started:
                 actions.append(_notify(item, Lifecycle.INTERRUPTED, queue_depth=len(self._queue)))
         return [*actions, *self._expire(now), *self._next(now)]
 
-    @property
-    def idle(self) -> bool:
-        """Nothing is being synthesized or played."""
-        return self._active is None
-
-    def hold(self, held: bool, now: float) -> list[Action]:
-        """While held, nothing new starts (a model switch waits for the current announcement)."""
-        self._held = held
-        return [] if held else self._next(now)
+    def discard(self, request_id: str, now: float) -> list[Action]:
+        """Forget a request whose handling failed half-way (it was answered `rejected`): drop it
+        if it waits; if it was made active, cut it and free the worker at once (whether or not
+        its synthesis began: later reports of that activation are ignored). No event: its last
+        one is out."""
+        self._queue = [i for i in self._queue if i.request.id != request_id]
+        active = self._active
+        if active is None or active.item.request.id != request_id:
+            return []
+        self._active = None
+        return [Cut(request_id, active.job), *self._switch_when_idle(now)]
 
     @property
     def selected_voice(self) -> str:
@@ -223,6 +241,14 @@ class SpeakCore:
                 return self._started(request_id, job)
             case UtteranceEnded():
                 return [*self._ended(event, now), *self._finish_active(now)]
+            case SwapRequested(token):
+                self._swap = token  # nothing new starts until it is done
+                return self._switch_when_idle(now) if self._active is None else []
+            case SwapCancelled(token):
+                if self._swap != token:
+                    return []  # already switched
+                self._swap = None
+                return [SwitchDeclined(token), *self._next(now)]
         raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
 
     # ---- arrivals ---------------------------------------------------------------------------
@@ -234,11 +260,13 @@ class SpeakCore:
             return [_rejected(refusal)]
         if delivery.expiry is not None and (request.ttl is None or delivery.expiry < request.ttl):
             request = replace(request, ttl=max(delivery.expiry, 0.001))  # MQTT 5 expiry
+        replaced = self._waiting_with_key(request.dedupe_key)
+        if replaced is not None and replaced.request.priority > request.priority:
+            request = replace(request, priority=replaced.request.priority)  # never lowered
         self._seq += 1
         deadline = None if request.ttl is None else now + request.ttl
         item = _Item(request, self._seq, deadline)
         actions: list[Action] = []
-        replaced = self._waiting_with_key(request.dedupe_key)
         if replaced is not None:
             self._queue.remove(replaced)
             item.seq = replaced.seq  # the newcomer takes its place in the queue
@@ -394,7 +422,7 @@ class SpeakCore:
         return actions
 
     def _next(self, now: float) -> list[Action]:
-        if self._active is not None or not self._audio_available or self._held:
+        if self._active is not None or not self._audio_available or self._swap is not None:
             return []
         actions = self._expire(now)
         ready = next((i for i in self._queue if i.not_before <= now), None)
@@ -423,7 +451,9 @@ class SpeakCore:
             return []  # its last event went out when it was cut
         item = active.item
         if event.error is not None:
-            return [_notify(item, Lifecycle.FAILED, reason=str(event.error), detail=event.detail)]
+            refused = event.error == Reason.TOO_LONG and not active.started  # nothing was heard
+            ended = Lifecycle.REJECTED if refused else Lifecycle.FAILED
+            return [_notify(item, ended, reason=str(event.error), detail=event.detail)]
         item.plays += 1
         request = item.request
         self._last = request
@@ -453,7 +483,14 @@ class SpeakCore:
         if active is None or not (active.synthesized and active.played):
             return []
         self._active = None
-        return self._next(now)
+        return self._switch_when_idle(now)
+
+    def _switch_when_idle(self, now: float) -> list[Action]:
+        """Nothing runs: a waiting voice switch happens now, then the next announcement."""
+        if self._swap is None:
+            return self._next(now)
+        token, self._swap = self._swap, None
+        return [SwitchVoice(token), *self._next(now)]
 
 
 def _past(deadline: float | None, now: float) -> bool:

@@ -44,7 +44,7 @@ def measure(model: Path, threads: int) -> tuple[int, float, float, list[str]]:
     compute = audio_seconds = 0.0
     for phrase in PHRASES:
         began = time.perf_counter()
-        parts = [voice.ids_to_audio(ids, params) for ids in voice.sentence_ids(phrase)]
+        parts = [voice.render(ids, params) for ids in voice.sentence_ids(phrase)]
         compute += time.perf_counter() - began
         audio = np.concatenate(parts) if parts else np.zeros(0, np.float32)
         seconds = len(audio) / voice.sample_rate

@@ -1,20 +1,22 @@
 """The Hermes protocol (Rhasspy, Node-RED): its messages to requests and its replies. Pure.
 
 JSON keys are camelCase as in rhasspy-hermes. A message for another site id is ignored (None).
-Allowed imports: stdlib, `messages`, `payloads`.
+Allowed imports: stdlib, `messages`, `payloads`, `states`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import wave
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from .messages import AudioClip, Reason, Rejection, SpeakRequest
-from .payloads import SpeakLimits, finish_request, parse_json_object
+from .payloads import SpeakLimits, finish_request, parse_json_object, valid_id
+from .states import HermesKind
 
 SAY: Final = "hermes/tts/say"
 SAY_FINISHED: Final = "hermes/tts/sayFinished"
@@ -38,38 +40,54 @@ def play_bytes_topic(site_id: str) -> str:
 class HermesContext:
     """What a Hermes reply must echo."""
 
-    kind: str
-    """`say` or `play`."""
-    id: str | None
-    """The request's `id` (say) or request id from the topic (play)."""
+    kind: HermesKind
+    id: object
+    """The say's `id` as it came (any JSON value), or the request id from the topic (play)."""
     site_id: str
-    session_id: str | None
+    session_id: object
+    """The `sessionId` as it came (any JSON value; None when absent)."""
 
 
 def parse_say(
     payload: bytes, site_id: str, limits: SpeakLimits, new_id: Callable[[], str]
-) -> tuple[SpeakRequest, HermesContext] | Rejection | None:
-    """`hermes/tts/say`: text, siteId, lang, id, sessionId, volume."""
+) -> tuple[SpeakRequest | Rejection, HermesContext] | None:
+    """`hermes/tts/say` (text, siteId, lang, id, sessionId, volume) for this site: the request,
+    or why it cannot be served, with what the replies must echo; None for another site.
+
+    `id` and `sessionId` are echoed as they came (a string, a number, null): they correlate the
+    replies, they are not dedupe keys, so the request's own id is a fresh one. `volume` null is
+    1 (rhasspy-hermes sends null when unset). A payload that is no valid JSON object is answered
+    too, as well as it can be read (its site, its id): a dialogue must never wait for a reply
+    that never comes.
+    """
     obj = parse_json_object(payload, limits.max_bytes, new_id)
-    if isinstance(obj, Rejection):
-        return obj
-    if obj.get("siteId", "default") != site_id:
+    loose = obj if not isinstance(obj, Rejection) else _loose_object(payload)
+    if loose.get("siteId", "default") != site_id:
         return None
-    raw_id = obj.get("id")
-    hermes_id = raw_id if isinstance(raw_id, str) and raw_id else None
-    session = obj.get("sessionId") if isinstance(obj.get("sessionId"), str) else None
-    context = HermesContext("say", hermes_id, site_id, session)
-    request_id = f"hermes-{hermes_id}" if hermes_id else f"hermes-{new_id()}"
+    context = HermesContext(HermesKind.SAY, loose.get("id"), site_id, loose.get("sessionId"))
+    request_id = f"hermes-{new_id()[:16]}"
+    if isinstance(obj, Rejection):
+        return Rejection(request_id, obj.reason, obj.detail, obj.field), context
     text = obj.get("text")
     if not isinstance(text, str):
-        return Rejection(request_id, Reason.INVALID_FIELD, "expected a string", "text")
-    volume = obj.get("volume", 1.0)
+        return Rejection(request_id, Reason.INVALID_FIELD, "expected a string", "text"), context
+    volume = obj.get("volume")
+    volume = 1.0 if volume is None else volume
     if isinstance(volume, bool) or not isinstance(volume, int | float) or not 0 <= volume <= 1:
-        return Rejection(
+        problem = Rejection(
             request_id, Reason.INVALID_FIELD, "expected a number from 0 to 1", "volume"
         )
-    request = finish_request(SpeakRequest(request_id, text, volume=float(volume)), limits)
-    return request if isinstance(request, Rejection) else (request, context)
+        return problem, context
+    return finish_request(SpeakRequest(request_id, text, volume=float(volume)), limits), context
+
+
+def _loose_object(payload: bytes) -> dict[str, Any]:
+    """The payload as a JSON object, however bad its content (for its site and ids only)."""
+    with contextlib.suppress(ValueError, RecursionError):
+        obj = json.loads(payload.decode("utf-8", "replace").removeprefix("\ufeff"))
+        if isinstance(obj, dict):
+            return obj
+    return {}
 
 
 def parse_play_bytes(
@@ -79,13 +97,13 @@ def parse_play_bytes(
     parts = topic.split("/")
     if len(parts) != 5 or parts[2] != site_id:
         return None
-    request_id = parts[4] or new_id()
-    context = HermesContext("play", request_id, site_id, None)
+    context = HermesContext(HermesKind.PLAY, parts[4], site_id, None)  # echoed as it came
+    request_id = parts[4] if valid_id(f"play-{parts[4]}") else new_id()
     try:
         with wave.open(io.BytesIO(payload), "rb") as wav:
             width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
             frames = wav.readframes(wav.getnframes())
-    except (wave.Error, EOFError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - any bytes at all: wave raises what it likes
         return Rejection(
             f"play-{request_id}", Reason.INVALID_FIELD, f"not a WAV file: {err}", "wav"
         )
@@ -104,7 +122,7 @@ def parse_site(payload: bytes, site_id: str) -> bool:
 
 def finished(context: HermesContext) -> Reply:
     """sayFinished or playFinished for a request that ended."""
-    if context.kind == "say":
+    if context.kind == HermesKind.SAY:
         body = {"siteId": context.site_id, "id": context.id, "sessionId": context.session_id}
         return SAY_FINISHED, _json(body)
     body = {"id": context.id, "sessionId": context.session_id}
@@ -119,16 +137,21 @@ def error(context: HermesContext, message: str) -> Reply:
         "siteId": context.site_id,
         "sessionId": context.session_id,
     }
-    return (TTS_ERROR if context.kind == "say" else PLAY_ERROR), _json(body)
+    return (TTS_ERROR if context.kind == HermesKind.SAY else PLAY_ERROR), _json(body)
 
 
-def voices_reply(payload: bytes, site_id: str, voices: Mapping[str, str]) -> Reply | None:
-    """rhasspy/tts/voices for a getVoices addressed to this site."""
+def parse_get_voices(payload: bytes, site_id: str) -> dict[str, Any] | None:
+    """A getVoices request for this site (its JSON object), or None."""
     obj = parse_json_object(payload, 4096, lambda: "")
     if isinstance(obj, Rejection) or obj.get("siteId", "default") != site_id:
         return None
+    return obj
+
+
+def voices_reply(request_id: object, site_id: str, voices: Mapping[str, str]) -> Reply:
+    """rhasspy/tts/voices: the voices by id with a description, echoing the request's id."""
     listed = [{"voiceId": vid, "description": text} for vid, text in voices.items()]
-    return VOICES, _json({"voices": listed, "id": obj.get("id"), "siteId": site_id})
+    return VOICES, _json({"voices": listed, "id": request_id, "siteId": site_id})
 
 
 def _json(body: object) -> bytes:

@@ -338,7 +338,11 @@ class _Body:
                     detail = f"closed after {self.count} bytes of {self.length}"
                     raise FetchError(FetchReason.INCOMPLETE, detail)
                 return
-            if self.count + len(chunk) > max_bytes:
+            if self.count + len(chunk) > max_bytes:  # what fits is handed over first
+                room = max_bytes - self.count
+                if room:
+                    sink(chunk[:room])
+                    self.count += room
                 raise FetchError(FetchReason.TOO_LARGE, f"more than {max_bytes} bytes")
             sink(chunk)
             self.count += len(chunk)

@@ -92,8 +92,37 @@ def sign(manifest: bytes, keys: Sequence[Ed25519PrivateKey]) -> bytes:
     return json.dumps(envelope, indent=1).encode()
 
 
+@dataclass(frozen=True, slots=True)
+class Revocation:
+    """A signed withdrawal of releases: every release below `min_release` and those listed.
+    Release 0 (the configured model) cannot be revoked."""
+
+    issued: datetime
+    device_class: str
+    min_release: int
+    revoked: frozenset[int]
+
+    def revokes(self, release: int) -> bool:
+        """Whether this release may no longer be installed or kept."""
+        return release > 0 and (release < self.min_release or release in self.revoked)
+
+
 def verify(envelope: bytes, trusted: Mapping[str, Ed25519PublicKey]) -> Manifest | Refusal:
     """Check the signature over the exact manifest bytes, then read the manifest."""
+    signed = _signed(envelope, trusted)
+    return signed if isinstance(signed, Refusal) else _parse(signed)
+
+
+def verify_revocation(
+    envelope: bytes, trusted: Mapping[str, Ed25519PublicKey]
+) -> Revocation | Refusal:
+    """Check the signature over the exact bytes of a revocation, then read it."""
+    signed = _signed(envelope, trusted)
+    return signed if isinstance(signed, Refusal) else _parse_revocation(signed)
+
+
+def _signed(envelope: bytes, trusted: Mapping[str, Ed25519PublicKey]) -> bytes | Refusal:
+    """The signed bytes of an envelope, once a trusted key's signature over them checks."""
     if len(envelope) > MAX_ENVELOPE_BYTES:
         return Refusal("malformed", f"envelope over {MAX_ENVELOPE_BYTES} bytes")
     try:
@@ -120,8 +149,28 @@ def verify(envelope: bytes, trusted: Mapping[str, Ed25519PublicKey]) -> Manifest
             )
         except (InvalidSignature, ValueError, TypeError, binascii.Error):
             continue
-        return _parse(manifest_bytes)
+        return manifest_bytes
     return Refusal("bad_signature", "the signature does not match the manifest")
+
+
+def _parse_revocation(data: bytes) -> Revocation | Refusal:
+    try:
+        body = json.loads(data)
+        if not isinstance(body, dict) or body.get("kind") != "revocation":
+            raise TypeError("not a revocation")
+        if body.get("format") != FORMAT:
+            raise ValueError(f"format {body.get('format')!r}, expected {FORMAT}")
+        revoked = body.get("revoked", [])
+        if not isinstance(revoked, list) or len(revoked) > 10_000:
+            raise TypeError("revoked: expected a list of releases")
+        return Revocation(
+            issued=_time(body["issued"], "issued"),
+            device_class=_text(body["target"]["device_class"], "target.device_class"),
+            min_release=_int(body.get("min_release", 0), "min_release"),
+            revoked=frozenset(_int(r, "revoked[]") for r in revoked),
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        return Refusal("malformed", f"revocation: {err}"[:200])
 
 
 def _parse(data: bytes) -> Manifest | Refusal:
@@ -172,19 +221,26 @@ def _text(raw: Any, name: str) -> str:
     return raw
 
 
-def _time(raw: Any) -> datetime:
+def _time(raw: Any, name: str = "expires") -> datetime:
     if not isinstance(raw, str):
-        raise ValueError("expires: expected an ISO 8601 time")
+        raise ValueError(f"{name}: expected an ISO 8601 time")
     moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
     if moment.tzinfo is None:
-        raise ValueError("expires: expected a time zone")
+        raise ValueError(f"{name}: expected a time zone")
     return moment.astimezone(UTC)
 
 
-def admissible(
-    manifest: Manifest, now: datetime, installed: int, device_class: str, voice: str
+def admissible(  # noqa: PLR0911, PLR0917 - one reason each; what decides it
+    manifest: Manifest,
+    now: datetime,
+    installed: int,
+    device_class: str,
+    voice: str,
+    revocation: Revocation | None = None,
 ) -> Refusal | None:
     """Whether this node may install it now; None if so. The same release is `already_installed`."""
+    if revocation is not None and revocation.revokes(manifest.release):
+        return Refusal("revoked", f"release {manifest.release} was revoked")
     if manifest.expires <= now:
         return Refusal("expired", f"the manifest expired at {manifest.expires.isoformat()}")
     if manifest.device_class != device_class or manifest.voice != voice:

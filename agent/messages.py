@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
+from typing import Final
 
 
 class Lifecycle(StrEnum):
@@ -27,6 +28,24 @@ class Lifecycle(StrEnum):
     INTERRUPTED = "interrupted"
     UPDATE = "update"
     """A model update's progress or result (its id is the offer's)."""
+    SUPPRESSED = "suppressed"
+    """Rejections held back during a flood: their count by reason (one event per interval)."""
+
+
+FINAL_EVENTS: Final = frozenset(
+    {
+        Lifecycle.FINISHED,
+        Lifecycle.FAILED,
+        Lifecycle.REJECTED,
+        Lifecycle.EXPIRED,
+        Lifecycle.STOPPED,
+        Lifecycle.ACKNOWLEDGED,
+        Lifecycle.COALESCED,
+        Lifecycle.PREEMPTED,
+    }
+)
+"""Events that end an announcement (`finished` of a repeat is the last): its journal entry
+ends and a Hermes request gets its reply."""
 
 
 class Reason(StrEnum):
@@ -46,6 +65,12 @@ class Reason(StrEnum):
     SYNTHESIS_ERROR = "synthesis_error"
     NO_SPEECH = "no_speech"
     AUDIO_ERROR = "audio_error"
+    TOO_LONG = "too_long"
+    """Its speech would last longer than `speak.max_audio_seconds`."""
+    CRASH_LOOP = "crash_loop"
+    """The agent died twice while this announcement was being synthesized or played."""
+    INTERNAL = "internal"
+    """The agent failed while handling the message (a bug: logged with its traceback)."""
 
 
 class Priority(IntEnum):
@@ -141,6 +166,19 @@ class Rejection:
     """The payload field at fault, for `invalid_field`."""
     priority: Priority | None = None
     """The request's class, when the payload got that far."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """An announcement accepted before a restart that had not ended."""
+
+    request: SpeakRequest
+    ttl_left: float | None
+    """Seconds of its ttl left now (None: no ttl)."""
+    started: bool
+    """It was playing when the agent stopped."""
+    crashed: bool = False
+    """The agent died while it was synthesized or played, twice: it is not tried again."""
 
 
 # ---- events: edges -> core -------------------------------------------------------------
@@ -248,6 +286,20 @@ class UtteranceEnded:
     """Wall-clock time it happened (seconds since the epoch): the `ts` of its events."""
 
 
+@dataclass(frozen=True, slots=True)
+class SwapRequested:
+    """A new default voice is ready: switch to it once nothing is synthesized or played."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwapCancelled:
+    """The switch asked with this token is no longer wanted (it waited too long)."""
+
+    token: int
+
+
 Event = (
     SpeakReceived
     | SpeakInvalid
@@ -261,6 +313,8 @@ Event = (
     | SynthesisDone
     | UtteranceStarted
     | UtteranceEnded
+    | SwapRequested
+    | SwapCancelled
 )
 
 
@@ -318,4 +372,18 @@ class SetVolume:
     volume: float
 
 
-Action = Acknowledge | Record | Notify | Synthesize | Cut | SetVolume
+@dataclass(frozen=True, slots=True)
+class SwitchVoice:
+    """Switch the default voice now (nothing plays; nothing starts before it is done)."""
+
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchDeclined:
+    """The switch with this token will not happen."""
+
+    token: int
+
+
+Action = Acknowledge | Record | Notify | Synthesize | Cut | SetVolume | SwitchVoice | SwitchDeclined

@@ -68,7 +68,7 @@ class MqttLink:
         handlers: Mapping[str, MessageHandler],
         *,
         retained: frozenset[str] = frozenset(),
-        on_connected: Callable[[], None] | None = None,
+        on_connected: Callable[[], object] | None = None,
     ) -> None:
         self._config = config
         self._client_id = client_id
@@ -81,6 +81,7 @@ class MqttLink:
         self.last_error: str | None = None
         """The last connection or subscription problem (for the state), None once connected."""
         self._stopping = threading.Event()
+        self._redelivering = threading.Event()
         self._connack: ReasonCode | None = None
         self.connected = threading.Event()
         """Set while a session with the broker is up."""
@@ -125,9 +126,12 @@ class MqttLink:
         return client
 
     def _password(self) -> str | None:
-        if self._config.password_file is None:
+        path = self._config.password_file
+        if path is None:
             return None
-        lines = self._config.password_file.read_text(encoding="utf-8").splitlines()
+        if path.stat().st_mode & 0o077:
+            _LOGGER.warning("%s can be read by other users than the agent's: chmod 600 it", path)
+        lines = path.read_text(encoding="utf-8").splitlines()
         return lines[0] if lines else ""
 
     # ---- called from other threads ------------------------------------------------------
@@ -149,6 +153,13 @@ class MqttLink:
         if delivery.qos > 0:
             self._client.ack(delivery.mid, delivery.qos)
 
+    def redeliver(self) -> None:
+        """Have the broker send every unacknowledged message again: disconnect cleanly (no Last
+        Will), and the link reconnects at once to its persistent session. For messages the
+        agent had no room for (see `inbox`)."""
+        self._redelivering.set()
+        self._client.disconnect()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Publish `offline`, disconnect cleanly (no Last Will) and join the thread."""
         self._stopping.set()
@@ -168,7 +179,9 @@ class MqttLink:
         short_sessions = 0  # connections in a row that dropped before _STABLE_SECONDS
         try:
             while not self._stopping.is_set():
-                if not first and not self._pause_before_reconnect(short_sessions):
+                asked = self._redelivering.is_set()  # a reconnect the agent asked for: no pause
+                self._redelivering.clear()
+                if not first and not asked and not self._pause_before_reconnect(short_sessions):
                     return
                 self._connect_with_backoff(first=first)
                 first = False
@@ -176,7 +189,8 @@ class MqttLink:
                 self._client.loop_forever()  # returns when the connection ends
                 self.connected.clear()
                 stable = time.monotonic() - up_since >= _STABLE_SECONDS
-                short_sessions = 0 if stable else short_sessions + 1
+                if not self._redelivering.is_set():
+                    short_sessions = 0 if stable else short_sessions + 1
                 if short_sessions == _FLAPPING and not self._stopping.is_set():
                     _LOGGER.warning(
                         "The connection dropped %d times in a row within %d s: is a second "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -17,6 +18,8 @@ from .messages import Lifecycle, Priority, Reason, Rejection, SpeakRequest
 from .text import clean_text
 
 MAX_ID_CHARS: Final = 128
+BOM: Final = "\ufeff"
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 _PRIORITIES: Final = {p.label: p for p in Priority}
 
 Check = Callable[[object], tuple[object, str | None]]
@@ -182,7 +185,7 @@ def _decode(
         detail = f"{len(payload)} bytes, at most {max_bytes} allowed"
         return Rejection(new_id(), Reason.PAYLOAD_TOO_LARGE, detail)
     try:
-        text = payload.decode("utf-8")
+        text = payload.decode("utf-8").removeprefix(BOM)  # a leading BOM says nothing
     except UnicodeDecodeError as err:
         return Rejection(new_id(), Reason.INVALID_UTF8, f"invalid UTF-8 at byte {err.start}")
     if not text.lstrip().startswith("{"):
@@ -190,7 +193,11 @@ def _decode(
     try:
         obj: dict[str, Any] = json.loads(text)  # text starting with '{' that parses is an object
     except (ValueError, RecursionError) as err:
-        return Rejection(new_id(), Reason.INVALID_JSON, f"not a valid JSON object: {err}"[:200])
+        detail = f"not a valid JSON object: {err}"[:200].encode("ascii", "replace").decode()
+        return Rejection(new_id(), Reason.INVALID_JSON, detail)
+    where = _surrogate(obj)
+    if where is not None:  # a JSON escape of half a UTF-16 pair: no character, no text
+        return Rejection(new_id(), Reason.INVALID_UTF8, f"a lone surrogate escape in {where}")
     return obj
 
 
@@ -198,12 +205,39 @@ def _request_id(obj: dict[str, Any], new_id: Callable[[], str]) -> str | Rejecti
     raw_id = obj.get("id")
     if raw_id is None:
         return new_id()
-    if isinstance(raw_id, int) and not isinstance(raw_id, bool):
-        return str(raw_id)
-    if isinstance(raw_id, str) and 0 < len(raw_id) <= MAX_ID_CHARS and raw_id.isprintable():
+    if valid_id(raw_id):
+        assert isinstance(raw_id, str)  # noqa: S101 - valid_id says so
         return raw_id
-    expected = f"expected a string of 1-{MAX_ID_CHARS} printable characters or an integer"
+    expected = f"expected a string of 1-{MAX_ID_CHARS} printable characters"
+    if isinstance(raw_id, int | float) and not isinstance(raw_id, bool):
+        expected += " (a number is not an id: quote it)"
     return Rejection(new_id(), Reason.INVALID_FIELD, expected, "id")
+
+
+def valid_id(value: object) -> bool:
+    """Whether a value may be an id: a string of 1-MAX_ID_CHARS printable characters (any kind
+    of message: speak, ack, Hermes, OTA). Numbers are not ids: `5` and `"5"` would collide."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isprintable()
+
+
+def _surrogate(value: object, where: str = "the payload") -> str | None:
+    """Where a lone surrogate is in a parsed JSON value (a key or a string), if anywhere."""
+    if isinstance(value, str):
+        return where if _LONE_SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            name = key if not _LONE_SURROGATE.search(key) else None
+            if name is None:
+                return f"a field name of {where}"
+            found = _surrogate(item, f"field {name!r}" if where == "the payload" else where)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for item in value:
+            found = _surrogate(item, where)
+            if found is not None:
+                return found
+    return None
 
 
 def finish_request(request: SpeakRequest, limits: SpeakLimits) -> SpeakRequest | Rejection:
@@ -245,4 +279,4 @@ def encode_event(
         "node": node_id,
     }
     body.update(details)
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode("ascii")

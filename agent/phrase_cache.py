@@ -3,7 +3,8 @@
 A key is the sha256 of everything that decides the samples: the model's digest, the voice id,
 the synthesis parameters and the sentence's phoneme ids (a function of the normalized text and
 the voice's phonemizer). A new model therefore never finds old entries, with no invalidation
-code. Both tiers are bounded in bytes and drop the least recently used entry first. Disk
+code. Both tiers are bounded in bytes and drop the least recently used entry first, but never a
+pinned one (the configured phrases: requests cannot push the alarm texts out). Disk
 entries are written atomically (temporary file, then rename) and carry their length and sha256,
 so a truncated or corrupt entry is detected, dropped and synthesized again. Used from one
 thread (the synthesis thread); `stats` may be read from any. Allowed imports: stdlib, numpy.
@@ -83,6 +84,7 @@ class PhraseCache:
         self._memory_bytes = 0
         self._disk: OrderedDict[str, int] = OrderedDict()  # key -> file size, oldest first
         self._disk_bytes = 0
+        self._pinned: set[str] = set()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("memory_hits", "disk_hits", "misses", "stores", "evictions", "corrupt"), 0
@@ -116,14 +118,22 @@ class PhraseCache:
         with self._lock:
             return key in self._memory or key in self._disk
 
-    def put(self, key: str, pcm: PCM16, sample_rate: int) -> None:
-        """Store audio in both tiers (over-large entries are not kept)."""
+    def put(self, key: str, pcm: PCM16, sample_rate: int, *, pinned: bool = False) -> None:
+        """Store audio in both tiers (over-large entries are not kept); a pinned entry is never
+        dropped to make room."""
         pcm = np.ascontiguousarray(pcm, dtype=np.int16)
+        if pinned:
+            self.pin(key)
         self._remember(key, pcm)
         if self._dir is not None and 0 < _HEADER.size + pcm.nbytes <= self._disk_limit:
             self._write(key, pcm, sample_rate)
         with self._lock:
             self._counts["stores"] += 1
+
+    def pin(self, key: str) -> None:
+        """Never drop this entry to make room (it may already be stored)."""
+        with self._lock:
+            self._pinned.add(key)
 
     def stats(self) -> CacheStats:
         """A snapshot of the counters."""
@@ -146,9 +156,10 @@ class PhraseCache:
                 return
             self._memory[key] = pcm
             self._memory_bytes += pcm.nbytes
-            while self._memory_bytes > self._memory_limit:
-                _, dropped = self._memory.popitem(last=False)
-                self._memory_bytes -= dropped.nbytes
+            for old in [k for k in self._memory if k not in self._pinned]:
+                if self._memory_bytes <= self._memory_limit:
+                    break
+                self._memory_bytes -= self._memory.pop(old).nbytes
                 self._counts["evictions"] += 1
 
     # ---- disk tier --------------------------------------------------------------------------
@@ -228,10 +239,12 @@ class PhraseCache:
     def _evict_disk(self) -> None:
         while True:
             with self._lock:
-                if self._disk_bytes <= self._disk_limit or not self._disk:
+                if self._disk_bytes <= self._disk_limit:
                     return
-                key, size = self._disk.popitem(last=False)
-                self._disk_bytes -= size
+                key = next((k for k in self._disk if k not in self._pinned), None)
+                if key is None:
+                    return  # only pinned entries left
+                self._disk_bytes -= self._disk.pop(key)
                 self._counts["evictions"] += 1
             with contextlib.suppress(OSError):
                 self._path(key).unlink()

@@ -8,7 +8,7 @@ one-period fade to silence. The PCM is drained at the end of each announcement, 
 means played. An underrun is recovered and counted; a device that fails or cannot be opened is
 closed and opened again with backoff (tenacity), reported as unavailable meanwhile; the
 announcement it broke fails with `audio_error`, later ones wait. Allowed imports: stdlib,
-numpy, tenacity, alsaaudio, `messages`, `volume`.
+numpy, tenacity, alsaaudio, `messages`, `pcm`, `volume`.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 import numpy as np
-import numpy.typing as npt
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
-from .messages import AudioStatus, Event, Priority, Reason, UtteranceEnded, UtteranceStarted
+from .messages import AudioStatus, Event, Reason, UtteranceEnded, UtteranceStarted
+from .pcm import Chunk
 from .volume import effective_volume
 
 _LOGGER = logging.getLogger(__name__)
@@ -37,24 +37,6 @@ _POLL_SECONDS: Final = 0.05
 _REOPEN_MAX_SECONDS: Final = 10.0
 _SILENT: Final = 64
 """A sample this small (about -54 dBFS) ends a sound without an audible click."""
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """Audio for one announcement; `end=True` closes it (with its error, if any)."""
-
-    id: str
-    pcm: npt.NDArray[np.int16] | None = None
-    end: bool = False
-    error: Reason | None = None
-    detail: str = ""
-    info: Mapping[str, object] = field(default_factory=dict)
-    """With `end`: extra fields for the announcement's last event."""
-    volume: float = 1.0
-    """The requested volume (the global volume and the floor are applied at write time)."""
-    priority: Priority = Priority.INFO
-    job: int = 0
-    """The activation token (see `messages.Synthesize.job`): cuts and reports name it."""
 
 
 class Pcm(Protocol):
@@ -127,7 +109,7 @@ class Player:
         self,
         open_pcm: PcmOpener,
         rate: int,
-        report: Callable[[Event], None],
+        report: Callable[[Event], object],
         volume: float = 1.0,
         floor: float = 0.0,
     ) -> None:

@@ -26,6 +26,8 @@ class UpdatePhase(StrEnum):
     CANCELLED = "cancelled"
     BUSY = "busy"
     ROLLED_BACK = "rolled_back"
+    NOTED = "noted"
+    """A revocation was verified and kept; nothing had to change."""
 
 
 RUNNING_PHASES: Final = frozenset(

@@ -1,14 +1,14 @@
 """The synthesis worker: one thread that turns requests into audio chunks for the player.
 
 Per sentence it looks in the phrase cache first (a hit plays without touching the ONNX
-sessions); on a miss it synthesizes the sentence in clause groups, small first. On a voice split
-for chunked decoding each group runs through the prior, then its latent frames are decoded in
-chunks, small first and growing, each streamed to the player as soon as it is decoded; a voice
-that runs whole streams each group whole. The whole sentence is then cached. Between requests it
-renders the configured phrases into the cache; requests always go first. The player's bounded
-buffer throttles it. A cut aborts the running inference (RunOptions.terminate) and stops the
-request between chunks. Allowed imports: stdlib, numpy, `chunking`, `messages`,
-`phrase_cache`, `player`, `text`, `voice`.
+sessions); on a miss it synthesizes the sentence in clause groups, small first, each streamed
+(`Voice.stream`: on a split voice a group's latent frames are decoded in chunks, small first and
+growing, each handed to the player as soon as it is decoded). The whole sentence is then cached.
+Between requests it renders the configured phrases into the cache; requests always go first.
+The player's bounded buffer throttles it. A cut aborts the running inference and stops the
+request between chunks. Its commands (a request, a new default voice) come through one bounded
+queue, in order. Allowed imports: stdlib, numpy, `chimes`, `chunking`, `messages`, `pcm`,
+`phrase_cache`, `text`, `voice`.
 """
 
 from __future__ import annotations
@@ -18,29 +18,42 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import astuple, dataclass, replace
-from functools import partial
-from typing import Final, TypeVar
+from typing import Final
 
 import numpy as np
-from onnxruntime import RunOptions
 
 from .chimes import ChimePlan, convert_pcm
-from .chunking import FIRST_FRAMES, FRAME_GROWTH, MAX_FRAMES, frame_chunks, group_clauses, grow
+from .chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
 from .messages import Event, Reason, SpeakRequest, SynthesisDone
-from .phrase_cache import PCM16, PhraseCache, cache_key
-from .player import Chunk
+from .pcm import PCM16, Chunk
+from .phrase_cache import PhraseCache, cache_key
 from .text import clean_text
-from .voice import Clause, SynthesisParams, Voice, cancellable_run, to_pcm16
+from .voice import (
+    Audio,
+    Cancellation,
+    Clause,
+    FramePlan,
+    StreamCancelledError,
+    SynthesisParams,
+    Voice,
+    to_pcm16,
+)
 
 _LOGGER = logging.getLogger(__name__)
 _POLL_SECONDS: Final = 0.2
-T = TypeVar("T")
-
-
-class _CancelledError(Exception):
-    """The request was cut (or the worker is stopping): synthesize no more of it."""
+SECONDS_PER_PHONEME: Final = 0.045
+"""Speech per phoneme at length scale 1 (measured on en_US-joe-medium: 0.044-0.053 s over
+English, CJK and nonsense text), to estimate a request's length before synthesizing it."""
+CUT_FACTOR: Final = 1.25
+"""Speech is cut at this many times `speak.max_audio_seconds` should the estimate be short."""
+CACHED_SECONDS_MAX: Final = 10.0
+"""Sentences longer than this are not kept in the phrase cache: phrases are short, and a long
+one would take the room of many (and could push out what an operator configured)."""
+COMMANDS: Final = 2
+"""Commands that can wait: the core hands over a request only when the worker is free, and a
+voice switch only while no request runs, so one of each at most."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +75,14 @@ class _Job:
     token: int
 
 
+class _CancelledError(Exception):
+    """The request was cut (or the worker is stopping): synthesize no more of it."""
+
+
+class _TooLongError(Exception):
+    """The request's speech would last longer than allowed (the message says how long)."""
+
+
 class Synthesizer:
     """Synthesizes one request at a time into the player's buffer; renders phrases when idle."""
 
@@ -71,25 +92,27 @@ class Synthesizer:
         cache: PhraseCache,
         chunk_phonemes: tuple[int, int],
         put: Callable[[Chunk], bool],
-        report: Callable[[Event], None],
+        report: Callable[[Event], object],
         phrases: Sequence[str] = (),
         chimes: ChimePlan | None = None,
         chunk_frames: tuple[int, int] = (FIRST_FRAMES, MAX_FRAMES),
+        max_seconds: float = 120.0,
     ) -> None:
-        self._voices = voices
+        self._voices = dict(voices)  # this thread's own: a switch arrives as a command
         self._cache = cache
         self._first_chunk, self._max_chunk = chunk_phonemes
         self._first_frames, self._max_frames = chunk_frames
+        self._max_seconds = max_seconds
         self._put = put
         self._report = report
         self._chimes = chimes or ChimePlan({}, {})
         self._configured_phrases = tuple(phrases)
         self._phrases = deque(phrases)
         self._phrase_counts = {"total": len(phrases), "rendered": 0, "cached": 0}
-        self._jobs: queue.Queue[_Job] = queue.Queue(maxsize=1)
+        self._commands: queue.Queue[_Job | VoiceChoice] = queue.Queue(maxsize=COMMANDS)
         self._lock = threading.Lock()
         self._cancelled: set[int] = set()
-        self._run: tuple[int, RunOptions] | None = None
+        self._running: tuple[int, Cancellation] | None = None
         self._job_seconds = 0.0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run_blocking, name="synthesis", daemon=True)
@@ -105,20 +128,31 @@ class Synthesizer:
         worker is free of requests. Phrase rendering in progress is aborted: requests go first."""
         with self._lock:
             self._cancelled = {token for token in self._cancelled if token >= job}
-            if self._run is not None and self._run[0] == _PHRASES:
-                self._run[1].terminate = True
-        self._jobs.put_nowait(_Job(request, job))
+            if self._running is not None and self._running[0] == _PHRASES:
+                self._running[1].cancel()
+        self._commands.put_nowait(_Job(request, job))
+
+    def use_voice(self, choice: VoiceChoice) -> None:
+        """Replace a voice (a model update); requests after this one use it, and the configured
+        phrases are rendered again for it (its digest is part of every cache key)."""
+        with self._lock:
+            if self._running is not None and self._running[0] == _PHRASES:
+                self._running[1].cancel()
+        self._commands.put_nowait(choice)
 
     def cancel(self, job: int) -> None:
         """Stop synthesizing this activation: abort its running inference, skip the rest."""
         with self._lock:
             self._cancelled.add(job)
-            if self._run is not None and self._run[0] == job:
-                self._run[1].terminate = True
+            if self._running is not None and self._running[0] == job:
+                self._running[1].cancel()
 
     def stop(self) -> None:
         """Stop after the current chunk."""
         self._stopping.set()
+        with self._lock:
+            if self._running is not None:
+                self._running[1].cancel()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
@@ -127,15 +161,19 @@ class Synthesizer:
         while not self._stopping.is_set():
             try:
                 if self._phrases:
-                    job = self._jobs.get_nowait()
+                    command = self._commands.get_nowait()
                 else:
-                    job = self._jobs.get(timeout=_POLL_SECONDS)
+                    command = self._commands.get(timeout=_POLL_SECONDS)
             except queue.Empty:
                 if self._phrases:
                     self._render_phrase_blocking(self._phrases.popleft(), started)
                 continue
-            self._speak_blocking(job)
-            self._report(SynthesisDone(job.request.id, job.token))
+            if isinstance(command, VoiceChoice):
+                self._voices[command.id] = command
+                self._phrases = deque(self._configured_phrases)
+                continue
+            self._speak_blocking(command)
+            self._report(SynthesisDone(command.request.id, command.token))
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -147,6 +185,7 @@ class Synthesizer:
         params = replace(choice.params, length_scale=choice.params.length_scale / request.rate)
         end = Chunk(request.id, end=True, priority=request.priority, job=job.token)
         try:
+            sentences = [] if request.audio is not None else self._planned(request, params, choice)
             chime = self._chimes.for_request(request)
             if chime is not None:
                 self._emit_or_cancel(job, chime)
@@ -156,90 +195,120 @@ class Synthesizer:
                 self._emit_or_cancel(job, pcm)
                 self._put(replace(end, info={"audio_clip": True}))
                 return
-            sentences, cached = self._speech_blocking(job, choice, params)
+            cached = self._speech_blocking(job, choice, params, sentences)
         except _CancelledError:
             self._put(end)
+            return
+        except _TooLongError as err:
+            self._put(replace(end, error=Reason.TOO_LONG, detail=str(err)))
             return
         except Exception as err:
             _LOGGER.exception("Synthesis of %s failed", request.id)
             self._put(replace(end, error=Reason.SYNTHESIS_ERROR, detail=str(err)))
             return
-        if sentences == 0:
+        if not sentences:
             self._put(replace(end, error=Reason.NO_SPEECH, detail="no phonemes"))
         else:
-            info: dict[str, object] = {"sentences": sentences, "cached_sentences": cached}
+            info: dict[str, object] = {"sentences": len(sentences), "cached_sentences": cached}
             if self._job_seconds:
                 info["synthesis_seconds"] = round(self._job_seconds, 4)
             self._put(replace(end, info=info))
 
+    def _planned(
+        self, request: SpeakRequest, params: SynthesisParams, choice: VoiceChoice
+    ) -> list[list[Clause]]:
+        """The request's sentences, every clause bounded; refused before a sound when its speech
+        is estimated beyond the cap."""
+        sentences = [self._bounded(s) for s in choice.voice.sentences(request.text)]
+        phonemes = sum(len(clause) for sentence in sentences for clause in sentence)
+        estimate = phonemes * SECONDS_PER_PHONEME * params.length_scale
+        if estimate > self._max_seconds:
+            raise _TooLongError(f"~{estimate:.0f} s of speech, at most {self._max_seconds:g} s")
+        return sentences
+
     def _speech_blocking(
-        self, job: _Job, choice: VoiceChoice, params: SynthesisParams
-    ) -> tuple[int, int]:
-        """Stream every sentence (cached, or synthesized in clause groups); (sentences, cached)."""
+        self,
+        job: _Job,
+        choice: VoiceChoice,
+        params: SynthesisParams,
+        sentences: list[list[Clause]],
+    ) -> int:
+        """Stream every sentence (cached, or synthesized in clause groups); how many came from
+        the cache. Cut at CUT_FACTOR times the cap, should the estimate have been short; a
+        sentence longer than CACHED_SECONDS_MAX is not kept for the cache."""
         voice = choice.voice
-        budget, frames = self._first_chunk, self._first_frames
+        budget = self._first_chunk
+        plan = FramePlan(self._first_frames, self._max_frames)
         cached = 0
-        sentences = voice.sentences(job.request.text)
+        rate, played = voice.sample_rate, 0
         for sentence in sentences:
             key = self._key(choice, params, sentence)
-            pcm = self._cache.get(key, voice.sample_rate)
+            pcm = self._cache.get(key, rate)
             if pcm is not None:
                 cached += 1
                 budget = grow(budget, self._max_chunk)
-                frames = min(frames * FRAME_GROWTH, self._max_frames)
+                plan.next = min(plan.next * plan.growth, plan.largest)
                 self._emit_or_cancel(job, pcm)
+                played += len(pcm)
                 continue
-            parts: list[PCM16] = []
+            parts: list[PCM16] | None = []
             groups = group_clauses([len(clause) for clause in sentence], budget, self._max_chunk)
             for group in groups:
                 ids = voice.ids(sentence[group.start : group.stop])
-                if voice.chunked:
-                    frames = self._decode_blocking(job, voice, ids, params, frames, parts)
-                    continue
-                audio = self._infer(job.token, partial(voice.ids_to_audio, ids, params))
-                parts.append(to_pcm16(audio))
-                self._emit_or_cancel(job, parts[-1])
+                for audio in self._streamed(job.token, voice.stream, ids, params, plan):
+                    pcm = to_pcm16(audio)
+                    played += len(pcm)
+                    if played > CUT_FACTOR * self._max_seconds * rate:
+                        raise _TooLongError(f"cut at {played / rate:.0f} s of speech")
+                    self._emit_or_cancel(job, pcm)
+                    if parts is not None:
+                        parts.append(pcm)
+                        if sum(len(p) for p in parts) > CACHED_SECONDS_MAX * rate:
+                            parts = None  # too long to be a phrase: not kept
             budget = grow(budget, self._max_chunk, len(groups))
-            self._cache.put(key, np.concatenate(parts), voice.sample_rate)
-        return len(sentences), cached
+            if parts:
+                self._cache.put(key, np.concatenate(parts), rate)
+        return cached
 
-    def _decode_blocking(  # noqa: PLR0917 - one clause group's state, passed through
+    def _bounded(self, sentence: list[Clause]) -> list[Clause]:
+        """The sentence with every clause at most `max_chunk_phonemes` long (one inference
+        never runs over more)."""
+        return [piece for clause in sentence for piece in split_clause(clause, self._max_chunk)]
+
+    def _streamed(
         self,
-        job: _Job,
-        voice: Voice,
+        token: int,
+        stream: Callable[
+            [list[int], SynthesisParams, FramePlan, Cancellation], Generator[Audio, None, None]
+        ],
         ids: list[int],
         params: SynthesisParams,
-        budget: int,
-        parts: list[PCM16],
-    ) -> int:
-        """Run one clause group through the prior, then decode and stream its frames chunk by
-        chunk (each added to `parts`); returns the frame budget of the next group."""
-        latent = self._infer(job.token, partial(voice.encode, ids, params))
-        chunks, budget = frame_chunks(latent.frames, budget, self._max_frames)
-        for frames in chunks:
-            audio = self._infer(job.token, partial(voice.decode, latent, frames))
-            parts.append(to_pcm16(audio))
-            self._emit_or_cancel(job, parts[-1])
-        return budget
-
-    def _infer(self, token: int, run: Callable[[RunOptions], T]) -> T:
-        """One inference that `cancel(token)` (or, for phrases, `submit`) can abort."""
-        options = cancellable_run()
+        plan: FramePlan,
+    ) -> Iterator[Audio]:
+        """A voice's stream that `cancel(token)` (or, for phrases, a request) can abort; the time
+        spent in it is counted."""
+        cancellation = Cancellation()
         with self._lock:
-            if token in self._cancelled:
+            if token in self._cancelled or self._stopping.is_set():
                 raise _CancelledError
-            self._run = (token, options)
-        began = time.perf_counter()
+            self._running = (token, cancellation)
+        chunks = stream(ids, params, plan, cancellation)
         try:
-            return run(options)
-        except Exception:
-            if options.terminate:
-                raise _CancelledError from None
-            raise
+            while True:
+                began = time.perf_counter()
+                try:
+                    audio = next(chunks)
+                except StopIteration:
+                    return
+                except StreamCancelledError:
+                    raise _CancelledError from None
+                finally:
+                    self._job_seconds += time.perf_counter() - began
+                yield audio
         finally:
-            self._job_seconds += time.perf_counter() - began
+            chunks.close()
             with self._lock:
-                self._run = None
+                self._running = None
 
     def _emit_or_cancel(self, job: _Job, pcm: PCM16) -> None:
         with self._lock:
@@ -259,34 +328,26 @@ class Synthesizer:
 
     # ---- phrases ----------------------------------------------------------------------------
 
-    def render_phrases_again(self) -> None:
-        """After a model switch: the configured phrases are rendered for the new model (its
-        digest is part of every cache key, so the old entries are simply not found)."""
-        self._phrases = deque(self._configured_phrases)
-
-    def _render_blocking(self, voice: Voice, ids: list[int], params: SynthesisParams) -> PCM16:
-        """A whole sentence for the cache; on a split voice decoded in chunks of the largest
-        size (bounded memory; within one PCM step of whole decoding)."""
-        if not voice.chunked:
-            return to_pcm16(self._infer(_PHRASES, partial(voice.ids_to_audio, ids, params)))
-        latent = self._infer(_PHRASES, partial(voice.encode, ids, params))
-        chunks, _ = frame_chunks(latent.frames, self._max_frames, self._max_frames)
-        return np.concatenate(
-            [to_pcm16(self._infer(_PHRASES, partial(voice.decode, latent, c))) for c in chunks]
-        )
-
     def _render_phrase_blocking(self, phrase: str, started: float) -> None:
-        """Render one configured phrase with the default voice, whole sentences at a time."""
+        """Render one configured phrase with the default voice, whole sentences at a time, each
+        decoded in the largest chunks (bounded memory; within one PCM step of whole decoding)."""
         choice = self._voices["default"]
-        rate = choice.voice.sample_rate
+        voice, rate = choice.voice, choice.voice.sample_rate
         try:
-            for sentence in choice.voice.sentences(clean_text(phrase)):
+            for sentence in voice.sentences(clean_text(phrase)):
                 key = self._key(choice, choice.params, sentence)
                 if self._cache.get(key, rate, count=False) is not None:  # checked, not trusted
+                    self._cache.pin(key)
                     self._phrase_counts["cached"] += 1
                     continue
-                pcm = self._render_blocking(choice.voice, choice.voice.ids(sentence), choice.params)
-                self._cache.put(key, pcm, rate)
+                audio: list[Audio] = []
+                bounded = self._bounded(sentence)
+                lengths = [len(clause) for clause in bounded]
+                for group in group_clauses(lengths, self._max_chunk, self._max_chunk):
+                    ids = voice.ids(bounded[group.start : group.stop])
+                    plan = FramePlan.largest_only(self._max_frames)
+                    audio += self._streamed(_PHRASES, voice.stream, ids, choice.params, plan)
+                self._cache.put(key, to_pcm16(np.concatenate(audio)), rate, pinned=True)
                 self._phrase_counts["rendered"] += 1
         except _CancelledError:
             self._phrases.appendleft(phrase)  # a request came first: render it again later

@@ -53,6 +53,12 @@ class Topics:
         return f"{self.prefix}/{self.node_id}/ota"
 
     @property
+    def revocation(self) -> str:
+        """The fleet's signed revocation of releases (subscribed, QoS 1; the retained one is
+        read at every connect)."""
+        return f"{self.prefix}/all/revocation"
+
+    @property
     def update(self) -> str:
         """The voice model's version for Home Assistant's update entity (published retained)."""
         return f"{self.prefix}/{self.node_id}/update"

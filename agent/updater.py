@@ -14,7 +14,8 @@ never past the manifest length, with bounded retries and a stall timeout; then h
 the inactive slot, checked in a subprocess (memory and time limited), loaded and prewarmed here,
 and only then switched to, between announcements. A switch not yet confirmed by a successful
 start is rolled back after `ota.max_start_attempts` starts. Every step can be repeated.
-Allowed imports: stdlib, tenacity, `config`, `manifest`, `voice`.
+Allowed imports: stdlib, tenacity, cryptography, `config`, `manifest`, `states` (the model
+loader is given: the updater never loads ONNX Runtime itself).
 """
 
 from __future__ import annotations
@@ -35,50 +36,36 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from . import manifest as manifests
 from .config import OtaConfig
+from .http_fetch import FetchError, FetchReason, fetch, fetch_bytes
 from .manifest import FileEntry, Manifest, Refusal
-from .voice import Voice
+from .states import FINAL_PHASES, UpdatePhase, UpdateReport
 
 _LOGGER = logging.getLogger(__name__)
+M = TypeVar("M")
+"""A loaded model, as the agent's loader makes it (the updater only hands it over)."""
 
 _CHUNK: Final = 64 * 1024
 _SPARE_BYTES: Final = 32 * 1024 * 1024
 """Free disk kept on top of the release's size."""
+STAGING_MAX_AGE: Final = 7 * 86400.0
+"""Staged downloads of a release that was never installed are removed at start after this long
+(seconds): long enough for an operator to offer it again and resume."""
+STAGING_MAX_FILES: Final = 8
+"""At most this many staged files are kept at start (the newest)."""
 FAULT_ENV: Final = "VOICE_AGENT_FAULT_AT"
 """Test hook: the agent kills itself (SIGKILL) when it reaches this step of an update."""
-
-
-FINAL_STATES: Final = frozenset(
-    {"installed", "failed", "already_installed", "rolled_back", "cancelled", "busy"}
-)
-"""Report states after which an offer or command is over."""
-
-
-@dataclass(frozen=True, slots=True)
-class UpdateReport:
-    """Progress or result of an update, for the events and Home Assistant's update entity."""
-
-    offer: str
-    state: str
-    """verifying, downloading, installing, checking, switching, installed, failed, cancelled,
-    already_installed, busy, rolled_back."""
-    progress: int | None = None
-    reason: str | None = None
-    detail: str = ""
-    release: int | None = None
-    version: str | None = None
-    notes: str | None = None
-    """The manifest's release notes (for Home Assistant's update entity, not the events)."""
 
 
 @dataclass(slots=True)
@@ -106,6 +93,20 @@ class UpdateState:
     pending: Pending | None = None
     reports: list[dict[str, Any]] = field(default_factory=list)
     """Results reached before they could be published (delivered after the next start)."""
+    model_sha256: str | None = None
+    """The active slot's model digest, from its manifest: checked at every start."""
+    previous_model_sha256: str | None = None
+    revocation: dict[str, Any] | None = None
+    """The newest verified revocation (`issued`, `min_release`, `revoked`), honoured before
+    every install and at every start."""
+
+    def revoked(self, release: int) -> bool:
+        """Whether the stored revocation withdraws this release."""
+        if self.revocation is None or release <= 0:
+            return False
+        return release < int(self.revocation["min_release"]) or release in set(
+            self.revocation["revoked"]
+        )
 
 
 class _Cancelled(Exception):  # noqa: N818 - control flow, not an error
@@ -120,10 +121,6 @@ class UpdateError(Exception):
         self.reason, self.detail = reason, detail
 
 
-class _IncompleteError(OSError):
-    """The server closed the connection before the file's length: resume."""
-
-
 def fault_point(step: str) -> None:
     """The test hook: SIGKILL this process at `step` when $VOICE_AGENT_FAULT_AT names it."""
     if os.environ.get(FAULT_ENV) == step:
@@ -131,7 +128,7 @@ def fault_point(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Updater:
+class Updater(Generic[M]):
     """Runs one update at a time in its own thread; reports through `report`."""
 
     def __init__(  # noqa: PLR0917 - the composition root passes every collaborator
@@ -141,23 +138,25 @@ class Updater:
         factory_model: Path,
         rate: int,
         threads: int,
-        report: Callable[[UpdateReport], None],
-        swap: Callable[[Voice], bool],
-        cache_dir: Path | None = None,
+        report: Callable[[UpdateReport], object],
+        load: Callable[[Path], M],
+        swap: Callable[[M], bool],
     ) -> None:
         self._config = config
-        self._cache_dir = cache_dir
+        self._load = load
         self._dir = directory
         self._factory = factory_model
         self._rate = rate
         self._threads = threads
-        self._report = report
+        self._send = report
+        self._finals: list[UpdateReport] = []
         self._swap = swap
         self._trusted: dict[str, Ed25519PublicKey] = {}
         for text in config.trusted_keys:
             key = manifests.public_key_from_text(text)
             self._trusted[manifests.key_id(key)] = key
         self._offers: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue(maxsize=1)
+        self._revocations: deque[tuple[str, dict[str, Any]]] = deque(maxlen=16)
         self._busy = threading.Event()
         self._cancel = threading.Event()
         self._stopping = threading.Event()
@@ -180,11 +179,14 @@ class Updater:
             save_state(self._dir, self.state)
             self._report(
                 UpdateReport(
-                    pending.offer, "installed", release=pending.release, version=pending.version
+                    pending.offer,
+                    UpdatePhase.INSTALLED,
+                    release=pending.release,
+                    version=pending.version,
                 )
             )
         for earlier in self.state.reports:  # results reached while nobody could be told
-            self._report(UpdateReport(**earlier))
+            self._report(UpdateReport(**{**earlier, "state": UpdatePhase(earlier["state"])}))
         if self.state.reports:
             self.state = replace(self.state, reports=[])
             save_state(self._dir, self.state)
@@ -203,9 +205,20 @@ class Updater:
 
     def _clean_up(self) -> None:
         """Slots neither active nor previous (an install that never switched) and temporary
-        state files go; staged downloads stay, so offering the release again resumes them."""
+        state files go; staged downloads stay a while, so offering the release again resumes
+        them, but not for ever (STAGING_MAX_AGE, STAGING_MAX_FILES)."""
         for leftover in self._dir.glob("*.partial"):
             leftover.unlink(missing_ok=True)
+        staged = sorted(
+            (p for p in (self._dir / "staging").glob("*") if p.is_file()),
+            key=lambda p: p.stat().st_mtime,
+            reverse=True,
+        )
+        now = time.time()
+        for rank, path in enumerate(staged):
+            if rank >= STAGING_MAX_FILES or now - path.stat().st_mtime > STAGING_MAX_AGE:
+                _LOGGER.info("Removing the staged download %s of a release never installed", path)
+                path.unlink(missing_ok=True)
         keep = {self.state.active, self.state.previous}
         slots = self._dir / "slots"
         for slot in slots.iterdir() if slots.is_dir() else ():
@@ -220,58 +233,84 @@ class Updater:
         self._thread.join(timeout=10)
 
     def command(self, offer_id: str, body: dict[str, Any]) -> None:
-        """An offer, `{"cancel": true}` or `{"rollback": true}`."""
+        """An offer, `{"cancel": true}`, `{"rollback": true}` or `{"revocation": {...}}`."""
         if body.get("cancel") is True:
             if self._busy.is_set():
                 self._cancel.set()
+            return
+        if "revocation" in body:  # never refused as busy: it waits for the update under way
+            self._revocations.append((offer_id, body))
             return
         if offer_id == self._running:
             _LOGGER.info("Offer %s is already being carried out (delivered again)", offer_id)
             return
         if self._busy.is_set():
-            self._report(UpdateReport(offer_id, "busy", reason="already_in_progress"))
+            self._report(UpdateReport(offer_id, UpdatePhase.BUSY, reason="already_in_progress"))
             return
         try:
             self._offers.put_nowait((offer_id, body))
         except queue.Full:
-            self._report(UpdateReport(offer_id, "busy", reason="already_in_progress"))
+            self._report(UpdateReport(offer_id, UpdatePhase.BUSY, reason="already_in_progress"))
 
     # ---- the worker -------------------------------------------------------------------------
 
     def _run_blocking(self) -> None:
         while not self._stopping.is_set():
             try:
-                offer_id, body = self._offers.get(timeout=0.2)
-            except queue.Empty:
-                continue
+                offer_id, body = self._revocations.popleft()
+            except IndexError:
+                try:
+                    offer_id, body = self._offers.get(timeout=0.2)
+                except queue.Empty:
+                    continue
             self._busy.set()
             self._running = offer_id
             self._cancel.clear()
             try:
                 if body.get("rollback") is True:
                     self._rollback_blocking(offer_id)
+                elif "revocation" in body:
+                    self._revoke_blocking(offer_id, body["revocation"])
                 else:
                     self._update_blocking(offer_id, body)
             except _Cancelled:
-                self._report(UpdateReport(offer_id, "cancelled"))
+                self._report(UpdateReport(offer_id, UpdatePhase.CANCELLED))
             except UpdateError as err:
                 _LOGGER.error("Update %s failed: %s", offer_id, err)
-                self._report(UpdateReport(offer_id, "failed", reason=err.reason, detail=err.detail))
+                self._report(
+                    UpdateReport(offer_id, UpdatePhase.FAILED, reason=err.reason, detail=err.detail)
+                )
             except Exception as err:
                 _LOGGER.exception("Update %s failed", offer_id)
-                self._report(UpdateReport(offer_id, "failed", reason="internal", detail=str(err)))
+                self._report(
+                    UpdateReport(offer_id, UpdatePhase.FAILED, reason="internal", detail=str(err))
+                )
             finally:
                 self._running = None
-                self._busy.clear()
+                self._busy.clear()  # before the result goes out: its reader may command again
+                finals, self._finals = self._finals, []
+                for report in finals:
+                    self._send(report)
+
+    def _report(self, report: UpdateReport) -> None:
+        """Report progress at once; the result of the job under way once it is over."""
+        if report.offer == self._running and report.state in FINAL_PHASES:
+            self._finals.append(report)
+        else:
+            self._send(report)
 
     def _update_blocking(self, offer_id: str, body: dict[str, Any]) -> None:
-        self._report(UpdateReport(offer_id, "verifying"))
+        self._report(UpdateReport(offer_id, UpdatePhase.VERIFYING))
         release = self._verified(body)
+        if self.state.revoked(release.release):
+            raise UpdateError("revoked", f"release {release.release} was revoked")
         refusal = manifests.admissible(
             release, datetime.now(UTC), self.state.release, self._config.device_class, "default"
         )
         if refusal is not None and refusal.reason == "already_installed":
-            self._report(UpdateReport(offer_id, "already_installed", release=release.release))
+            self._report(
+                UpdateReport(offer_id, UpdatePhase.ALREADY_INSTALLED, release=release.release)
+            )
             return
         if refusal is not None:
             raise UpdateError(refusal.reason, refusal.detail)
@@ -304,11 +343,17 @@ class Updater:
 
     def _fetch_small(self, url: str) -> bytes:
         try:
-            with urllib.request.urlopen(url, timeout=self._config.download_timeout) as response:  # noqa: S310 - http(s) only
-                data: bytes = response.read(manifests.MAX_ENVELOPE_BYTES + 1)
-        except (OSError, ValueError) as err:
-            raise UpdateError("download_failed", f"manifest: {err}") from err
-        return data
+            return fetch_bytes(
+                url,
+                max_bytes=manifests.MAX_ENVELOPE_BYTES + 1,
+                timeout=self._config.download_timeout,
+                stall_timeout=self._config.download_timeout,
+                cancel=self._cancel,
+            )
+        except FetchError as err:
+            if err.reason == FetchReason.CANCELLED:
+                raise _Cancelled from None
+            raise UpdateError("download_failed", f"manifest: {err.reason}: {err.detail}") from None
 
     # ---- download -----------------------------------------------------------------------------
 
@@ -332,7 +377,7 @@ class Updater:
                 self._report(
                     UpdateReport(
                         offer_id,
-                        "downloading",
+                        UpdatePhase.DOWNLOADING,
                         progress=percent,
                         release=release.release,
                         version=release.version,
@@ -354,7 +399,7 @@ class Updater:
         retrying = Retrying(
             stop=stop_after_attempt(self._config.download_retries),
             wait=wait_random_exponential(multiplier=0.5, max=10),
-            retry=retry_if_exception_type((OSError, urllib.error.URLError)),
+            retry=retry_if_exception(_worth_retrying),
             sleep=self._sleep,
             reraise=True,
         )
@@ -362,10 +407,14 @@ class Updater:
             for attempt in retrying:
                 with attempt:
                     self._fetch_part(url, part, entry, progress)
-        except UpdateError:
-            raise
-        except (OSError, urllib.error.URLError) as err:
-            raise UpdateError("download_failed", f"{entry.path}: {err}") from err
+        except FetchError as err:
+            if err.reason == FetchReason.CANCELLED:
+                raise _Cancelled from None
+            if err.reason == FetchReason.RANGE_UNSUPPORTED:
+                raise UpdateError("no_range_support", err.detail) from None
+            if err.reason == FetchReason.TOO_LARGE:  # it says it is longer than the manifest
+                raise UpdateError("checksum_mismatch", f"{entry.path}: {err.detail}") from None
+            raise UpdateError("download_failed", f"{err.reason}: {err.detail}") from None
         if _sha256_of(part) != entry.sha256:
             part.unlink(missing_ok=True)
             raise UpdateError(
@@ -377,40 +426,50 @@ class Updater:
     def _fetch_part(
         self, url: str, part: Path, entry: FileEntry, progress: Callable[[int], None]
     ) -> None:
+        """Fetch the rest of one file into its `.part` (resumed from what is there), never past
+        the manifest's length, within `ota.download_deadline`; a cancel is seen within a
+        second, even from a server that sends a byte now and then."""
         have = part.stat().st_size if part.is_file() else 0
         if have > entry.length:
             part.unlink()
             have = 0
         if have == entry.length:
             return  # complete before a restart: only its hash is left to check
-        request = urllib.request.Request(url)  # noqa: S310 - http(s) only (checked)
-        if have:
-            request.add_header("Range", f"bytes={have}-")
-        try:
-            response = urllib.request.urlopen(request, timeout=self._config.download_timeout)  # noqa: S310
-        except urllib.error.HTTPError as err:
-            if err.code == 416:
-                part.unlink(missing_ok=True)
-            raise
-        with response:
-            if have and response.status != 206:
-                part.unlink()  # it ignored the Range: nothing to resume from
-                raise UpdateError(
-                    "no_range_support", f"{url}: the server does not resume downloads"
+        got = [have]
+
+        with part.open("ab") as out:
+
+            def write(block: bytes) -> None:
+                out.write(block)
+                got[0] += len(block)
+                progress(got[0])
+
+            fault_point("download")
+            try:
+                fetch(
+                    url,
+                    write,
+                    max_bytes=entry.length - have,  # never past the manifest's length
+                    timeout=self._config.download_deadline,
+                    stall_timeout=self._config.download_timeout,
+                    cancel=self._cancel,
+                    start=have,
                 )
-            with part.open("ab") as out:
-                fault_point("download")
-                while have < entry.length:
-                    if self._cancel.is_set():
-                        raise _Cancelled
-                    chunk = response.read1(min(_CHUNK, entry.length - have))  # never past length
-                    if not chunk:
-                        raise _IncompleteError(f"{url}: closed at {have} of {entry.length} bytes")
-                    out.write(chunk)
-                    have += len(chunk)
-                    progress(have)
+            except FetchError as err:
+                if err.reason == FetchReason.TOO_LARGE and got[0] == entry.length:
+                    pass  # it sent more after the file's length: cut there, the digest decides
+                elif err.reason == FetchReason.RANGE_UNSUPPORTED or err.status == 416:
+                    part.unlink(missing_ok=True)  # nothing to resume from
+                    raise
+                else:
+                    raise
+            finally:
                 out.flush()
                 os.fsync(out.fileno())
+        if got[0] < entry.length:
+            raise FetchError(
+                FetchReason.INCOMPLETE, f"{entry.path}: {got[0]} of {entry.length} bytes"
+            )
 
     def _sleep(self, seconds: float) -> None:
         if self._cancel.wait(seconds):
@@ -419,16 +478,10 @@ class Updater:
     # ---- install, check, switch -----------------------------------------------------------------
 
     def _install_blocking(self, offer_id: str, release: Manifest, staged: dict[str, Path]) -> str:
-        self._report(UpdateReport(offer_id, "installing", release=release.release))
+        self._report(UpdateReport(offer_id, UpdatePhase.INSTALLING, release=release.release))
         slot = "b" if self.state.active == "a" else "a"
         if self.state.previous == slot:  # about to be overwritten: no longer a rollback target
-            self.state = replace(
-                self.state,
-                previous=None,
-                previous_release=0,
-                previous_version=None,
-                previous_model=None,
-            )
+            self.state = without_previous(self.state)
             save_state(self._dir, self.state)
         target = self._dir / "slots" / slot
         shutil.rmtree(target, ignore_errors=True)
@@ -439,8 +492,8 @@ class Updater:
         fault_point("install")
         return slot
 
-    def _check_blocking(self, offer_id: str, release: Manifest, slot: str) -> Voice:
-        self._report(UpdateReport(offer_id, "checking", release=release.release))
+    def _check_blocking(self, offer_id: str, release: Manifest, slot: str) -> M:
+        self._report(UpdateReport(offer_id, UpdatePhase.CHECKING, release=release.release))
         if self._cancel.is_set():
             raise _Cancelled
         model = self._dir / "slots" / slot / release.model.path
@@ -455,9 +508,7 @@ class Updater:
             raise UpdateError("health_check", "; ".join(str(p) for p in problems)[:300])
         if self._cancel.is_set():
             raise _Cancelled
-        candidate = Voice.load(model, self._threads, self._cache_dir)  # as a start loads it
-        candidate.prewarm()
-        return candidate
+        return self._load(model)  # loaded and prewarmed as a start loads it
 
     def _run_check(self, command: list[str]) -> tuple[int, str, str]:
         """Run the health check; a timeout, a cancel or a stop kills it."""
@@ -481,8 +532,10 @@ class Updater:
                         "health_check", f"no answer in {self._config.health_timeout:g} s"
                     ) from err
 
-    def _switch_blocking(self, offer_id: str, release: Manifest, slot: str, voice: Voice) -> None:
-        self._report(UpdateReport(offer_id, "switching", release=release.release))
+    def _switch_blocking(self, offer_id: str, release: Manifest, slot: str, voice: M) -> None:
+        if self.state.revoked(release.release):  # a revocation came while it was downloaded
+            raise UpdateError("revoked", f"release {release.release} was revoked")
+        self._report(UpdateReport(offer_id, UpdatePhase.SWITCHING, release=release.release))
         old = self.state
         new = replace(
             old,
@@ -494,6 +547,8 @@ class Updater:
             previous_release=old.release,
             previous_version=old.version,
             previous_model=old.model,
+            model_sha256=release.model.sha256,
+            previous_model_sha256=old.model_sha256,
             pending=Pending(slot, release.release, release.version, offer=offer_id),
         )
         fault_point("switch")
@@ -509,7 +564,9 @@ class Updater:
         self.state = replace(self.state, pending=None)  # confirmed: this process speaks with it
         save_state(self._dir, self.state)
         self._report(
-            UpdateReport(offer_id, "installed", release=release.release, version=release.version)
+            UpdateReport(
+                offer_id, UpdatePhase.INSTALLED, release=release.release, version=release.version
+            )
         )
         self._clean_staging(release)
 
@@ -520,8 +577,7 @@ class Updater:
         target = rolled_back(self.state, "rollback requested")
         model = self._model_of(target)
         try:  # loaded first: the pointer moves only to a model that loads
-            voice = Voice.load(model, self._threads, self._cache_dir)
-            voice.prewarm()
+            voice = self._load(model)
         except Exception as err:
             raise UpdateError("switch_failed", f"the previous model does not load: {err}") from err
         self.state = target
@@ -530,7 +586,56 @@ class Updater:
             raise UpdateError("switch_failed", "the running agent could not take the model")
         self._report(
             UpdateReport(
-                offer_id, "rolled_back", release=self.state.release, version=self.state.version
+                offer_id,
+                UpdatePhase.ROLLED_BACK,
+                release=self.state.release,
+                version=self.state.version,
+            )
+        )
+
+    def _revoke_blocking(self, offer_id: str, envelope: object) -> None:
+        """A signed revocation: kept if newer than the one known; the active release, if it
+        is revoked, is left at once for the previous one (if not revoked too) or the configured
+        model."""
+        if not self._trusted:
+            raise UpdateError("no_trusted_keys", "ota.trusted_keys is empty")
+        if not isinstance(envelope, dict):
+            raise UpdateError("malformed", "revocation: expected a signed envelope")
+        revocation = manifests.verify_revocation(json.dumps(envelope).encode(), self._trusted)
+        if isinstance(revocation, Refusal):
+            raise UpdateError(revocation.reason, revocation.detail)
+        if revocation.device_class != self._config.device_class:
+            raise UpdateError("wrong_target", f"for {revocation.device_class}")
+        known = self.state.revocation
+        if known is not None and revocation.issued.isoformat() <= str(known["issued"]):
+            _LOGGER.debug("Revocation %s is not newer than the one kept", offer_id)
+            return  # the retained one, read again at every connect
+        stored = {
+            "issued": revocation.issued.isoformat(),
+            "min_release": revocation.min_release,
+            "revoked": sorted(revocation.revoked),
+        }
+        self.state = replace(self.state, revocation=stored)
+        save_state(self._dir, self.state)
+        if not self.state.revoked(self.state.release):
+            self._report(UpdateReport(offer_id, UpdatePhase.NOTED, release=self.state.release))
+            return
+        revoked = self.state.release
+        target = rolled_back(self.state, f"release {revoked} revoked", keep_other=False)
+        if self.state.previous is None or _unusable(self._dir, target) is not None:
+            target = without_previous(
+                replace(
+                    self.state, release=0, version=None, active=None, model=None, model_sha256=None
+                )
+            )
+        voice = self._load(self._model_of(target))  # loaded first, as a rollback does
+        self.state = target
+        save_state(self._dir, self.state)
+        if not self._swap(voice):
+            raise UpdateError("switch_failed", "the running agent could not take the model")
+        self._report(
+            UpdateReport(
+                offer_id, UpdatePhase.ROLLED_BACK, reason="revoked", release=self.state.release
             )
         )
 
@@ -549,7 +654,10 @@ class Updater:
 
 def start_model(config: OtaConfig, directory: Path, factory: Path) -> Path:
     """At start, before the voices load: the model to start with. A switch not yet confirmed
-    counts this start; after `max_start_attempts` starts it is rolled back."""
+    counts this start; after `max_start_attempts` starts it is rolled back. The active slot's
+    model is checked against its digest and the stored revocation: a damaged or revoked one is
+    left for the previous verified slot, or the configured model (`rolled_back`, reason
+    `damaged` or `revoked`)."""
     state = load_state(directory)
     if state.pending is not None:
         state.pending.attempts += 1
@@ -561,13 +669,61 @@ def start_model(config: OtaConfig, directory: Path, factory: Path) -> Path:
                 keep_other=False,
             )
             report = UpdateReport(
-                failed.offer, "rolled_back", reason="start_failed", release=failed.release
+                failed.offer, UpdatePhase.ROLLED_BACK, reason="start_failed", release=failed.release
             )
             state.reports.append(asdict(report))
         save_state(directory, state)
+    problem = _unusable(directory, state)
+    if problem is not None:
+        reason, detail = problem
+        state = _fallen_back(directory, state, reason, detail)
     if state.active is None or state.model is None:
         return factory
     return directory / "slots" / state.active / state.model
+
+
+def fall_back(directory: Path, factory: Path, detail: str) -> Path:
+    """The active slot's model did not load: leave it as `damaged` (see `start_model`); the
+    model to load instead."""
+    state = _fallen_back(directory, load_state(directory), "damaged", detail)
+    if state.active is None or state.model is None:
+        return factory
+    return directory / "slots" / state.active / state.model
+
+
+def _unusable(directory: Path, state: UpdateState) -> tuple[str, str] | None:
+    """Why the active slot cannot be used, if it cannot (reason, detail)."""
+    if state.active is None or state.model is None:
+        return None
+    if state.revoked(state.release):
+        return "revoked", f"release {state.release} was revoked"
+    model = directory / "slots" / state.active / state.model
+    if not model.is_file():
+        return "damaged", f"{model.name} is missing"
+    if state.model_sha256 is not None and _sha256_of(model) != state.model_sha256:
+        return "damaged", f"{model.name} no longer has the digest it was installed with"
+    return None
+
+
+def _fallen_back(directory: Path, state: UpdateState, reason: str, detail: str) -> UpdateState:
+    """The state moved off an unusable active slot: to the previous one if that one is usable
+    (never back), else to the configured model; the report kept for after the start."""
+    _LOGGER.error("Release %d cannot be used (%s): %s", state.release, reason, detail)
+    failed = state.release
+    back = rolled_back(state, detail, keep_other=False) if state.previous is not None else None
+    if back is None or _unusable(directory, back) is not None:
+        back = without_previous(
+            replace(state, release=0, version=None, active=None, model=None, model_sha256=None)
+        )
+    back.reports.append(
+        asdict(
+            UpdateReport(
+                "start", UpdatePhase.ROLLED_BACK, reason=reason, detail=detail, release=failed
+            )
+        )
+    )
+    save_state(directory, back)
+    return back
 
 
 def rolled_back(state: UpdateState, why: str, *, keep_other: bool = True) -> UpdateState:
@@ -581,16 +737,26 @@ def rolled_back(state: UpdateState, why: str, *, keep_other: bool = True) -> Upd
         version=state.previous_version,
         active=state.previous,
         model=state.previous_model,
+        model_sha256=state.previous_model_sha256,
         previous=state.active,
         previous_release=state.release,
         previous_version=state.version,
         previous_model=state.model,
+        previous_model_sha256=state.model_sha256,
         pending=None,
     )
-    if keep_other:
-        return back
+    return back if keep_other else without_previous(back)
+
+
+def without_previous(state: UpdateState) -> UpdateState:
+    """The state with no rollback target."""
     return replace(
-        back, previous=None, previous_release=0, previous_version=None, previous_model=None
+        state,
+        previous=None,
+        previous_release=0,
+        previous_version=None,
+        previous_model=None,
+        previous_model_sha256=None,
     )
 
 
@@ -600,6 +766,8 @@ def load_state(directory: Path) -> UpdateState:
     try:
         body = json.loads(path.read_text(encoding="utf-8"))
         pending = body.pop("pending", None)
+        known = {f.name for f in fields(UpdateState)}
+        body = {k: v for k, v in body.items() if k in known}  # a newer version's keys go
         return UpdateState(**body, pending=Pending(**pending) if pending else None)
     except FileNotFoundError:
         return UpdateState()
@@ -631,6 +799,25 @@ def _fsync_dir(directory: Path) -> None:
 def _sha256_of(path: Path) -> str:
     with path.open("rb") as data:
         return hashlib.file_digest(data, "sha256").hexdigest()
+
+
+_RETRIED: Final = frozenset(
+    {
+        FetchReason.INCOMPLETE,
+        FetchReason.STALLED,
+        FetchReason.CONNECTION_FAILED,
+        FetchReason.TIMEOUT,
+        FetchReason.BAD_RESPONSE,
+    }
+)
+"""Download failures worth another attempt (from where the file stopped)."""
+
+
+def _worth_retrying(err: BaseException) -> bool:
+    if isinstance(err, FetchError):
+        server_error = err.reason == FetchReason.HTTP_ERROR and (err.status or 0) >= 500
+        return err.reason in _RETRIED or server_error
+    return isinstance(err, OSError)
 
 
 def _exit_reason(code: int, stderr: str) -> str:

@@ -1,7 +1,7 @@
 """The agent under test, driven only through its MQTT contract (README.md) and its process.
 
-`python -m agent run --config FILE` runs as a subprocess (tests.support.AgentProcess) against a
-real Mosquitto (tests.support.Broker); a `Probe` publishes speak messages and sees events and
+`python -m agent run --config FILE` runs as a subprocess (harness.AgentProcess) against a
+real Mosquitto (harness.Broker); a `Probe` publishes speak messages and sees events and
 status with arrival timestamps. Memory is read from /proc/<pid>/status.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Final
 import yaml
 
 from bench.probe import Arrival, Probe
-from tests.support import TIMEOUT, AgentProcess, Broker
+from harness import TIMEOUT, AgentProcess, Broker
 
 NODE_ID: Final = "bench"
 PREFIX: Final = "voice"

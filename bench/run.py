@@ -40,7 +40,7 @@ from bench.probe import Probe
 from bench.report import Panel, write_chart, write_json, write_markdown
 from bench.stats import Entry
 from bench.texts import CACHED_PHRASE, COLD_START_SENTENCE, SPEED_TEXTS, STORY
-from tests.support import Broker, PulseNullSink
+from harness import Broker, PulseNullSink
 
 _THREADS = 2
 

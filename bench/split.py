@@ -17,13 +17,11 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-import agent.voice as voice_module
-from agent.voice import Latent, SynthesisParams, Voice, bundled_voice
+from agent.voice import FramePlan, SynthesisParams, Voice, bundled_voice
 from bench import synth
 from bench.texts import SPEED_TEXTS, uncached_text, uncached_unpunctuated
 
@@ -60,24 +58,19 @@ def equivalence(split: Voice, whole: Voice) -> None:
     print("## 1. parts run whole against the whole model (noise 0)")
     for text in SENTENCES:
         for ids in split.sentence_ids(text):
-            ours, theirs = split.ids_to_audio(ids, NOISELESS), whole.ids_to_audio(ids, NOISELESS)
+            ours = split.render(ids, NOISELESS, FramePlan.whole())
+            theirs = whole.render(ids, NOISELESS)
             print(f"{len(ours) / 22050:5.2f} s: max |difference| {np.abs(ours - theirs).max():.3g}")
 
 
 def contexts(split: Voice) -> None:
     """2. Chunked against whole decoding, by context."""
     print("## 2. chunked decoding (every 32 frames, flow head) against whole, by context")
-    parts = split._parts
-    assert parts is not None  # noqa: S101 - the bundled voice splits
     ids = split.sentence_ids(SENTENCES[-1])[0]
-    reference = split.ids_to_audio(ids, NOISELESS)
-    outputs = parts.prior.run(list(parts.frames), voice_module._feed(ids, NOISELESS, None))
+    reference = split.render(ids, NOISELESS, FramePlan.whole())
     for decoder, flow in CONTEXTS:
-        shape = replace(parts.shape, decoder_context=decoder, flow_context=flow)
-        shaped = replace(parts, shape=shape)
-        latent = Latent(shaped, outputs, None)
-        chunks = [range(s, min(latent.frames, s + 32)) for s in range(0, latent.frames, 32)]
-        audio = np.concatenate([voice_module._decode(shaped, latent, c, None) for c in chunks])
+        shaped = split.with_context(decoder, flow)
+        audio = shaped.render(ids, NOISELESS, FramePlan(32, 32, 1))
         print(
             f"decoder context {decoder:2d}, flow {flow:2d}: max |difference| "
             f"{np.abs(audio - reference).max():.2g}, SNR {snr_db(reference, audio):.0f} dB"

@@ -25,14 +25,13 @@ from agent.chunking import (
     FIRST_FRAMES,
     FRAME_GROWTH,
     MAX_FRAMES,
-    frame_chunks,
     group_clauses,
     grow,
 )
 from agent.config import TtsConfig
-from agent.voice import PCM16, SynthesisParams, Voice, to_pcm16
+from agent.voice import PCM16, FramePlan, SynthesisParams, Voice, to_pcm16
 from bench.agent_side import Memory
-from tests.support import TIMEOUT
+from harness import TIMEOUT
 
 T = TypeVar("T")
 
@@ -105,18 +104,13 @@ def agent_chunks(
     """
     tts = TtsConfig()
     first_frames, growth, cap = plan
-    budget, frames = tts.first_chunk_phonemes, first_frames
+    budget, frames = tts.first_chunk_phonemes, FramePlan(first_frames, cap, growth)
     for sentence in voice.sentences(text):
         groups = group_clauses([len(clause) for clause in sentence], budget, tts.max_chunk_phonemes)
         for group in groups:
             ids = voice.ids(sentence[group.start : group.stop])
-            if not voice.chunked:
-                yield to_pcm16(voice.ids_to_audio(ids, params))
-                continue
-            latent = voice.encode(ids, params)
-            chunks, frames = frame_chunks(latent.frames, frames, cap, growth)
-            for chunk in chunks:
-                yield to_pcm16(voice.decode(latent, chunk))
+            for audio in voice.stream(ids, params, frames):
+                yield to_pcm16(audio)
         budget = grow(budget, tts.max_chunk_phonemes, len(groups))
 
 

@@ -333,7 +333,7 @@ def run(
     defaults = voice.default_params
     refs = References(
         sentences=sentences,
-        noiseless=[voice.ids_to_audio(ids, NOISELESS) for ids in sentences],
+        noiseless=[voice.render(ids, NOISELESS) for ids in sentences],
         noisy=sampled(seeded_session(model, NOISE_SEED), sentences, defaults),
         noisy_params=defaults,
         sample_rate=voice.sample_rate,

@@ -69,9 +69,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for text in SENTENCES:
         (sentence,) = voice.sentences(text)
-        whole = voice.ids_to_audio(voice.ids(sentence), params)
+        whole = voice.render(voice.ids(sentence), params)
         groups = group_clauses([len(c) for c in sentence], args.budget)
-        parts = [voice.ids_to_audio(voice.ids(sentence[g.start : g.stop]), params) for g in groups]
+        parts = [voice.render(voice.ids(sentence[g.start : g.stop]), params) for g in groups]
         streamed = np.concatenate(parts)
         rate = voice.sample_rate
         edges = [edge_silence_ms(part, rate) for part in parts]

@@ -107,7 +107,7 @@ def main() -> None:
 
 def voice_seconds(voice: Voice, feed: dict[str, np.ndarray]) -> float:
     ids = feed["input"][0].tolist()
-    return len(voice.ids_to_audio(ids, voice.default_params)) / voice.sample_rate
+    return len(voice.render(ids, voice.default_params)) / voice.sample_rate
 
 
 if __name__ == "__main__":

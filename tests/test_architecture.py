@@ -1,4 +1,9 @@
-"""The shape of the package: a pure core, edges that do not know each other, one root."""
+"""The shape of the code: a pure core, edges that do not know each other, one composition root;
+and operator tools that never load the agent's runtime.
+
+Every module of `agent/` and `ota/` is listed here with the modules it may import; a new module
+fails this test until it is placed in a layer.
+"""
 
 from __future__ import annotations
 
@@ -7,65 +12,185 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "agent"
-PURE = {"core", "messages", "payloads", "topics", "config", "text", "chunking", "volume"}
-PURE |= {"discovery", "hermes", "telemetry"}
-IMPURE_STDLIB = {"threading", "time", "socket", "queue", "subprocess", "random", "uuid", "signal"}
-EDGES = {"mqtt_link", "player", "voice", "synthesizer", "phrase_cache", "chimes", "systemd"}
-ALLOWED_AGENT_IMPORTS = {
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = ROOT / "agent"
+OTA = ROOT / "ota"
+
+PURE: dict[str, set[str]] = {
+    # decisions and protocol: no I/O, no clock, no threads
     "core": {"messages"},
     "messages": set(),
+    "states": set(),
+    "inputs": {"hermes", "messages"},
     "payloads": {"messages", "text"},
     "topics": set(),
     "config": set(),
     "text": set(),
     "chunking": set(),
-    "mqtt_link": {"config", "messages"},
     "volume": {"messages"},
     "discovery": {"topics"},
-    "hermes": {"messages", "payloads"},
+    "hermes": {"messages", "payloads", "states"},
+    "hermes_bridge": {"hermes", "inputs", "messages", "states"},
     "telemetry": {"messages"},
-    "systemd": set(),
-    "chimes": {"messages"},
-    "player": {"messages", "volume"},
-    "voice": set(),
-    "phrase_cache": set(),
-    "synthesizer": {"chimes", "chunking", "messages", "phrase_cache", "player", "text", "voice"},
+    "status": {"config", "discovery", "messages", "states", "telemetry", "topics"},
+    "routes": {
+        "config",
+        "hermes",
+        "inputs",
+        "manifest",
+        "messages",
+        "payloads",
+        "states",
+        "topics",
+    },
+    "manifest": set(),
+    "flood": set(),
+    "ssml": {"text"},
+    "pcm": {"messages"},
+    "media": set(),
 }
+"""Pure modules and the agent modules each may import."""
+PURE_EXTERNAL = {
+    "__future__", "collections", "dataclasses", "datetime", "enum", "html", "io", "json",
+    "math", "re", "typing", "unicodedata", "wave", "base64", "binascii", "hashlib",
+    "contextlib",
+}  # fmt: skip
+"""Standard modules without I/O, clocks or threads."""
+PURE_LIBRARIES = {"config": {"yaml", "os", "pathlib", "socket", "types"}}
+PURE_LIBRARIES |= {"manifest": {"cryptography"}}
+PURE_LIBRARIES |= {"pcm": {"numpy"}, "ssml": {"decimal", "defusedxml", "num2words", "xml"}}
+PURE_LIBRARIES |= {"media": {"numpy", "soundfile", "soxr", "pathlib"}}
+"""Further imports of particular pure modules: YAML and the environment for the config (read at
+start only), Ed25519 for manifests, numpy for audio data, a hardened XML parser and number words
+for SSML, decoders and a resampler for audio files (which `media` reads when named in the
+config, at start, as the config reads itself)."""
+
+EDGES: dict[str, dict[str, set[str]]] = {
+    "tts": {
+        "voice": {"chunking", "decoder_parts", "sessions"},
+        "sessions": set(),
+        "decoder_parts": {"sessions", "split_graph"},
+        "split_graph": {"sessions"},
+        "synthesizer": {"chimes", "chunking", "messages", "pcm", "phrase_cache", "text", "voice"},
+        "phrase_cache": set(),
+        "chimes": {"messages", "pcm"},
+        "healthcheck": {"voice"},
+    },
+    "audio": {"player": {"messages", "pcm", "volume"}},
+    "mqtt": {"mqtt_link": {"config", "messages"}},
+    "storage": {"journal": {"messages", "states"}, "ledger": {"journal", "messages", "states"}},
+    "ota": {"updater": {"config", "http_fetch", "manifest", "states"}},
+    "system": {"systemd": set()},
+    "loop": {"inbox": set(), "voice_swap": set()},
+}
+"""Edges by the outside thing they own, each module with the agent modules it may import: pure
+ones and its own edge's, never another edge's."""
+SHARED = {"http_fetch": set[str]()}
+"""Client libraries of our own that own no outside thing (no state, no thread): any edge may use
+them, as it uses the standard library."""
+ROOTS = {"app", "voices", "__main__", "__init__"}
+"""The composition: may import anything; nothing imports them (but `__main__` the two it runs)."""
+
+OTA_ALLOWED = {
+    "__init__": set(),
+    "__main__": {"agent.manifest", "ota.connection", "ota.fleet", "ota.inventory", "ota.release"}
+    | {"ota.rollout", "ota.rollout_report", "ota.rollout_state", "ota.status"},
+    "connection": set(),
+    "fleet": {"agent.states", "ota.connection", "ota.inventory"},
+    "inventory": set(),
+    "release": {"agent.manifest"},
+    "rollout": {"agent.manifest", "agent.states", "ota.fleet", "ota.inventory"}
+    | {"ota.rollout_state", "ota.waves"},
+    "rollout_report": {"agent.states", "ota.inventory", "ota.rollout_state"},
+    "rollout_state": set(),
+    "status": {"ota.connection", "ota.fleet", "ota.inventory"},
+    "waves": {"agent.states"},
+    "metrics": set(),
+    "variants": set(),
+    "quantize": {"agent.voice", "ota.metrics", "ota.variants"},
+}
+"""The operator's tools and what they may import."""
+RUNTIME_TOOLS = {"quantize", "variants"}
+"""Only the quantizer (which builds and synthesizes model variants) loads ONNX Runtime: offers,
+rollouts and releases never do."""
+RUNTIME = {"onnxruntime", "onnx", "piper", "alsaaudio"}
+
+EDGE_MODULES = {module: edge for edge, modules in EDGES.items() for module in modules}
+ALLOWED = {**PURE, **SHARED}
+ALLOWED |= {m: allowed for modules in EDGES.values() for m, allowed in modules.items()}
 
 
-def imports_of(module: str) -> tuple[set[str], set[str]]:
-    """(top-level external modules, agent modules) imported by agent/<module>.py."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+def imports_of(path: Path, package: str) -> tuple[set[str], set[str]]:
+    """(top-level external modules, `agent.x` and `ota.x` modules) imported by one file of
+    `package`."""
     external: set[str] = set()
     internal: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
         if isinstance(node, ast.Import):
-            external |= {alias.name.split(".")[0] for alias in node.names}
+            names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                if node.module:
-                    internal.add(node.module.split(".")[0])
-                else:
-                    internal |= {alias.name for alias in node.names}
-            elif node.module:
-                external.add(node.module.split(".")[0])
+            base = f"{package}.{node.module}" if node.level and node.module else node.module
+            base = base or package  # `from . import x`
+            whole = base in ("agent", "ota")  # `from agent import manifest`: a module each
+            names = [f"{base}.{alias.name}" if whole else base for alias in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in ("agent", "ota"):
+                internal.add(".".join(parts[:2]))
+            else:
+                external.add(parts[0])
     return external, internal
 
 
-@pytest.mark.parametrize("module", sorted(ALLOWED_AGENT_IMPORTS))
+def agent_imports(module: str) -> tuple[set[str], set[str]]:
+    external, internal = imports_of(AGENT / f"{module}.py", "agent")
+    return external, {name.removeprefix("agent.") for name in internal if name != "agent.version"}
+
+
+def test_every_module_is_placed_in_a_layer() -> None:
+    agent = {path.stem for path in AGENT.glob("*.py")}
+    assert agent == set(PURE) | set(SHARED) | set(EDGE_MODULES) | ROOTS
+    assert {path.stem for path in OTA.glob("*.py")} == set(OTA_ALLOWED)
+
+
+@pytest.mark.parametrize("module", sorted(ALLOWED))
 def test_modules_import_only_what_their_layer_allows(module: str) -> None:
-    external, internal = imports_of(module)
-    assert internal <= ALLOWED_AGENT_IMPORTS[module], internal
-    if module in PURE - {"config"}:
-        assert not external & IMPURE_STDLIB, external
-        pure_stdlib = {"__future__", "collections", "dataclasses", "datetime", "enum", "html"}
-        pure_stdlib |= {"io", "json", "math", "re", "typing", "unicodedata", "wave"}
-        assert not external - pure_stdlib, external
+    external, internal = agent_imports(module)
+    assert internal <= ALLOWED[module], internal - ALLOWED[module]
+    if module in PURE:
+        allowed = PURE_EXTERNAL | PURE_LIBRARIES.get(module, set())
+        assert not external - allowed, external - allowed
 
 
-def test_only_the_composition_root_wires_every_edge() -> None:
-    _, internal = imports_of("app")
-    assert internal >= EDGES
-    for module in ALLOWED_AGENT_IMPORTS:
-        assert "app" not in imports_of(module)[1]
+@pytest.mark.parametrize("module", sorted(EDGE_MODULES))
+def test_an_edge_never_imports_another_edge(module: str) -> None:
+    _, internal = agent_imports(module)
+    others = {m for m in internal if m in EDGE_MODULES and EDGE_MODULES[m] != EDGE_MODULES[module]}
+    assert not others, f"{module} ({EDGE_MODULES[module]}) imports {others}"
+
+
+def test_only_the_composition_imports_the_composition() -> None:
+    for module in ALLOWED:
+        assert not agent_imports(module)[1] & ROOTS, module
+    _, main = agent_imports("__main__")
+    assert main & ROOTS <= {"app", "voices"}
+
+
+def test_the_composition_root_wires_every_edge() -> None:
+    reached: set[str] = set()
+    todo = ["__main__"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += agent_imports(module)[1]
+    assert set(EDGE_MODULES) - reached == {"healthcheck"}  # the check runs as its own process
+
+
+@pytest.mark.parametrize("module", sorted(OTA_ALLOWED))
+def test_operator_tools_import_only_what_they_are_allowed(module: str) -> None:
+    external, internal = imports_of(OTA / f"{module}.py", "ota")
+    assert internal <= OTA_ALLOWED[module], internal - OTA_ALLOWED[module]
+    if module not in RUNTIME_TOOLS:
+        assert not external & RUNTIME, external & RUNTIME

@@ -8,9 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.support import AgentProcess, Broker, Watcher, wait_until
+from harness import AgentProcess, Broker, Watcher, agent_config, wait_until, write_config
 
 pytestmark = pytest.mark.broker
 
@@ -34,23 +33,16 @@ def secured_broker(tmp_path: Path) -> Broker:
 def agent_for(broker: Broker, tmp_path: Path, tiny_voice: Path, password: str) -> AgentProcess:
     secret = tmp_path / f"pw-{len(password)}"
     secret.write_text(password + "\nignored second line\n")
-    config = {
-        "node_id": "auth",
-        "mqtt": {
-            "host": broker.host,
-            "port": broker.port,
-            "username": "agent",
-            "password_file": str(secret),
-            "reconnect_min": 0.1,
-            "reconnect_max": 1.0,
-        },
-        "audio": {"device": "null"},
-        "tts": {"voice": str(tiny_voice)},
-        "cache": {"dir": str(tmp_path / "cache")},
-        "storage": {"dir": str(tmp_path / "storage")},
-    }
-    path = tmp_path / f"auth-{len(password)}.yaml"
-    path.write_text(yaml.safe_dump(config))
+    mqtt = {"username": "agent", "password_file": str(secret)}
+    config = agent_config(
+        broker,
+        tmp_path,
+        "auth",
+        voice=tiny_voice,
+        mqtt={**mqtt, "reconnect_min": 0.1, "reconnect_max": 1.0},
+        homeassistant={"discovery": True},
+    )
+    path = write_config(tmp_path / f"auth-{len(password)}.yaml", config)
     return AgentProcess(path, tmp_path / f"auth-{len(password)}.log")
 
 

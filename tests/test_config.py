@@ -12,7 +12,7 @@ import yaml
 
 from agent import config as cfg
 from agent.config import ConfigError, from_mapping, key_docs, load
-from tests.support import ROOT
+from harness import ROOT
 
 
 def test_default_file_loads_and_matches_the_dataclass_defaults() -> None:

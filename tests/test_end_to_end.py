@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from harness import Broker, Watcher, publish, read_pcm, speech_stats, wait_until
 from tests.conftest import RunningAgent, StartAgent
-from tests.support import Broker, Watcher, publish, read_pcm, speech_stats, wait_until
 
 pytestmark = [pytest.mark.broker, pytest.mark.voice]
 

@@ -25,7 +25,15 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from tests.support import AgentProcess, Broker, Watcher, free_port, wait_until
+from harness import (
+    AgentProcess,
+    Broker,
+    Watcher,
+    agent_config,
+    free_port,
+    wait_until,
+    write_config,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -34,21 +42,17 @@ SPEAK = f"voice/{NODE}/speak"
 TERMINAL = {"finished", "failed", "expired", "stopped", "acknowledged", "coalesced", "rejected"}
 
 
-def agent_config(path: Path, port: int, tiny_voice: Path, **mqtt_extra: object) -> Path:
-    config = {
-        "node_id": NODE,
-        "mqtt": {"host": "127.0.0.1", "port": port, "reconnect_min": 0.2, "reconnect_max": 2.0}
-        | mqtt_extra,
-        "audio": {"device": "null"},
-        "tts": {"voice": str(tiny_voice)},
-        "cache": {"dir": str(path / "cache")},
-        "storage": {"dir": str(path / "storage")},
-        "speak": {"queue_size": 2000, "remembered_ids": 5000},
-        "homeassistant": {"discovery": False},
-    }
-    config_path = path / "agent.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    return config_path
+def fault_config(path: Path, port: int, tiny_voice: Path, **mqtt_extra: object) -> Path:
+    """The agent of these tests, on `port` (the broker's, or a proxy's)."""
+    config = agent_config(
+        None,
+        path,
+        NODE,
+        voice=tiny_voice,
+        mqtt={"host": "127.0.0.1", "port": port, **mqtt_extra},
+        speak={"queue_size": 2000, "remembered_ids": 5000},
+    )
+    return write_config(path / "agent.yaml", config)
 
 
 class Publisher:
@@ -101,7 +105,7 @@ def all_ended(watcher: Watcher, ids: list[str]) -> bool:
 def tiny_agent(tmp_path: Path, tiny_voice: Path) -> Iterator[tuple[Broker, AgentProcess]]:
     broker = Broker(tmp_path / "broker")
     broker.start()
-    process = AgentProcess(agent_config(tmp_path, broker.port, tiny_voice), tmp_path / "agent.log")
+    process = AgentProcess(fault_config(tmp_path, broker.port, tiny_voice), tmp_path / "agent.log")
     yield broker, process
     if process.alive():
         process.signal(signal.SIGTERM)
@@ -296,7 +300,7 @@ def test_a_partition_is_survived_with_jittered_backoff_and_no_busy_loop(
     broker = Broker(tmp_path / "broker")
     broker.start()
     proxy = PartitionProxy(broker.port)
-    config = agent_config(tmp_path, proxy.port, tiny_voice, reconnect_max=4.0)
+    config = fault_config(tmp_path, proxy.port, tiny_voice, reconnect_max=4.0)
     process = AgentProcess(config, tmp_path / "agent.log")
     watcher = Watcher(broker, f"voice/{NODE}/events")
     publisher = Publisher(broker, "partition-publisher")
@@ -342,25 +346,26 @@ def test_slow_synthesis_keeps_the_connection_and_the_messages_flowing(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from agent.app import App, load_voices  # noqa: PLC0415
+    from agent.app import App  # noqa: PLC0415
     from agent.config import from_mapping  # noqa: PLC0415
+    from agent.voices import load_voices  # noqa: PLC0415
 
     config = from_mapping(
-        yaml.safe_load(agent_config(tmp_path, broker.port, tiny_voice, keepalive=5).read_text()),
+        yaml.safe_load(fault_config(tmp_path, broker.port, tiny_voice, keepalive=5).read_text()),
         environ={},
     )
     voices = load_voices(config)
     voice = voices["default"].voice
-    original = voice.ids_to_audio
+    original = voice.stream
 
-    def slow(ids: list[int], params: Any, run_options: Any = None) -> Any:
+    def slow(ids: list[int], params: Any, plan: Any = None, cancel: Any = None) -> Any:
         if len(ids) > 60:  # the long message only: 30 s, as a stuck model would
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not (run_options and run_options.terminate):
+            while time.monotonic() < deadline and not (cancel and cancel.cancelled):
                 time.sleep(0.05)
-        return original(ids, params, run_options)
+        yield from original(ids, params, plan, cancel)
 
-    monkeypatch.setattr(voice, "ids_to_audio", slow)
+    monkeypatch.setattr(voice, "stream", slow)
     app = App(config, voices)
     watcher = Watcher(broker, f"voice/{NODE}/#")
     serving = threading.Thread(target=app.serve)
@@ -374,10 +379,11 @@ def test_slow_synthesis_keeps_the_connection_and_the_messages_flowing(
         for n in range(5):
             watcher.publish(SPEAK, json.dumps({"id": f"q{n}", "text": "Hi."}).encode())
         for n in range(5):
-            watcher.wait_event(f"q{n}", "accepted", timeout=5)  # received at once
-        watcher.wait_event("slow", "finished", timeout=40)
+            watcher.wait_event(f"q{n}", "accepted")
+        assert watcher.events("slow")[-1]["event"] != "finished"  # came while it synthesizes
+        watcher.wait_event("slow", "finished")
         for n in range(5):
-            watcher.wait_event(f"q{n}", "finished", timeout=10)
+            watcher.wait_event(f"q{n}", "finished")
         statuses = [m.payload for m in watcher.snapshot() if m.topic.endswith("/status")]
         assert b"offline" not in statuses  # no Last Will: the connection never dropped
         assert "Disconnected" not in caplog.text

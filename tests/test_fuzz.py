@@ -11,38 +11,55 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import hermes
 from agent import manifest as manifests
-from agent.messages import Reason, Rejection, SpeakRequest
-from agent.payloads import SpeakLimits, parse_ack, parse_speak, parse_stop, parse_volume
-from tests.support import AgentProcess, Broker, Watcher
+from agent.messages import Lifecycle, Reason, Rejection, SpeakRequest
+from agent.payloads import (
+    SpeakLimits,
+    encode_event,
+    parse_ack,
+    parse_speak,
+    parse_stop,
+    parse_volume,
+    valid_id,
+)
+from harness import AgentProcess, Broker, Watcher, agent_config, write_config
 
-FUZZ = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LIMITS = SpeakLimits(max_bytes=4096, max_text_chars=500)
 FIELDS = ["id", "text", "priority", "ttl", "interrupt", "chime", "volume", "repeat"]
 FIELDS += ["repeat_interval", "dedupe_key", "voice", "rate", "clear", "siteId", "sessionId"]
 
+hostile_text = (
+    st.text(max_size=40)
+    | st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3)
+    | st.text(max_size=10).map(lambda t: "\ufeff" + t)
+    | st.text(min_size=129, max_size=300)  # ids too long
+    | st.sampled_from(["a\nforged log line", "\x1b[31mred", "\u202eevil", "\u0000"])
+)
+"""Text an attacker would try: lone surrogates, BOMs, over-long ids, control characters."""
 json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(2**70), 2**70)
+    | st.integers(10**100, 10**200)  # huge numeric ids
     | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=40),
+    | hostile_text,
     lambda children: (
         st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
     ),
     max_leaves=12,
 )
-objects = st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=10), json_values, max_size=8)
+objects = st.dictionaries(st.sampled_from(FIELDS) | hostile_text, json_values, max_size=8)
 payloads = (
     st.binary(max_size=600)
-    | st.text(max_size=300).map(str.encode)
-    | objects.map(lambda o: json.dumps(o).encode())
+    | st.text(max_size=300).map(lambda t: t.encode("utf-8", "surrogatepass"))
+    | objects.map(lambda o: json.dumps(o).encode())  # surrogates as JSON escapes
+    | objects.map(lambda o: ("\ufeff" + json.dumps(o)).encode())
     | objects.map(lambda o: json.dumps(o).encode()[: len(json.dumps(o)) // 2])
 )
 
@@ -52,13 +69,20 @@ def _new_id() -> str:
 
 
 def check(result: object, ok: type | tuple[type, ...]) -> None:
-    """A result of the expected kind, or a rejection with a known reason and a detail."""
+    """A result of the expected kind, or a rejection with a known reason and a detail; either
+    way nothing a log line or an event could not carry (printable ids, no lone surrogate)."""
     if isinstance(result, Rejection):
         assert isinstance(result.reason, Reason)
         assert result.detail
         assert result.id
+        assert valid_id(result.id)
+        encode_event("n", result.id, Lifecycle.REJECTED, {"detail": result.detail}, 0.0)
     else:
         assert isinstance(result, ok), result
+    if isinstance(result, SpeakRequest):
+        assert valid_id(result.id)
+        encode_event("n", result.id, Lifecycle.ACCEPTED, {"text": result.text}, 0.0)
+        result.text.encode("utf-8")  # no lone surrogate reaches the phonemizer
 
 
 @FUZZ
@@ -101,6 +125,7 @@ def test_hermes_say_parser(payload: bytes) -> None:
         request, context = result
         assert isinstance(request, SpeakRequest)
         assert context.kind == "say"
+        assert valid_id(request.id)
     else:
         check(result, type(None))
 
@@ -193,18 +218,9 @@ def mutated_payloads(count: int, seed: int = 11) -> list[bytes]:
 def test_a_thousand_fuzzed_messages_through_the_broker(
     tmp_path: Path, broker: Broker, tiny_voice: Path
 ) -> None:
-    config = {
-        "node_id": "fuzz",
-        "mqtt": {"host": broker.host, "port": broker.port},
-        "audio": {"device": "null"},
-        "tts": {"voice": str(tiny_voice)},
-        "cache": {"dir": str(tmp_path / "cache")},
-        "storage": {"dir": str(tmp_path / "storage")},
-        "speak": {"queue_size": 2000, "remembered_ids": 5000, "max_payload_bytes": 4096},
-        "homeassistant": {"discovery": False},
-    }
-    path = tmp_path / "agent.yaml"
-    path.write_text(yaml.safe_dump(config))
+    speak = {"queue_size": 2000, "remembered_ids": 5000, "max_payload_bytes": 4096}
+    config = agent_config(broker, tmp_path, "fuzz", voice=tiny_voice, speak=speak)
+    path = write_config(tmp_path / "agent.yaml", config)
     process = AgentProcess(path, tmp_path / "agent.log")
     watcher = Watcher(broker, "voice/fuzz/#")
     process.start()

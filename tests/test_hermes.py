@@ -13,8 +13,8 @@ import pytest
 from agent import hermes
 from agent.messages import Rejection
 from agent.payloads import SpeakLimits
+from harness import Broker, Watcher, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
-from tests.support import Broker, Watcher, read_pcm, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -49,6 +49,11 @@ def replies(watcher: Watcher, topic: str) -> list[dict[str, object]]:
     return [m.json() for m in watcher.snapshot() if m.topic == topic]
 
 
+def hermes_ids(agent: RunningAgent) -> set[str]:
+    """The agent's own ids of the Hermes says it took."""
+    return {str(e["id"]) for e in agent.watcher.events() if str(e["id"]).startswith("hermes-")}
+
+
 def test_say_is_spoken_and_answered_after_the_audio_ended(
     agent: RunningAgent, rhasspy: Watcher
 ) -> None:
@@ -57,7 +62,9 @@ def test_say_is_spoken_and_answered_after_the_audio_ended(
     wait_until(lambda: bool(replies(rhasspy, hermes.SAY_FINISHED)), what="sayFinished")
     (done,) = replies(rhasspy, hermes.SAY_FINISHED)
     assert done == {"siteId": SITE, "id": "r1", "sessionId": "s1"}
-    finished = agent.watcher.wait_event("hermes-r1", "finished")
+    wait_until(lambda: bool(hermes_ids(agent)), what="the say's events")
+    (request_id,) = hermes_ids(agent)  # its own id: Hermes ids correlate, they do not dedupe
+    finished = agent.watcher.wait_event(request_id, "finished")
     said = next(m for m in rhasspy.snapshot() if m.topic == hermes.SAY_FINISHED)
     played = next(
         m
@@ -101,10 +108,9 @@ def test_messages_for_other_sites_are_ignored(agent: RunningAgent, rhasspy: Watc
     rhasspy.publish(hermes.SAY, json.dumps(other).encode())
     rhasspy.publish("hermes/audioServer/garage/playBytes/x2", wav_bytes(0.2, RATE))
     rhasspy.publish(hermes.SAY, json.dumps({"text": "Marker.", "siteId": SITE, "id": "m"}).encode())
-    agent.watcher.wait_event("hermes-m", "finished")
+    wait_until(lambda: bool(replies(rhasspy, hermes.SAY_FINISHED)), what="the marker's reply")
     time.sleep(0.3)
-    ids = {e["id"] for e in agent.watcher.events()}
-    assert ids == {"hermes-m"}
+    assert len(hermes_ids(agent)) == 1  # only the marker was served
     assert [r["id"] for r in replies(rhasspy, hermes.SAY_FINISHED)] == ["m"]
 
 
@@ -144,14 +150,27 @@ def test_get_voices_is_answered(agent: RunningAgent, rhasspy: Watcher) -> None:
         (b'{"text": "Hi", "siteId": "other"}', None),
         (b'{"text": 5, "siteId": "kitchen", "id": "a"}', "invalid_field"),
         (b'{"text": "Hi", "siteId": "kitchen", "volume": 3}', "invalid_field"),
-        (b"not json", "invalid_json"),
+        (b"not json", None),  # no siteId: the default site's (this one is kitchen)
         (b'{"text": "  ", "siteId": "kitchen"}', "empty_text"),
     ],
 )
 def test_say_parsing(payload: bytes, expected: str | None) -> None:
+    """A say for this site always comes with its reply context, even when it cannot be served:
+    Rhasspy waits for the answer."""
     parsed = hermes.parse_say(payload, SITE, SpeakLimits(4096, 100), lambda: "g")
     if expected is None:
         assert parsed is None
     else:
-        assert isinstance(parsed, Rejection)
-        assert parsed.reason == expected
+        assert parsed is not None
+        rejection, context = parsed
+        assert isinstance(rejection, Rejection)
+        assert rejection.reason == expected
+        assert context.site_id == SITE
+
+
+def test_a_say_that_is_no_json_is_answered_on_the_default_site() -> None:
+    parsed = hermes.parse_say(b"not json", "default", SpeakLimits(4096, 100), lambda: "g")
+    assert parsed is not None
+    rejection, context = parsed
+    assert isinstance(rejection, Rejection)
+    assert (rejection.reason, context.id) == ("invalid_json", None)

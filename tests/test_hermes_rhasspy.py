@@ -17,7 +17,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 import pytest
-import soundfile  # type: ignore[import-untyped]
+import soundfile
 
 from harness import (
     AgentProcess,

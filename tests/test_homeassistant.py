@@ -12,9 +12,9 @@ import pytest
 
 from agent.discovery import DeviceInfo, discovery_messages, update_state
 from agent.topics import Topics
+from harness import Broker, PulseNullSink, Watcher, read_pcm, wait_until
 from tests import ha_schema
 from tests.conftest import RunningAgent, StartAgent
-from tests.support import Broker, PulseNullSink, Watcher, read_pcm, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -143,7 +143,13 @@ def test_sensors_read_values_the_state_carries(discovered: tuple[RunningAgent, W
         states = [m.json() for m in agent.watcher.snapshot() if m.topic == agent.topics.state]
         return states[-1] if states else {}
 
-    wait_until(lambda: state().get("last_ttfa_ms") is not None, what="a measured TTFA")
+    def carries_the_announcement() -> bool:
+        current = state()
+        finished = current.get("events", {}).get("finished", 0)
+        return current.get("last_ttfa_ms") is not None and finished >= 1
+
+    # the state after the event: published on change, gathered for a moment, so it may lag
+    wait_until(carries_the_announcement, what="a state that carries the finished announcement")
     current = state()
     for key, config in configs(ha, agent.topics.node_id).items():
         if not key.startswith("sensor/"):

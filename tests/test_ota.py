@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import queue
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -22,19 +23,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from agent import manifest as manifests
 from agent.config import OtaConfig
 from agent.manifest import Manifest, Refusal
-from agent.updater import (
-    FINAL_STATES,
-    Pending,
-    Updater,
-    UpdateReport,
-    load_state,
-    save_state,
-    start_model,
-)
+from agent.states import FINAL_PHASES, UpdateReport
+from agent.updater import Pending, Updater, fall_back, load_state, save_state, start_model
 from agent.voice import Voice
+from harness import TIMEOUT, wait_until
 from ota import release
 from tests.release_server import ReleaseServer
-from tests.support import TIMEOUT, wait_until
 from tests.tiny_voice import write_tiny_voice
 
 pytestmark = pytest.mark.allow_error_logs  # failed updates are logged as errors, by design
@@ -75,11 +69,26 @@ def make_release(
     return Release(envelope, directory, model)
 
 
+def installed(directory: Path, slot: str, name: str, data: bytes = b"model") -> Path:
+    """A model file in a slot, as an install leaves it."""
+    path = directory / "slots" / slot / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def load_prewarmed(model: Path) -> Voice:
+    """The candidate as the agent loads it: loaded and prewarmed."""
+    voice = Voice.load(model, 1, None)
+    voice.prewarm()
+    return voice
+
+
 @dataclass
 class Harness:
     """An Updater with a recording report and swap, and the server it downloads from."""
 
-    updater: Updater
+    updater: Updater[Voice]
     server: ReleaseServer
     directory: Path
     reports: list[UpdateReport] = field(default_factory=list)
@@ -97,7 +106,7 @@ class Harness:
 
     def finals(self, offer: str) -> list[UpdateReport]:
         """Final reports of an offer so far."""
-        return [r for r in list(self.reports) if r.offer == offer and r.state in FINAL_STATES]
+        return [r for r in list(self.reports) if r.offer == offer and r.state in FINAL_PHASES]
 
     def files_written(self) -> list[Path]:
         """Everything under the update directory except the state."""
@@ -120,6 +129,7 @@ def harness(
         trusted_keys=(release.public_text(key),),
         download_timeout=overrides.get("download_timeout", 5.0),
         download_retries=overrides.get("download_retries", 3),
+        download_deadline=overrides.get("download_deadline", 1800.0),
         health_timeout=overrides.get("health_timeout", 60.0),
         health_memory_mb=overrides.get("health_memory_mb", 2048),
     )
@@ -133,6 +143,7 @@ def harness(
         22050,
         1,
         reports.append,
+        load_prewarmed,
         lambda voice: not swapped.append(voice),  # type: ignore[func-returns-value]
     )
     updater.start()
@@ -337,7 +348,7 @@ def test_a_file_of_another_length_is_refused(harness: Harness, key: Ed25519Priva
     report = harness.run(item.offer(url(harness, item)))
     assert report.state == "failed"
     assert report.reason == "download_failed"
-    assert "closed at" in report.detail
+    assert "incomplete" in report.detail
     assert harness.swapped == []
 
 
@@ -407,7 +418,7 @@ def test_a_stalled_server_times_out(harness: Harness, key: Ed25519PrivateKey) ->
     harness.server.behaviour.stall_after = 500
     report = harness.run(item.offer(url(harness, item)))
     assert (report.state, report.reason) == ("failed", "download_failed")
-    assert "timed out" in report.detail
+    assert "stalled" in report.detail
     names = [name for name, _ in harness.server.behaviour.requests]
     assert names.count(f"r2/{item.model.name}.json") == 2  # two attempts, then it gave up
 
@@ -512,6 +523,8 @@ def test_failed_starts_return_to_the_previous_slot(tmp_path: Path, tiny_voice: P
     state.previous, state.previous_release, state.previous_model = "a", 3, "voice3.onnx"
     state.pending = Pending("b", 4, "4.0")
     save_state(directory, state)
+    installed(directory, "b", "voice4.onnx")
+    installed(directory, "a", "voice3.onnx")
     starts = [start_model(config, directory, tiny_voice) for _ in range(4)]
     assert [p.name for p in starts] == ["voice4.onnx"] * 3 + ["voice3.onnx"]
     after = load_state(directory)
@@ -548,6 +561,7 @@ def test_reports_reached_before_a_start_are_delivered_by_started(
         22050,
         1,
         reports.put,
+        load_prewarmed,
         lambda _voice: True,
     )
     updater.started()
@@ -637,15 +651,18 @@ def test_failed_starts_leave_no_rollback_target_and_leftovers_are_removed(
     state.previous, state.previous_release, state.previous_model = "a", 3, "voice3.onnx"
     state.pending = Pending("b", 4, "4.0", offer="o4")
     save_state(directory, state)
+    installed(directory, "b", "voice4.onnx")
+    installed(directory, "a", "voice3.onnx")
     for _ in range(2):
         start_model(config, directory, tiny_voice)
     after = load_state(directory)
     assert (after.active, after.previous, after.reports[0]["offer"]) == ("a", None, "o4")
-    (directory / "slots" / "a").mkdir(parents=True)
-    (directory / "slots" / "b").mkdir(parents=True)
+    (directory / "slots" / "b").mkdir(parents=True, exist_ok=True)
     (directory / "leftover.partial").write_text("{", encoding="utf-8")
     trusting = OtaConfig(trusted_keys=(release.public_text(Ed25519PrivateKey.generate()),))
-    updater = Updater(trusting, directory, tiny_voice, 22050, 1, lambda _r: None, lambda _v: True)
+    updater = Updater(
+        trusting, directory, tiny_voice, 22050, 1, lambda _r: None, load_prewarmed, lambda _v: True
+    )
     updater.start()
     updater.stop()
     assert sorted(p.name for p in (directory / "slots").iterdir()) == ["a"]
@@ -669,3 +686,143 @@ def test_download_progress_is_reported_once_per_percent(
     progress = [r.progress for r in harness.reports if r.state == "downloading"]
     assert len(progress) == len(set(progress)) <= 101
     assert progress[-1] == 100
+
+
+# ---- never down: OTA control, damaged and revoked models, staging -----------------------------
+
+
+def test_a_manifest_url_that_redirects_to_another_host_is_refused(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """The manifest is fetched before any signature can be checked: no redirect leaves the
+    server's host (a redirect to 127.0.0.2 is another host)."""
+    item = released(harness, key, 2)
+    port = harness.server.port
+    harness.server.behaviour.redirect["r2/manifest.json"] = f"http://127.0.0.2:{port}/r2/x"
+    body = {"manifest_url": f"{url(harness, item)}manifest.json", "base_url": url(harness, item)}
+    report = harness.run(body)
+    assert (report.state, report.reason) == ("failed", "download_failed")
+    assert "redirect_refused" in report.detail
+    assert [name for name, _ in harness.server.behaviour.requests] == ["r2/manifest.json"]
+
+
+def test_a_cancel_takes_effect_against_a_server_that_drips_bytes(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """One byte every two seconds is never a stall; the cancel still ends the download."""
+    item = released(harness, key, 2)
+    harness.server.behaviour.drip_seconds = 2.0
+    harness.updater.command("drip", item.offer(url(harness, item)))
+    wait_until(lambda: harness.server.behaviour.sent >= 1, what="the first byte")
+    asked = time.monotonic()
+    harness.updater.command("c", {"cancel": True})
+    assert harness.final("drip").state == "cancelled"
+    print(f"cancel against a dripping server: over {time.monotonic() - asked:.2f} s after asked")
+    assert harness.swapped == []
+
+
+@pytest.mark.parametrize("harness", [{"download_deadline": 3.0}], indirect=True)
+def test_a_server_that_drips_bytes_is_cut_by_the_download_deadline(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    item = released(harness, key, 2)
+    harness.server.behaviour.drip_seconds = 0.5
+    report = harness.run(item.offer(url(harness, item)))
+    assert (report.state, report.reason) == ("failed", "download_failed")
+    assert "timeout" in report.detail
+
+
+def test_a_damaged_installed_model_falls_back_to_the_previous_verified_slot(
+    tmp_path: Path, tiny_voice: Path
+) -> None:
+    """The active slot's model no longer has its digest (a bad SD card sector): the previous
+    slot, which still has its own, is started instead, and `rolled_back` `damaged` reported."""
+    directory = tmp_path / "ota"
+    good = installed(directory, "a", "voice3.onnx", b"release three")
+    installed(directory, "b", "voice4.onnx", b"release four, now damaged")
+    state = load_state(directory)
+    state.release, state.active, state.model, state.version = 4, "b", "voice4.onnx", "4.0"
+    state.model_sha256 = hashlib.sha256(b"release four").hexdigest()
+    state.previous, state.previous_release, state.previous_model = "a", 3, "voice3.onnx"
+    state.previous_model_sha256 = hashlib.sha256(b"release three").hexdigest()
+    save_state(directory, state)
+    assert start_model(OtaConfig(trusted_keys=("x",)), directory, tiny_voice) == good
+    after = load_state(directory)
+    assert (after.release, after.active, after.previous) == (3, "a", None)
+    assert (after.reports[0]["state"], after.reports[0]["reason"]) == ("rolled_back", "damaged")
+
+
+def test_a_damaged_model_with_no_good_previous_falls_back_to_the_configured_one(
+    tmp_path: Path, tiny_voice: Path
+) -> None:
+    directory = tmp_path / "ota"
+    state = load_state(directory)
+    state.release, state.active, state.model, state.version = 4, "b", "gone.onnx", "4.0"
+    save_state(directory, state)  # its file is missing altogether
+    assert start_model(OtaConfig(trusted_keys=("x",)), directory, tiny_voice) == tiny_voice
+    assert load_state(directory).release == 0
+    assert fall_back(directory, tiny_voice, "does not load") == tiny_voice  # and stays there
+
+
+def revocation(key: Ed25519PrivateKey, min_release: int = 0, revoked: tuple[int, ...] = ()) -> Any:
+    """A signed revocation envelope, as the operator's tool makes it."""
+    body = {
+        "format": 1,
+        "kind": "revocation",
+        "issued": datetime.now(UTC).isoformat(),
+        "target": {"device_class": "voice-agent"},
+        "min_release": min_release,
+        "revoked": list(revoked),
+    }
+    return json.loads(manifests.sign(json.dumps(body).encode(), [key]))
+
+
+def test_a_revoked_release_is_left_at_once_and_never_installed_again(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    item = released(harness, key, 2)
+    assert harness.run(item.offer(url(harness, item)), "o2").state == "installed"
+    unsigned = revocation(Ed25519PrivateKey.generate(), revoked=(2,))
+    assert harness.run({"revocation": unsigned}, "fake").reason == "unknown_key"
+    assert harness.run({"revocation": revocation(key, revoked=(2,))}, "rv").reason == "revoked"
+    assert load_state(harness.directory).release == 0  # back on the configured model
+    assert len(harness.swapped) == 2  # to release 2, then away from it
+    again = harness.run(item.offer(url(harness, item)), "o2b")
+    assert (again.state, again.reason) == ("failed", "revoked")
+    assert start_model(harness.updater._config, harness.directory, Path("factory")).name == (
+        "factory"
+    )
+
+
+def test_an_installed_release_revoked_while_the_node_was_down_is_left_at_start(
+    tmp_path: Path, tiny_voice: Path
+) -> None:
+    directory = tmp_path / "ota"
+    installed(directory, "a", "voice3.onnx")
+    state = load_state(directory)
+    state.release, state.active, state.model, state.version = 3, "a", "voice3.onnx", "3.0"
+    state.revocation = {"issued": "2026-01-01T00:00:00+00:00", "min_release": 4, "revoked": []}
+    save_state(directory, state)
+    assert start_model(OtaConfig(trusted_keys=("x",)), directory, tiny_voice) == tiny_voice
+    report = load_state(directory).reports[0]
+    assert (report["state"], report["reason"]) == ("rolled_back", "revoked")
+
+
+def test_staged_downloads_of_releases_never_installed_are_removed_after_a_while(
+    tmp_path: Path, tiny_voice: Path
+) -> None:
+    directory = tmp_path / "ota"
+    staging = directory / "staging"
+    staging.mkdir(parents=True)
+    old, recent = staging / ("a" * 64), staging / ("b" * 64 + ".part")
+    old.write_bytes(b"x")
+    recent.write_bytes(b"y")
+    week = time.time() - 8 * 86400
+    os.utime(old, (week, week))
+    trusting = OtaConfig(trusted_keys=(release.public_text(Ed25519PrivateKey.generate()),))
+    updater = Updater(
+        trusting, directory, tiny_voice, 22050, 1, lambda _r: None, load_prewarmed, lambda _v: True
+    )
+    updater.start()
+    updater.stop()
+    assert [p.name for p in staging.iterdir()] == [recent.name]

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent.updater import FAULT_ENV, FINAL_STATES
+from agent.states import FINAL_PHASES as FINAL_STATES
+from agent.updater import FAULT_ENV
+from harness import TIMEOUT, Broker, Watcher, wait_until
 from harness.fleet_sim import tool
 from ota import release, rollout_state
 from tests.conftest import RunningAgent, StartAgent
 from tests.release_server import ReleaseServer
-from tests.support import TIMEOUT, Broker, Watcher, wait_until
 from tests.test_ota import Release, make_release
 from tests.tiny_voice import write_tiny_voice
 

@@ -27,7 +27,7 @@ def parse(payload: bytes) -> SpeakRequest | Rejection:
         (b'"quoted" is text', SpeakRequest("gen-1", '"quoted" is text')),
         (b'{"text": "Hi", "id": "a1"}', SpeakRequest("a1", "Hi")),
         (b' \n{"text": "Hi"}', SpeakRequest("gen-1", "Hi")),
-        (b'{"text": "Hi", "id": 42}', SpeakRequest("42", "Hi")),
+        ('\ufeff{"text": "Hi", "id": "b"}'.encode(), SpeakRequest("b", "Hi")),
         (b'{"text": "Hi", "id": "x", "zz": 1, "aa": 2}', SpeakRequest("x", "Hi", ("aa", "zz"))),
         ("Grüße aus Köln".encode(), SpeakRequest("gen-1", "Grüße aus Köln")),
     ],
@@ -50,6 +50,13 @@ def test_valid_payloads(payload: bytes, expected: SpeakRequest) -> None:
         (b'{"id": "k", "text": {"a": 1}}', Reason.INVALID_FIELD, "text", "k"),
         (b'{"id": true, "text": "a"}', Reason.INVALID_FIELD, "id", "gen-1"),
         (b'{"id": "", "text": "a"}', Reason.INVALID_FIELD, "id", "gen-1"),
+        (b'{"id": 42, "text": "a"}', Reason.INVALID_FIELD, "id", "gen-1"),  # "42" would collide
+        (b'{"id": 1e400, "text": "a"}', Reason.INVALID_FIELD, "id", "gen-1"),
+        (('{"id": ' + "9" * 60 + ', "text": "a"}').encode(), Reason.INVALID_FIELD, "id", "gen-1"),
+        (b'{"text": "a", "x\\ud800": 1}', Reason.INVALID_UTF8, None, "gen-1"),
+        (b'{"text": "a\\udc00b"}', Reason.INVALID_UTF8, None, "gen-1"),
+        (b'{"id": "\\ud83d", "text": "a"}', Reason.INVALID_UTF8, None, "gen-1"),
+        (b'{"text": "a", "nested": [{"\\udfff": 1}]}', Reason.INVALID_UTF8, None, "gen-1"),
         (b'{"id": "a\\nb", "text": "a"}', Reason.INVALID_FIELD, "id", "gen-1"),
         (json.dumps({"id": "i" * 129, "text": "a"}).encode(), Reason.INVALID_FIELD, "id", "gen-1"),
         (b"", Reason.EMPTY_TEXT, None, "gen-1"),
@@ -118,3 +125,16 @@ def test_text_is_cleaned_and_capped() -> None:
     only_tags = parse(b'{"id": "t", "text": "<speak></speak>"}')
     assert isinstance(only_tags, Rejection)
     assert only_tags.reason == Reason.EMPTY_TEXT
+
+
+def test_a_lone_surrogate_is_refused_before_anything_encodes_it() -> None:
+    """The poison message that crash-looped every node: a JSON escape of half a UTF-16 pair in
+    an unknown field's name. Refused at the edge; and events are ASCII-safe whatever they
+    carry."""
+    poison = b'{"text": "The front door is open.", "\\ud800": true}'
+    rejected = parse(poison)
+    assert isinstance(rejected, Rejection)
+    assert rejected.reason == Reason.INVALID_UTF8
+    event = encode_event("n", "x", Lifecycle.REJECTED, {"detail": "\ud800\u00e9\n"}, 0.0)
+    assert event.isascii()
+    assert json.loads(event)["detail"] == "\ud800\u00e9\n"

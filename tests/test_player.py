@@ -20,8 +20,9 @@ from agent.messages import (
     UtteranceEnded,
     UtteranceStarted,
 )
-from agent.player import BUFFER_CHUNKS, Chunk, Pcm, PcmOpener, Player, alsa_opener
-from tests.support import FaultyPcm, read_pcm, wait_until
+from agent.pcm import Chunk
+from agent.player import BUFFER_CHUNKS, Pcm, PcmOpener, Player, alsa_opener
+from harness import FaultyPcm, read_pcm, wait_until
 
 RATE = 22050
 PERIOD = RATE // 50  # 20 ms

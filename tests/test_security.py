@@ -10,9 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.support import AgentProcess, Broker, Pki, Watcher, make_pki, wait_until
+from harness import (
+    AgentProcess,
+    Broker,
+    Pki,
+    Watcher,
+    agent_config,
+    make_pki,
+    wait_until,
+    write_config,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -33,23 +41,8 @@ def tls_broker(tmp_path: Path, pki: Pki) -> Iterator[Broker]:
 def agent(
     tmp_path: Path, broker: Broker, tiny_voice: Path, name: str, **mqtt: object
 ) -> AgentProcess:
-    config = {
-        "node_id": name,
-        "mqtt": {
-            "host": broker.host,
-            "port": broker.port,
-            "reconnect_min": 0.2,
-            "reconnect_max": 2.0,
-            **mqtt,
-        },
-        "audio": {"device": "null"},
-        "tts": {"voice": str(tiny_voice)},
-        "cache": {"dir": str(tmp_path / "cache")},
-        "storage": {"dir": str(tmp_path / "storage")},
-        "homeassistant": {"discovery": False},
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
+    config = agent_config(broker, tmp_path, name, voice=tiny_voice, mqtt=mqtt)
+    path = write_config(tmp_path / f"{name}.yaml", config)
     return AgentProcess(path, tmp_path / f"{name}.log")
 
 

@@ -11,20 +11,27 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
+from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from agent.chunking import FIRST_FRAMES, MAX_FRAMES, frame_chunks
-from agent.voice import SynthesisParams, Voice, bundled_voice, to_pcm16
+from agent.voice import FramePlan, SynthesisParams, Voice, bundled_voice, to_pcm16
 from bench.texts import STORY
+from harness import PulseNullSink, wait_until
 from tests.conftest import StartAgent
-from tests.support import PulseNullSink, wait_until
 
 pytestmark = pytest.mark.voice
 
 NOISELESS = SynthesisParams(0.0, 1.0, 0.0)
+PLANS: dict[str, Callable[[], FramePlan]] = {
+    "agent": lambda: FramePlan(FIRST_FRAMES, MAX_FRAMES),
+    "every 32 frames": lambda: FramePlan(32, 32, 1),
+    "largest": FramePlan.largest_only,
+}
 SENTENCES = (
     "Ready.",
     "The kitchen light is still on.",
@@ -70,26 +77,23 @@ def test_the_parts_give_the_whole_models_samples(voices: tuple[Voice, Voice]) ->
     split, whole = voices
     for text in SENTENCES:
         for ids in split.sentence_ids(text):
-            ours = split.ids_to_audio(ids, NOISELESS)
-            reference = whole.ids_to_audio(ids, NOISELESS)
+            ours = split.render(ids, NOISELESS, FramePlan.whole())
+            reference = whole.render(ids, NOISELESS)
             assert ours.shape == reference.shape
             assert np.abs(ours - reference).max() <= 1e-6, text  # measured: identical
 
 
-@pytest.mark.parametrize("plan", ["agent", "every 32 frames"])
+@pytest.mark.parametrize("plan", ["agent", "every 32 frames", "largest"])
 def test_chunked_decoding_is_within_one_pcm_step_of_whole_decoding(
     voices: tuple[Voice, Voice], plan: str
 ) -> None:
     split, _ = voices
     for text in SENTENCES:
         for ids in split.sentence_ids(text):
-            reference = split.ids_to_audio(ids, NOISELESS)
-            latent = split.encode(ids, NOISELESS)
-            if plan == "agent":
-                chunks, _ = frame_chunks(latent.frames, FIRST_FRAMES, MAX_FRAMES)
-            else:
-                chunks = [range(s, min(latent.frames, s + 32)) for s in range(0, latent.frames, 32)]
-            pieces = [split.decode(latent, chunk) for chunk in chunks]
+            reference = split.render(ids, NOISELESS, FramePlan.whole())
+            frames = PLANS[plan]
+            pieces = list(split.stream(ids, NOISELESS, frames()))
+            chunks, _ = frame_chunks(len(reference) // 256, *astuple(frames()))
             assert [len(p) for p in pieces] == [len(c) * 256 for c in chunks]
             chunked = np.concatenate(pieces)
             assert len(chunked) == len(reference)

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import logging
 import queue
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from onnxruntime import RunOptions
 
 from agent.chunking import FIRST_FRAMES
 from agent.messages import Event, SpeakRequest, SynthesisDone, UtteranceEnded
+from agent.pcm import Chunk
 from agent.phrase_cache import PhraseCache
-from agent.player import Chunk, Player, alsa_opener
+from agent.player import Player, alsa_opener
 from agent.synthesizer import Synthesizer, VoiceChoice
-from agent.voice import Latent, Voice
-from tests.support import read_pcm, wait_until
+from agent.voice import Cancellation, FramePlan, SynthesisParams, Voice
+from harness import read_pcm, wait_until
 from tests.test_voice import HOP, PARAMS, write_vits_like_voice
 
 RATE = 22050
@@ -236,16 +236,20 @@ def test_a_cancel_stops_a_split_voice_between_decoder_chunks(tmp_path: Path) -> 
     voice = Voice.load(write_vits_like_voice(tmp_path), threads=1, cache_dir=None)
     events: queue.Queue[Event] = queue.Queue()
     handed: list[Chunk] = []
-    decoded: list[range] = []
-    decode = voice.decode
+    decoded: list[int] = []
+    stream = voice.stream
 
-    def counting_decode(
-        latent: Latent, frames: range, run_options: RunOptions | None = None
-    ) -> npt.NDArray[np.float32]:
-        decoded.append(frames)
-        return decode(latent, frames, run_options)
+    def counting_stream(
+        ids: list[int],
+        params: SynthesisParams,
+        plan: FramePlan | None = None,
+        cancel: Cancellation | None = None,
+    ) -> Generator[npt.NDArray[np.float32], None, None]:
+        for audio in stream(ids, params, plan, cancel):
+            decoded.append(len(audio))
+            yield audio
 
-    voice.decode = counting_decode  # type: ignore[method-assign]
+    voice.stream = counting_stream  # type: ignore[method-assign]
     synthesizer: Synthesizer | None = None
 
     def put(chunk: Chunk) -> bool:

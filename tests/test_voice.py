@@ -14,7 +14,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.voice import SynthesisParams, Voice, model_digest, to_pcm16
+from agent.chunking import frame_chunks
+from agent.sessions import model_digest
+from agent.voice import FramePlan, SynthesisParams, Voice, to_pcm16
 from tests.tiny_voice import SAMPLES_PER_ID, write_tiny_voice
 
 
@@ -197,7 +199,7 @@ TEXT = "The delivery van has arrived at the loading dock behind the north wareho
 def test_a_vits_shaped_voice_is_split_and_its_parts_give_the_whole_models_samples(
     vits_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="agent.voice"):
+    with caplog.at_level(logging.INFO, logger="agent"):
         voice = Voice.load(vits_voice, threads=1, cache_dir=tmp_path / "cache")
     assert voice.chunked
     assert voice.hop == HOP
@@ -206,23 +208,22 @@ def test_a_vits_shaped_voice_is_split_and_its_parts_give_the_whole_models_sample
     whole = Voice.load(vits_voice, threads=1, cache_dir=tmp_path / "cache", split=False)
     assert not whole.chunked
     for ids in voice.sentence_ids(f"{TEXT} Close it, please."):
-        assert np.array_equal(voice.ids_to_audio(ids, PARAMS), whole.ids_to_audio(ids, PARAMS))
+        assert np.array_equal(
+            voice.render(ids, PARAMS, FramePlan.whole()), whole.render(ids, PARAMS)
+        )
 
 
 @pytest.mark.parametrize("size", [1, 2, 5, 13, 64])
 def test_chunks_of_any_size_join_into_the_whole_decoding(vits_voice: Path, size: int) -> None:
     voice = Voice.load(vits_voice, threads=1, cache_dir=None)
     (ids,) = voice.sentence_ids(TEXT)
-    reference = voice.ids_to_audio(ids, PARAMS)
-    latent = voice.encode(ids, PARAMS)
-    assert latent.frames * HOP == len(reference)
-    pieces = [
-        voice.decode(latent, range(start, min(latent.frames, start + size)))
-        for start in range(0, latent.frames, size)
-    ]
-    assert all(len(p) == min(size, latent.frames - i * size) * HOP for i, p in enumerate(pieces))
+    reference = voice.render(ids, PARAMS, FramePlan.whole())
+    plan = FramePlan(size, size, 1)
+    pieces = list(voice.stream(ids, PARAMS, plan))
+    expected, _ = frame_chunks(len(reference) // HOP, size, size, 1)
+    assert [len(p) for p in pieces] == [len(frames) * HOP for frames in expected]
     assert np.abs(np.concatenate(pieces) - reference).max() <= 1e-6
-    assert voice.inferences == 2  # one prior run each for ids_to_audio and encode
+    assert voice.inferences == 2  # one prior run for each stream, however many chunks
 
 
 def test_the_split_parts_are_cached_and_rebuilt_when_damaged(
@@ -248,7 +249,7 @@ def test_the_split_parts_are_cached_and_rebuilt_when_damaged(
 def test_a_voice_without_the_decoder_node_runs_whole_logged_once_and_speaks(
     tiny_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="agent.voice"):
+    with caplog.at_level(logging.INFO, logger="agent"):
         voice = Voice.load(tiny_voice, threads=1, cache_dir=tmp_path)
     assert not voice.chunked
     notes = [r for r in caplog.records if "runs whole" in r.getMessage()]
@@ -258,15 +259,15 @@ def test_a_voice_without_the_decoder_node_runs_whole_logged_once_and_speaks(
     (record,) = (tmp_path / "models").glob("*.split1.json")
     assert json.loads(record.read_text())["parts"] == []  # not analysed again at the next start
     assert sum(len(pcm) for pcm in voice.synthesize("The door is open.")) > 0
-    with pytest.raises(RuntimeError, match="runs whole"):
-        voice.encode([1, 2], PARAMS)
+    (ids,) = voice.sentence_ids("The door is open.")
+    assert len(list(voice.stream(ids, PARAMS, FramePlan(1, 1, 1)))) == 1  # whole, whatever the plan
 
 
 def test_a_decoder_that_cannot_run_in_chunks_runs_whole(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = write_vits_like_voice(tmp_path, "global.onnx", local=False)
-    with caplog.at_level(logging.INFO, logger="agent.voice"):
+    with caplog.at_level(logging.INFO, logger="agent"):
         voice = Voice.load(model, threads=1, cache_dir=tmp_path / "cache")
     assert not voice.chunked
     assert "is not local" in caplog.text

@@ -1,0 +1,418 @@
+"""The split decoder at run time: the prior, flow and decoder sessions of a split voice, a clause
+group's latent frames, and their decoding in ranges with context (docs/measurements.md, "Split
+decoder").
+
+At load a VITS graph is split in three parts (`split_graph`): the prior (text encoder and
+duration predictor: phoneme ids to the latent frames `z_p` and their mask), the flow (`z_p` to
+`z`) and the decoder (`z`, [1, 192, frames], to 256 samples a frame). The flow and the decoder
+are convolutional, so a range of frames can be run with enough frames of context on each side
+and cropped. The parts are built once per model (the only time `onnx` is needed), measured,
+checked against the whole model, and cached as optimized models beside a JSON record of the
+verdict; a voice whose parts do not give the whole model's samples runs whole. Allowed imports:
+stdlib, numpy, onnxruntime, piper, `sessions`, `split_graph` (only while building).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from piper.phoneme_ids import phonemes_to_ids
+
+from .sessions import (
+    PER_UTTERANCE,
+    SPEAKER_INPUT,
+    Feed,
+    cache_stem,
+    cached_session,
+    graph_feed,
+    optimized_session,
+    takes,
+    write_atomic,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+Audio = npt.NDArray[np.float32]
+
+CONTEXT_MARGIN_FRAMES: Final = 1
+"""Context frames beyond a part's receptive field. The flow and the decoder run a range of
+frames with context on each side, then crop it; the context is measured per voice at build
+(the frames over which the output responds to one changed input frame, rounded up) plus this.
+On the joe voice: decoder +-10.1 frames, so 12; flow +-32 frames (4 coupling layers of 4
+convolutions with kernel 5), so 33 (docs/measurements.md)."""
+FLOW_SPLIT_MIN_FRAMES: Final = 96
+"""The flow runs as a head (what the first decoder chunk needs) and a rest only when the rest
+is at least this long; otherwise whole."""
+SPLIT_TOLERANCE: Final = 2.0 / 32767.0
+"""Largest sample difference accepted, at build, between the parts and the whole model and
+between chunked and whole decoding (2 steps of 16-bit PCM; measured: 0 and 5e-7)."""
+_SPLIT_FORMAT: Final = 1
+"""Version of the split and its cache entries: a change leaves old entries unused."""
+_PROBE_PHONEMES: Final = (
+    "ðə kwˈɪk bɹˈaʊn fˈɑːks dʒˈʌmps ˌoʊvɚ ðə lˈeɪzi dˈɑːɡ, ænd ðə fˈaɪv bˈɑːksɪŋ wˈɪzɚdz "  # noqa: RUF001
+    "dʒˈʌmp kwˈɪkli ɐkɹˈɔs ðɪ ˈoʊld stˈoʊn bɹˈɪdʒ."  # noqa: RUF001
+)
+"""What the parts are checked on at build (~5 s of speech; unknown symbols are skipped)."""
+_PROBE_CHUNKS: Final = 5
+
+
+@dataclass(frozen=True, slots=True)
+class _Geometry:
+    """Samples per latent frame, and the context frames each convolutional part needs."""
+
+    hop: int
+    decoder_context: int
+    flow_context: int
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """The sessions of a split voice and the tensor names that join them."""
+
+    prior: ort.InferenceSession
+    flow: ort.InferenceSession | None
+    """None when the flow could not be cut out: the prior then gives `z` itself."""
+    decoder: ort.InferenceSession
+    frames: tuple[str, ...]
+    """The prior's outputs (the flow's inputs), cut along their last axis: the frames."""
+    z: str
+    output: str
+    shape: _Geometry
+
+    @property
+    def names(self) -> list[str]:
+        """The parts, in order."""
+        return ["prior", "decoder"] if self.flow is None else ["prior", "flow", "decoder"]
+
+
+class Latent:
+    """A clause group after the prior: `frames` latent frames, decoded in ranges by
+    `Voice.decode`. The flow runs lazily: a head for the first decoder chunk, then the rest."""
+
+    __slots__ = ("_done", "_flow_feed", "_sid", "_z", "frames")
+
+    def __init__(self, parts: Parts, outputs: Sequence[Any], sid: npt.NDArray[Any] | None) -> None:
+        arrays = {n: np.asarray(v, np.float32) for n, v in zip(parts.frames, outputs, strict=True)}
+        counts = {array.shape[-1] for array in arrays.values()}
+        if len(counts) != 1:
+            raise RuntimeError(f"the prior's outputs disagree on their frame count: {counts}")
+        self.frames: int = counts.pop()
+        """Latent frames (`hop` samples of audio each)."""
+        self._sid = sid
+        self._flow_feed: dict[str, Audio] = {} if parts.flow is None else arrays
+        self._z: Audio | None = None if parts.flow is not None else arrays[parts.z]
+        self._done = 0 if parts.flow is not None else self.frames
+        """Frames of `z` computed so far."""
+
+
+def with_context(parts: Parts, decoder: int, flow: int) -> Parts:
+    """The parts with other context frames for the decoder and the flow (for measurements of
+    the split: the agent uses the measured ones)."""
+    return replace(parts, shape=replace(parts.shape, decoder_context=decoder, flow_context=flow))
+
+
+def encode(
+    parts: Parts,
+    ids: list[int],
+    scales: tuple[float, float, float],
+    speaker: npt.NDArray[Any] | None,
+    run_options: ort.RunOptions | None,
+) -> Latent:
+    """Run the prior over the ids of one clause group (it needs all of them at once)."""
+    outputs = parts.prior.run(list(parts.frames), graph_feed(ids, scales, speaker), run_options)
+    return Latent(parts, outputs, speaker)
+
+
+def _with_speaker(feed: Feed, session: ort.InferenceSession, latent: Latent) -> Feed:
+    if latent._sid is not None and takes(session, SPEAKER_INPUT):
+        feed[SPEAKER_INPUT] = latent._sid
+    return feed
+
+
+def decode_frames(
+    parts: Parts, latent: Latent, frames: range, run_options: ort.RunOptions | None
+) -> Audio:
+    """Float samples of a range of the latent's frames (`hop` samples a frame), decoded with
+    the voice's context frames on each side and cropped, so consecutive ranges join into the
+    whole decoding (within SPLIT_TOLERANCE); `run_options.terminate` aborts it (it raises)."""
+    if not 0 <= frames.start < frames.stop <= latent.frames or frames.step != 1:
+        raise ValueError(f"frames {frames} outside the latent's {latent.frames}")
+    hop, context = parts.shape.hop, parts.shape.decoder_context
+    begin = max(0, frames.start - context)
+    end = min(latent.frames, frames.stop + context)
+    z = _flow_until(parts, latent, end, run_options)
+    piece = z if begin == 0 and end == latent.frames else np.ascontiguousarray(z[:, :, begin:end])
+    feed = _with_speaker({parts.z: piece}, parts.decoder, latent)
+    output = parts.decoder.run([parts.output], feed, run_options)[0]
+    audio = np.asarray(output, dtype=np.float32).reshape(-1)
+    if audio.size != (end - begin) * hop:
+        raise RuntimeError(f"the decoder gave {audio.size} samples for {end - begin} frames")
+    first = (frames.start - begin) * hop
+    return audio[first : first + len(frames) * hop]
+
+
+def _flow_until(
+    parts: Parts, latent: Latent, end: int, run_options: ort.RunOptions | None
+) -> Audio:
+    """`z`, computed at least up to frame `end`: a head first when the rest is long enough."""
+    if latent._done >= end or parts.flow is None:
+        if latent._z is None:
+            raise RuntimeError("the latent has no z")
+        return latent._z
+    start, stop = latent._done, latent.frames
+    if start == 0 and latent.frames - end >= FLOW_SPLIT_MIN_FRAMES:
+        stop = end
+    begin = max(0, start - parts.shape.flow_context)
+    until = min(latent.frames, stop + parts.shape.flow_context)
+    whole = begin == 0 and until == latent.frames
+    feed = _with_speaker(
+        {
+            name: value if whole else np.ascontiguousarray(value[:, :, begin:until])
+            for name, value in latent._flow_feed.items()
+        },
+        parts.flow,
+        latent,
+    )
+    z = np.asarray(parts.flow.run([parts.z], feed, run_options)[0], dtype=np.float32)
+    if z.shape[-1] != until - begin:
+        raise RuntimeError(f"the flow gave {z.shape[-1]} frames for {until - begin}")
+    if start == 0 and stop == latent.frames:
+        latent._z = z[:, :, start - begin : stop - begin]
+    else:
+        if latent._z is None:
+            latent._z = np.empty((*z.shape[:-1], latent.frames), dtype=np.float32)
+        latent._z[:, :, start:stop] = z[:, :, start - begin : stop - begin]
+    latent._done = stop
+    if stop == latent.frames:
+        latent._flow_feed = {}  # no longer needed
+    return latent._z
+
+
+def split_parts(  # noqa: PLR0917 - what a voice's split depends on
+    model_path: Path,
+    phoneme_id_map: Mapping[str, Sequence[int]],
+    speaker_id: int | None,
+    digest: str,
+    threads: int,
+    cache_dir: Path | None,
+) -> Parts | None:
+    """The voice's parts: cached, or built and checked now; None when it must run whole.
+
+    The verdict is kept in cache_dir beside the parts (a JSON record), so a voice that cannot
+    be split is not analysed again at every start.
+    """
+    stem = None if cache_dir is None else cache_stem(cache_dir, digest)
+    record = None if stem is None else _part_path(stem, "json")
+    known = None if record is None else _read_record(record)
+    if known is not None and stem is not None:
+        if not known.get("parts"):
+            _LOGGER.info("Voice %s runs whole: %s", model_path.name, known.get("reason"))
+            return None
+        cached = _load_parts(stem, known, threads)
+        if cached is not None:
+            return cached
+    try:
+        built = _build_parts(model_path, phoneme_id_map, speaker_id, stem, threads)
+    except ImportError:
+        _LOGGER.warning(
+            "Voice %s runs whole: the onnx package (needed once to split the model for "
+            "chunked decoding) is not installed",
+            model_path.name,
+        )
+        return None
+    except Exception as err:  # noqa: BLE001 - a voice that cannot be split still speaks
+        _LOGGER.warning("Voice %s runs whole: splitting it failed: %s", model_path.name, err)
+        return None
+    if isinstance(built, str):
+        _LOGGER.info("Voice %s runs whole (no chunked decoding): %s", model_path.name, built)
+        verdict: dict[str, Any] = {"parts": [], "reason": built}
+    else:
+        _LOGGER.info(
+            "Voice %s split for chunked decoding (%s): %d samples a frame, context %d frames "
+            "for the decoder, %d for the flow",
+            model_path.name,
+            ", ".join(built.names),
+            built.shape.hop,
+            built.shape.decoder_context,
+            built.shape.flow_context,
+        )
+        verdict = {"parts": built.names, **asdict(built.shape)}
+    if record is not None:
+        with contextlib.suppress(OSError):
+            write_atomic(record, json.dumps(verdict).encode())
+    return None if isinstance(built, str) else built
+
+
+def _part_path(stem: Path, part: str) -> Path:
+    suffix = "json" if part == "json" else f"{part}.onnx"
+    return Path(f"{stem}.split{_SPLIT_FORMAT}.{suffix}")
+
+
+def _read_record(record: Path) -> dict[str, Any] | None:
+    try:
+        known = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return known if isinstance(known, dict) else None
+
+
+def _load_parts(stem: Path, known: Mapping[str, Any], threads: int) -> Parts | None:
+    names = known.get("parts")
+    if names not in (["prior", "decoder"], ["prior", "flow", "decoder"]):
+        return None
+    try:
+        shape = _Geometry(**{key: int(known[key]) for key in _Geometry.__dataclass_fields__})
+    except (KeyError, TypeError, ValueError):
+        return None
+    sessions: dict[str, ort.InferenceSession] = {}
+    for name in names:
+        session = cached_session(_part_path(stem, name), threads, part=True)
+        if session is None:
+            return None
+        sessions[name] = session
+    return _joined(sessions, shape)
+
+
+def _joined(sessions: Mapping[str, ort.InferenceSession], shape: _Geometry) -> Parts:
+    prior, decoder = sessions["prior"], sessions["decoder"]
+    frames = tuple(o.name for o in prior.get_outputs())
+    (z,) = (i.name for i in decoder.get_inputs() if i.name not in PER_UTTERANCE)
+    (output,) = (o.name for o in decoder.get_outputs())
+    return Parts(prior, sessions.get("flow"), decoder, frames, z, output, shape)
+
+
+def _build_parts(
+    model_path: Path,
+    phoneme_id_map: Mapping[str, Sequence[int]],
+    speaker_id: int | None,
+    stem: Path | None,
+    threads: int,
+) -> Parts | str:
+    """Cut the graph, optimize the parts (saved under `stem` when given), measure their
+    receptive fields and check them against the whole model on a probe sentence; a string
+    says why the voice cannot be split."""
+    from .split_graph import split_model  # noqa: PLC0415 - onnx is needed only while building
+
+    models = split_model(model_path)
+    if isinstance(models, str):
+        return models
+    sessions = {
+        name: optimized_session(
+            model, None if stem is None else _part_path(stem, name), threads, part=True
+        )
+        for name, model in models.items()
+    }
+    del models
+    whole = optimized_session(str(model_path), None, threads)
+    probe = phonemes_to_ids(list(_PROBE_PHONEMES), phoneme_id_map)
+    speaker = None
+    if takes(whole, SPEAKER_INPUT):
+        speaker = np.array([speaker_id or 0], dtype=np.int64)
+    feed = graph_feed(probe, (0.0, 1.0, 0.0), speaker)
+    reference = np.asarray(whole.run(None, feed)[0], dtype=np.float32).reshape(-1)
+    del whole  # the whole model is not kept beside its parts
+    try:
+        parts = _measured(_joined(sessions, _Geometry(1, 0, 0)), feed, reference)
+        _check(parts, feed, reference)
+    except _MismatchError as err:
+        if stem is not None:
+            for name in sessions:
+                _part_path(stem, name).unlink(missing_ok=True)
+        return str(err)
+    return parts
+
+
+def _measured(parts: Parts, feed: Feed, reference: Audio) -> Parts:
+    """The parts with their geometry measured on the probe: samples per frame, and the reach
+    of the flow and the decoder (how far one changed input frame changes their output)."""
+    outputs = parts.prior.run(list(parts.frames), feed)
+    speaker = feed.get(SPEAKER_INPUT)
+    frames = outputs[0].shape[-1]
+    if frames <= 0 or reference.size % frames:
+        raise _MismatchError(f"its {reference.size} samples are not {frames} frames")
+    hop = reference.size // frames
+    parts = replace(parts, shape=_Geometry(hop, 0, 0))
+    latent = Latent(parts, outputs, speaker)
+    z = _flow_until(parts, latent, latent.frames, None)
+
+    def decoded(values: Feed) -> Audio:
+        output = parts.decoder.run([parts.output], {**_only(values, parts.decoder)})[0]
+        return np.asarray(output, np.float32).reshape(1, -1)
+
+    decoder = _reach(decoded, {**_per_utterance(feed), parts.z: z}, [parts.z], hop)
+    flow = 0
+    if parts.flow is not None:
+        session = parts.flow
+
+        def flowed(values: Feed) -> Audio:
+            output = session.run([parts.z], _only(values, session))[0]
+            return np.asarray(output, np.float32).reshape(-1, frames)
+
+        given = dict(zip(parts.frames, outputs, strict=True))
+        flow = _reach(flowed, {**_per_utterance(feed), **given}, parts.frames, 1)
+    margin = CONTEXT_MARGIN_FRAMES
+    return replace(parts, shape=_Geometry(hop, decoder + margin, flow + margin))
+
+
+def _per_utterance(feed: Feed) -> Feed:
+    return {name: value for name, value in feed.items() if name in PER_UTTERANCE}
+
+
+def _only(feed: Feed, session: ort.InferenceSession) -> Feed:
+    return {i.name: feed[i.name] for i in session.get_inputs()}
+
+
+def _reach(run: Callable[[Feed], Audio], feed: Feed, names: Sequence[str], per_frame: int) -> int:
+    """Frames on either side over which `run`'s output (rows of time) responds at all to a
+    change of one frame in the middle of the inputs `names`."""
+    frames = feed[names[0]].shape[-1]
+    middle = frames // 2
+    changed = dict(feed)
+    for name in names:
+        changed[name] = feed[name].copy()
+        changed[name][..., middle] += 0.5
+    responds = np.nonzero(np.any(run(changed) != run(feed), axis=0))[0]
+    if responds.size == 0:
+        return 0
+    left = middle - responds[0] / per_frame
+    right = (responds[-1] + 1) / per_frame - (middle + 1)
+    reach = int(np.ceil(max(left, right, 0.0)))
+    if reach >= middle - CONTEXT_MARGIN_FRAMES:
+        raise _MismatchError(f"its flow or decoder is not local (reach {reach} frames)")
+    return reach
+
+
+def _check(parts: Parts, feed: Feed, reference: Audio) -> None:
+    """Raise unless the parts give the whole model's samples, run whole and in chunks (with a
+    flow head), within SPLIT_TOLERANCE."""
+    outputs = parts.prior.run(list(parts.frames), feed)
+    speaker = feed.get(SPEAKER_INPUT)
+    latent = Latent(parts, outputs, speaker)
+    whole = decode_frames(parts, latent, range(latent.frames), None)
+    if whole.shape != reference.shape:
+        raise _MismatchError(f"its parts give {whole.size} samples, not {reference.size}")
+    worst = float(np.abs(whole - reference).max(initial=0.0))
+    if worst > SPLIT_TOLERANCE:
+        raise _MismatchError(f"its parts differ from the whole model by up to {worst:.2g}")
+    latent = Latent(parts, outputs, speaker)
+    step = max(1, -(-latent.frames // _PROBE_CHUNKS))
+    pieces = [
+        decode_frames(parts, latent, range(start, min(latent.frames, start + step)), None)
+        for start in range(0, latent.frames, step)
+    ]
+    worst = float(np.abs(np.concatenate(pieces) - whole).max(initial=0.0))
+    if worst > SPLIT_TOLERANCE:
+        raise _MismatchError(f"chunked decoding differs from whole by up to {worst:.2g}")
+
+
+class _MismatchError(Exception):
+    """The parts do not give the whole model's samples (the message says how)."""

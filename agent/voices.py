@@ -1,0 +1,84 @@
+"""Loading the configured voices: the default one (from its update slot when a model update is
+installed), the others by id, each prewarmed with its synthesis parameters. Part of the
+composition: it joins the voice edge and the updater's start-up. Allowed imports: stdlib,
+`config`, `synthesizer`, `updater`, `voice`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from .config import AgentConfig, resolve_cache_dir, resolve_storage_dir
+from .synthesizer import VoiceChoice
+from .updater import fall_back, start_model
+from .voice import SynthesisParams, Voice, bundled_voice, seed_random
+
+_LOGGER = logging.getLogger(__name__)
+
+
+def factory_model(config: AgentConfig) -> Path:
+    """The default voice's model as configured (`tts.voice`, or the bundled one)."""
+    return config.tts.voice or bundled_voice()
+
+
+def ota_directory(config: AgentConfig) -> Path:
+    """Where model slots, downloads and the update state live."""
+    storage = resolve_storage_dir(config.storage, os.environ)
+    return config.ota.dir or storage / "ota" / config.node_id
+
+
+def load_voice(
+    config: AgentConfig, voice_id: str = "default", path: Path | None = None
+) -> VoiceChoice:
+    """Load and prewarm one voice (`default` is `tts.voice`, the bundled one when null)."""
+    tts = config.tts
+    if path is None:
+        path = factory_model(config) if voice_id == "default" else tts.voices[voice_id]
+    if tts.seed is not None:
+        seed_random(tts.seed)  # before the session is made: it starts from this seed
+    started = time.monotonic()
+    voice = Voice.load(path, tts.threads, resolve_cache_dir(config.cache, os.environ))
+    loaded = time.monotonic()
+    voice.prewarm()
+    _LOGGER.info(
+        "Voice %s (%s, sha256 %s…) loaded in %.2f s, prewarmed in %.2f s",
+        voice_id,
+        path.name,
+        voice.sha256[:12],
+        loaded - started,
+        time.monotonic() - loaded,
+    )
+    return choice_for(config, voice_id, voice)
+
+
+def choice_for(config: AgentConfig, voice_id: str, voice: Voice) -> VoiceChoice:
+    """A loaded voice under its id, with the configured scales over the voice's own."""
+    tts = config.tts
+    base = voice.default_params
+    params = SynthesisParams(
+        base.noise_scale if tts.noise_scale is None else tts.noise_scale,
+        base.length_scale if tts.length_scale is None else tts.length_scale,
+        base.noise_w if tts.noise_w is None else tts.noise_w,
+    )
+    return VoiceChoice(voice_id, voice, params)
+
+
+def load_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
+    """Every configured voice, loaded and prewarmed; the default one from its update slot when a
+    model update is installed (see `updater.start_model`)."""
+    factory = default = factory_model(config)
+    if config.ota.trusted_keys:
+        default = start_model(config.ota, ota_directory(config), factory)
+    try:
+        chosen = load_voice(config, "default", default)
+    except Exception as err:
+        if default == factory:
+            raise  # the configured model itself: nothing to fall back to
+        _LOGGER.exception("The installed model %s does not load", default)
+        chosen = load_voice(config, "default", fall_back(ota_directory(config), factory, str(err)))
+    voices = {"default": chosen}
+    voices |= {vid: load_voice(config, vid) for vid in config.tts.voices}
+    return voices
