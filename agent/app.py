@@ -347,13 +347,13 @@ class App:
             case Notify(request_id, event, details):
                 for topic, reply in self._hermes.notified(action):
                     self._publish(topic, reply)  # every Hermes request has its answer, flood or not
-                self._status.record(action, now)
+                at = time.time() if wall is None else wall
+                self._status.record(action, now, at)
                 if event == Lifecycle.REJECTED and not self._flood.allow(
                     str(details.get("reason")), now
                 ):
                     self._ledger.unreported(action)  # its journal entry ends all the same
                     return  # counted: one `suppressed` event per interval says how many
-                at = time.time() if wall is None else wall
                 payload = encode_event(self._config.node_id, request_id, event, details, at)
                 self._ledger.event(action, payload)
                 _LOGGER.info("%s %s %r", request_id, event, dict(details) or "")

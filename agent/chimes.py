@@ -1,13 +1,12 @@
-"""Pre-announce chimes: built-in generated tones, or WAV files named in the config.
+"""Pre-announce chimes: built-in generated tones, or sound files named in the config.
 
 Every chime is made once at start, at the voice's sample rate, as 16-bit mono. Built-in tones
 have a 5 ms fade at each note's ends (no clicks) and a level near speech (peak -14 dBFS).
-Allowed imports: stdlib, numpy, `messages`, `pcm`.
+Allowed imports: stdlib, numpy, `media`, `messages`, `pcm`.
 """
 
 from __future__ import annotations
 
-import wave
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Final
 
 import numpy as np
 
+from .media import decode_file
 from .messages import Priority, SpeakRequest
 from .pcm import PCM16
 
@@ -52,32 +52,15 @@ def render_notes(notes: tuple[Note, ...], rate: int) -> PCM16:
     return np.round(np.concatenate(parts) * 32767).astype(np.int16)
 
 
-def load_wav(path: Path, rate: int) -> PCM16:
-    """A 16-bit PCM WAV file as mono at `rate` (channels averaged, linearly resampled)."""
-    with wave.open(str(path), "rb") as wav:
-        if wav.getsampwidth() != 2:
-            raise ValueError(f"{path}: expected 16-bit PCM, got {8 * wav.getsampwidth()}-bit")
-        channels, source_rate = wav.getnchannels(), wav.getframerate()
-        frames = wav.readframes(wav.getnframes())
-    return convert_pcm(frames, channels, source_rate, rate)
-
-
-def convert_pcm(frames: bytes, channels: int, source_rate: int, rate: int) -> PCM16:
-    """Interleaved 16-bit little-endian PCM to mono at `rate` (averaged, linearly resampled)."""
-    samples = np.frombuffer(frames[: len(frames) // (2 * channels) * 2 * channels], dtype="<i2")
-    mono = samples.reshape(-1, channels).astype(np.float32).mean(axis=1)
-    if source_rate != rate and len(mono) > 1:
-        duration = len(mono) / source_rate
-        positions = np.arange(round(duration * rate)) * (source_rate / rate)
-        mono = np.interp(positions, np.arange(len(mono)), mono).astype(np.float32)
-    pcm: PCM16 = np.round(mono).astype(np.int16)
-    return pcm
+def load_sound(path: Path, rate: int) -> PCM16:
+    """A sound file (WAV of any sample format, FLAC, Ogg, MP3) as mono 16-bit PCM at `rate`."""
+    return decode_file(path, rate).samples
 
 
 def chime_bank(files: Mapping[str, Path], rate: int) -> dict[str, PCM16]:
     """Every chime by name: the built-ins, then the configured files (which may replace them)."""
     bank = {name: render_notes(notes, rate) for name, notes in BUILTIN.items()}
-    bank.update({name: load_wav(path, rate) for name, path in files.items()})
+    bank.update({name: load_sound(path, rate) for name, path in files.items()})
     return bank
 
 

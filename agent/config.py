@@ -63,6 +63,13 @@ def _between(low: float, high: float) -> Callable[[Any], str | None]:
     return check
 
 
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"expected one of {', '.join(choices)}"
+
+    return check
+
+
 def _readable_file(value: Any) -> str | None:
     return None if os.access(value, os.R_OK) and Path(value).is_file() else "no readable file"
 
@@ -191,7 +198,8 @@ class AudioConfig:
         factory=dict,
     )
     chime_files: Mapping[str, Path] = _key(
-        "More chimes: a map from name to a 16-bit PCM WAV file (any rate; resampled).",
+        "More chimes: a map from name to a sound file (WAV of any sample format, FLAC, Ogg, MP3; "
+        "any rate, resampled; mixed to mono).",
         check=_readable_file,
         factory=dict,
     )
@@ -408,6 +416,11 @@ class HermesConfig:
 
     enabled: bool = _key("Answer Hermes TTS and audio-server messages.", False)
     site_id: str = _key("The Hermes site id this node answers to.", "default", _name)
+    priority: str = _key(
+        "The class of Hermes says and sounds: critical, alarm, warning, info or chat.",
+        "info",
+        _one_of(CLASSES),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,15 +7,13 @@ Allowed imports: stdlib, `messages`, `payloads`, `states`.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
-import wave
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from .messages import AudioClip, Reason, Rejection, SpeakRequest
-from .payloads import SpeakLimits, finish_request, parse_json_object, valid_id
+from .payloads import SpeakLimits, finish_request, parse_json_object
 from .states import HermesKind
 
 SAY: Final = "hermes/tts/say"
@@ -24,6 +22,7 @@ TTS_ERROR: Final = "hermes/error/tts"
 PLAY_ERROR: Final = "hermes/error/audioServer/play"
 TOGGLE_ON: Final = "hermes/audioServer/toggleOn"
 TOGGLE_OFF: Final = "hermes/audioServer/toggleOff"
+SET_VOLUME: Final = "rhasspy/audioServer/setVolume"
 GET_VOICES: Final = "rhasspy/tts/getVoices"
 VOICES: Final = "rhasspy/tts/voices"
 
@@ -92,26 +91,32 @@ def _loose_object(payload: bytes) -> dict[str, Any]:
 
 def parse_play_bytes(
     topic: str, payload: bytes, site_id: str, new_id: Callable[[], str]
-) -> tuple[SpeakRequest, HermesContext] | Rejection | None:
-    """`hermes/audioServer/<siteId>/playBytes/<requestId>`: a WAV file as the payload."""
+) -> tuple[SpeakRequest | Rejection, HermesContext] | None:
+    """`hermes/audioServer/<siteId>/playBytes/<requestId>`: a sound file as the payload (any
+    format Rhasspy plays: decoded when its turn comes, a failure answered then). The request id
+    is echoed (as `id`, and as `sessionId`, as Rhasspy's audio server does); the request's own
+    id is a fresh one: Node-RED sends `playBytes/doorbell` every time."""
     parts = topic.split("/")
     if len(parts) != 5 or parts[2] != site_id:
         return None
-    context = HermesContext(HermesKind.PLAY, parts[4], site_id, None)  # echoed as it came
-    request_id = parts[4] if valid_id(f"play-{parts[4]}") else new_id()
-    try:
-        with wave.open(io.BytesIO(payload), "rb") as wav:
-            width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
-            frames = wav.readframes(wav.getnframes())
-    except Exception as err:  # noqa: BLE001 - any bytes at all: wave raises what it likes
-        return Rejection(
-            f"play-{request_id}", Reason.INVALID_FIELD, f"not a WAV file: {err}", "wav"
-        )
-    if width != 2 or not 1 <= channels <= 8 or not 4000 <= rate <= 192000 or not frames:
-        detail = f"expected 16-bit PCM with audio, got {8 * width}-bit, {channels} ch, {rate} Hz"
-        return Rejection(f"play-{request_id}", Reason.INVALID_FIELD, detail, "wav")
-    clip = AudioClip(rate, channels, frames)
-    return SpeakRequest(f"play-{request_id}", "(Hermes audio)", audio=clip), context
+    context = HermesContext(HermesKind.PLAY, parts[4], site_id, parts[4])
+    request_id = f"play-{new_id()[:16]}"
+    if not payload:
+        return Rejection(request_id, Reason.INVALID_FIELD, "no audio", "audio"), context
+    return SpeakRequest(request_id, "(Hermes audio)", audio=AudioClip(payload)), context
+
+
+def parse_set_volume(payload: bytes, site_id: str) -> float | Rejection | None:
+    """`rhasspy/audioServer/setVolume` for this site: the volume, 0 to 1 (None: another site)."""
+    obj = parse_json_object(payload, 4096, lambda: "setVolume")
+    if isinstance(obj, Rejection):
+        return None
+    if obj.get("siteId", "default") != site_id:
+        return None
+    volume = obj.get("volume")
+    if isinstance(volume, bool) or not isinstance(volume, int | float) or not 0 <= volume <= 1:
+        return Rejection("setVolume", Reason.INVALID_FIELD, "expected 0 to 1", "volume")
+    return float(volume)
 
 
 def parse_site(payload: bytes, site_id: str) -> bool:
@@ -125,7 +130,7 @@ def finished(context: HermesContext) -> Reply:
     if context.kind == HermesKind.SAY:
         body = {"siteId": context.site_id, "id": context.id, "sessionId": context.session_id}
         return SAY_FINISHED, _json(body)
-    body = {"id": context.id, "sessionId": context.session_id}
+    body = {"id": context.id, "sessionId": context.session_id, "siteId": context.site_id}
     return f"hermes/audioServer/{context.site_id}/playFinished", _json(body)
 
 

@@ -65,6 +65,8 @@ class Reason(StrEnum):
     SYNTHESIS_ERROR = "synthesis_error"
     NO_SPEECH = "no_speech"
     AUDIO_ERROR = "audio_error"
+    UNSUPPORTED_AUDIO = "unsupported_audio"
+    """A sound file that is no audio the agent can decode (or longer than a minute)."""
     TOO_LONG = "too_long"
     """Its speech would last longer than `speak.max_audio_seconds`."""
     CRASH_LOOP = "crash_loop"
@@ -108,11 +110,10 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class AudioClip:
-    """Recorded audio to play instead of speech (Hermes playBytes): 16-bit PCM, interleaved."""
+    """Recorded audio to play instead of speech (Hermes playBytes): a sound file's bytes (WAV
+    of any sample format, FLAC, Ogg, MP3), decoded and resampled when its turn comes."""
 
-    rate: int
-    channels: int
-    frames: bytes
+    data: bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ imports: stdlib, `config`, `hermes`, `inputs`, `manifest`, `messages`, `payloads
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import hermes
@@ -26,10 +26,12 @@ from .messages import (
     AckRequested,
     Delivery,
     Event,
+    Priority,
     Rejection,
     ReplayRequested,
     SpeakInvalid,
     SpeakReceived,
+    SpeakRequest,
     StopRequested,
     VoiceSelected,
     VolumeRequested,
@@ -44,8 +46,9 @@ from .payloads import (
     parse_volume,
     valid_id,
 )
-from .states import HermesKind
 from .topics import Topics
+
+PRIORITIES = {p.label: p for p in Priority}
 
 RoutedEvent = (
     Event
@@ -87,9 +90,11 @@ def route_table(config: AgentConfig, topics: Topics, new_id: NewId) -> RouteTabl
         routes[f"{config.homeassistant.prefix}/status"] = _birth
     if config.hermes.enabled:
         site = config.hermes.site_id
+        priority = PRIORITIES[config.hermes.priority]
         routes |= {
-            hermes.SAY: _hermes_say(site, limits, new_id),
-            hermes.play_bytes_topic(site): _hermes_play(site, new_id),
+            hermes.SAY: _hermes_say(site, limits, new_id, priority),
+            hermes.play_bytes_topic(site): _hermes_play(site, new_id, priority),
+            hermes.SET_VOLUME: _hermes_volume(site),
             hermes.TOGGLE_ON: _hermes_toggle(site, on=True),
             hermes.TOGGLE_OFF: _hermes_toggle(site, on=False),
             hermes.GET_VOICES: _hermes_voices(site),
@@ -141,29 +146,43 @@ def _birth(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
     return Ignored(delivery)
 
 
-def _hermes_say(site: str, limits: SpeakLimits, new_id: NewId) -> Route:
+def _hermes_say(site: str, limits: SpeakLimits, new_id: NewId, priority: Priority) -> Route:
     def route(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
         parsed = hermes.parse_say(payload, site, limits, new_id)
         if parsed is None:
             return Ignored(delivery)
         request, context = parsed
-        return HermesRequest(context, request, delivery)
+        return HermesRequest(context, _classed(request, priority), delivery)
 
     return route
 
 
-def _hermes_play(site: str, new_id: NewId) -> Route:
+def _hermes_play(site: str, new_id: NewId, priority: Priority) -> Route:
     def route(topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
         parsed = hermes.parse_play_bytes(topic, payload, site, new_id)
         if parsed is None:
             return Ignored(delivery)
-        if isinstance(parsed, Rejection):  # answered as Rhasspy's audio server does
-            context = hermes.HermesContext(HermesKind.PLAY, topic.rsplit("/", 1)[-1], site, None)
-            return HermesRequest(context, parsed, delivery)
         request, context = parsed
-        return HermesRequest(context, request, delivery)
+        return HermesRequest(context, _classed(request, priority), delivery)
 
     return route
+
+
+def _hermes_volume(site: str) -> Route:
+    def route(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
+        volume = hermes.parse_set_volume(payload, site)
+        if volume is None:
+            return Ignored(delivery)
+        if isinstance(volume, Rejection):
+            return SpeakInvalid(volume, delivery)
+        return VolumeRequested(volume, delivery)
+
+    return route
+
+
+def _classed(request: SpeakRequest | Rejection, priority: Priority) -> SpeakRequest | Rejection:
+    """A Hermes request in the class `hermes.priority` gives it."""
+    return request if isinstance(request, Rejection) else replace(request, priority=priority)
 
 
 def _hermes_toggle(site: str, *, on: bool) -> Route:

@@ -111,8 +111,9 @@ class Status:
 
     # ---- what -------------------------------------------------------------------------------
 
-    def record(self, notify: Notify, now: float) -> None:
-        """Account for one lifecycle event (counters, time to first audio, last error)."""
+    def record(self, notify: Notify, now: float, wall: float) -> None:
+        """Account for one lifecycle event at `now` (monotonic; `wall`: epoch seconds):
+        counters, time to first audio, last error, the last update's result."""
         self.telemetry.record(notify, now)
         if notify.event != Lifecycle.UPDATE:
             return
@@ -123,7 +124,9 @@ class Status:
                 "state": state,
                 "reason": notify.details.get("reason"),
                 "release": notify.details.get("release"),
+                "ts": _stamp(wall),
             }
+            self._changed = True
 
     def state(self, facts: NodeFacts, now: float, wall: float) -> Message:
         """The retained state JSON (`now` monotonic, `wall` the epoch seconds it carries)."""

@@ -7,7 +7,7 @@ growing, each handed to the player as soon as it is decoded). The whole sentence
 Between requests it renders the configured phrases into the cache; requests always go first.
 The player's bounded buffer throttles it. A cut aborts the running inference and stops the
 request between chunks. Its commands (a request, a new default voice) come through one bounded
-queue, in order. Allowed imports: stdlib, numpy, `chimes`, `chunking`, `messages`, `pcm`,
+queue, in order. Allowed imports: stdlib, numpy, `chimes`, `chunking`, `media`, `messages`, `pcm`,
 `phrase_cache`, `text`, `voice`.
 """
 
@@ -24,8 +24,9 @@ from typing import Final
 
 import numpy as np
 
-from .chimes import ChimePlan, convert_pcm
+from .chimes import ChimePlan
 from .chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
+from .media import MediaError, decode_audio
 from .messages import Event, Reason, SpeakRequest, SynthesisDone
 from .pcm import PCM16, Chunk
 from .phrase_cache import PhraseCache, cache_key
@@ -190,9 +191,12 @@ class Synthesizer:
             if chime is not None:
                 self._emit_or_cancel(job, chime)
             if request.audio is not None:  # recorded audio (Hermes playBytes): no synthesis
-                clip = request.audio
-                pcm = convert_pcm(clip.frames, clip.channels, clip.rate, choice.voice.sample_rate)
-                self._emit_or_cancel(job, pcm)
+                try:
+                    sound = decode_audio(request.audio.data, choice.voice.sample_rate)
+                except MediaError as err:
+                    self._put(replace(end, error=Reason.UNSUPPORTED_AUDIO, detail=str(err)))
+                    return
+                self._emit_or_cancel(job, sound.samples)
                 self._put(replace(end, info={"audio_clip": True}))
                 return
             cached = self._speech_blocking(job, choice, params, sentences)

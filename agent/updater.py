@@ -710,6 +710,7 @@ def _fallen_back(directory: Path, state: UpdateState, reason: str, detail: str) 
     (never back), else to the configured model; the report kept for after the start."""
     _LOGGER.error("Release %d cannot be used (%s): %s", state.release, reason, detail)
     failed = state.release
+    offer = state.pending.offer if state.pending is not None else "start"
     back = rolled_back(state, detail, keep_other=False) if state.previous is not None else None
     if back is None or _unusable(directory, back) is not None:
         back = without_previous(
@@ -718,7 +719,7 @@ def _fallen_back(directory: Path, state: UpdateState, reason: str, detail: str) 
     back.reports.append(
         asdict(
             UpdateReport(
-                "start", UpdatePhase.ROLLED_BACK, reason=reason, detail=detail, release=failed
+                offer, UpdatePhase.ROLLED_BACK, reason=reason, detail=detail, release=failed
             )
         )
     )

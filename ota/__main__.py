@@ -13,6 +13,7 @@
   rollout --resume FILE               continue a rollout whose tool died
   rollout-control FILE pause|resume|abort|show
   rollout-report FILE                 the Markdown report and its chart, again
+  revoke --key KEY [--min-release N] [--revoked 3,4]   withdraw releases fleet-wide (retained)
   rollback --node N                   return a node to its previous model
 Every command that talks to the broker takes --broker host:port, --prefix, --username,
 --password-file, --tls, --ca-file, --cert-file, --key-file.
@@ -71,7 +72,21 @@ def _parser() -> argparse.ArgumentParser:
     serving.add_argument("directory", type=Path)
     serving.add_argument("--port", type=int, default=8000)
     _fleet_commands(commands)
+    _revoke_command(commands)
     return parser
+
+
+def _revoke_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    revoking = commands.add_parser(
+        "revoke", help="sign a revocation and publish it (retained) to the whole fleet"
+    )
+    revoking.add_argument("--key", type=Path, action="append", required=True)
+    revoking.add_argument("--device-class", default="voice-agent")
+    revoking.add_argument("--min-release", type=int, default=0, help="withdraw every release below")
+    revoking.add_argument("--revoked", default="", help="releases to withdraw, comma separated")
+    revoking.add_argument("--out", type=Path, default=None, help="also write the signed file")
+
+    connection.add_arguments(revoking)
 
 
 def _fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -212,6 +227,24 @@ def _offer(args: argparse.Namespace) -> int:
         return 0 if all(state in fleet.GOOD for state in done.values()) else 1
     finally:
         client.close()
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    revoked = [int(n) for n in args.revoked.split(",") if n.strip()]
+    if not revoked and args.min_release <= 0:
+        raise ValueError("nothing to revoke: give --min-release and/or --revoked")
+    body = release.build_revocation(args.device_class, args.min_release, revoked)
+    keys = [release.load_private_key(path) for path in args.key]
+    envelope = release.sign(body, keys)
+    if args.out is not None:
+        args.out.write_bytes(envelope)
+    client = fleet.Fleet(connection.settings_from_args(args))
+    try:
+        client.publish_revocation(envelope)
+    finally:
+        client.close()
+    print(f"revocation published (retained): below {args.min_release}, and {revoked or 'none'}")
+    return 0
 
 
 def _rollback(args: argparse.Namespace) -> int:
@@ -377,9 +410,13 @@ def main(argv: list[str] | None = None) -> int:
         "rollout-control": _rollout_control,
         "rollout-report": _rollout_report,
         "rollback": _rollback,
+        "revoke": _revoke,
     }
     try:
         return handlers[args.command](args)
+    except FileExistsError as err:
+        print(f"error: {err.filename} exists: a key is never overwritten", file=sys.stderr)
+        return EXIT_USAGE
     except (BrokerError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE

@@ -203,6 +203,12 @@ class Fleet:
         """Offer a release on `<prefix>/<target>/ota` (a node id, `group/<g>`, `all`)."""
         self.send([(target, offer_body(envelope, base_url, offer_id))])
 
+    def publish_revocation(self, envelope: bytes) -> None:
+        """Publish a signed revocation, retained, on `<prefix>/all/revocation`: every node reads
+        it now and at every connect (a node that was down when it was sent included)."""
+        info = self._client.publish(f"{self.prefix}/all/revocation", envelope, qos=1, retain=True)
+        info.wait_for_publish(PUBLISH_STALL)
+
     def command(self, node: str, body: dict[str, Any]) -> None:
         """Send `{"id": ..., "rollback": true}` or `{"id": ..., "cancel": true}` to a node."""
         self.send([(node, body)])

@@ -25,9 +25,10 @@ from agent import manifest as manifests
 
 
 def generate_key(directory: Path, name: str = "release") -> tuple[Path, str]:
-    """A new Ed25519 key pair: the private key (PEM, mode 600) and the public key as the
-    base64 text that goes into the nodes' `ota.trusted_keys`."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """A new Ed25519 key pair: the private key (PEM, mode 600, in a directory of mode 700) and
+    the public key as the base64 text that goes into the nodes' `ota.trusted_keys`. An existing
+    key is never overwritten (FileExistsError): losing it would strand every node trusting it."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     private = Ed25519PrivateKey.generate()
     path = directory / f"{name}.key"
     pem = private.private_bytes(
@@ -35,10 +36,24 @@ def generate_key(directory: Path, name: str = "release") -> tuple[Path, str]:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(pem)
     return path, public_text(private)
+
+
+def build_revocation(device_class: str, min_release: int = 0, revoked: Sequence[int] = ()) -> bytes:
+    """The body of a revocation: releases below `min_release` and those listed are withdrawn
+    (nodes refuse to install them, and leave them if installed)."""
+    body = {
+        "format": manifests.FORMAT,
+        "kind": "revocation",
+        "issued": datetime.now(UTC).isoformat(timespec="seconds"),
+        "target": {"device_class": device_class},
+        "min_release": min_release,
+        "revoked": sorted(set(revoked)),
+    }
+    return json.dumps(body, indent=1).encode()
 
 
 def public_text(private: Ed25519PrivateKey) -> str:

@@ -71,9 +71,10 @@ EDGES: dict[str, dict[str, set[str]]] = {
         "sessions": set(),
         "decoder_parts": {"sessions", "split_graph"},
         "split_graph": {"sessions"},
-        "synthesizer": {"chimes", "chunking", "messages", "pcm", "phrase_cache", "text", "voice"},
+        "synthesizer": {"chimes", "chunking", "messages", "pcm", "phrase_cache", "text", "voice"}
+        | {"media"},
         "phrase_cache": set(),
-        "chimes": {"messages", "pcm"},
+        "chimes": {"media", "messages", "pcm"},
         "healthcheck": {"voice"},
     },
     "audio": {"player": {"messages", "pcm", "volume"}},

@@ -6,11 +6,9 @@ import wave
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from agent.chimes import BUILTIN, ChimePlan, chime_bank, load_wav, render_notes
+from agent.chimes import BUILTIN, load_sound, render_notes
 from agent.config import BUILTIN_CHIMES
-from agent.messages import Priority, SpeakRequest
 
 RATE = 22050
 
@@ -44,41 +42,23 @@ def test_a_wav_file_is_mixed_to_mono_and_resampled(tmp_path: Path) -> None:
     stereo = np.stack([left, left], axis=1).reshape(-1)
     path = tmp_path / "door.wav"
     write_wav(path, stereo, source_rate, 2)
-    pcm = load_wav(path, RATE)
+    pcm = load_sound(path, RATE)
     assert len(pcm) == round(seconds * RATE)
     spectrum = np.abs(np.fft.rfft(pcm.astype(np.float64)))
     assert abs(np.argmax(spectrum) * RATE / len(pcm) - 500) < 3
 
 
-def test_an_8_bit_wav_is_refused(tmp_path: Path) -> None:
+def test_an_8_bit_wav_is_played_too(tmp_path: Path) -> None:
+    """Any sample format (a doorbell recorded as 8-bit unsigned): decoded, not refused."""
     path = tmp_path / "old.wav"
+    t = np.arange(8000) / 8000
+    tone = np.round(128 + 100 * np.sin(2 * np.pi * 400 * t)).astype(np.uint8)
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(1)
         out.setframerate(8000)
-        out.writeframes(bytes(800))
-    with pytest.raises(ValueError, match="expected 16-bit PCM"):
-        chime_bank({"old": path}, RATE)
-
-
-@pytest.mark.parametrize(
-    ("priority", "chime", "expected"),
-    [
-        (Priority.ALARM, None, "alarm"),  # the class's chime by default
-        (Priority.INFO, None, None),  # info has none by default
-        (Priority.INFO, True, "ding"),  # asked for: the fallback
-        (Priority.ALARM, True, "alarm"),
-        (Priority.CRITICAL, False, None),
-        (Priority.CHAT, "alert", "alert"),
-    ],
-)
-def test_which_chime_goes_first(
-    priority: Priority, chime: bool | str | None, expected: str | None
-) -> None:
-    bank = chime_bank({}, RATE)
-    plan = ChimePlan(bank, {Priority.ALARM: "alarm", Priority.CRITICAL: "alert"})
-    got = plan.for_request(SpeakRequest("x", "hi", priority=priority, chime=chime))
-    if expected is None:
-        assert got is None
-    else:
-        assert got is bank[expected]
+        out.writeframes(tone.tobytes())
+    pcm = load_sound(path, RATE)
+    assert len(pcm) == RATE
+    spectrum = np.abs(np.fft.rfft(pcm.astype(np.float64)))
+    assert abs(np.argmax(spectrum) * RATE / len(pcm) - 400) < 3

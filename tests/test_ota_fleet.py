@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,25 +153,23 @@ def test_killed_at_each_step_comes_back_verified_and_the_update_completes(
     assert (state["model_sha256"], state["model_release"]) == expected
 
 
-def test_a_model_the_agent_cannot_start_on_is_rolled_back_after_three_starts(
+def test_a_damaged_model_the_agent_was_switching_to_is_left_at_the_next_start(
     start_agent: StartAgent, server: ReleaseServer, key: Ed25519PrivateKey, tiny_voice: Path
 ) -> None:
-    """Installed, then killed before any start confirmed it; the model then breaks the start
-    (here: the slot's file damaged). Three failed starts, and the fourth runs the old model."""
+    """Installed, then killed before any start confirmed it; the slot's file is then damaged (a
+    bad card sector). The next start sees the digest no longer matches, starts on the old model
+    at once (no crash loop), and reports `rolled_back`, `damaged`, under the offer's id."""
     item = make_release(server.directory, key, 1)
-    node, sections = "crashloop", ota_section(key, max_start_attempts=3)
+    node, sections = "damaged", ota_section(key, max_start_attempts=3)
     agent = start_agent(tiny_voice, node_id=node, sections=sections, env={FAULT_ENV: "commit"})
     body = item.offer(f"{server.url}{item.directory.name}/", id="first")
     agent.watcher.publish("voice/all/ota", json.dumps(body).encode())  # the fleet topic
     assert wait_exit(agent) == -signal.SIGKILL
     slot_model = next((agent.capture.parent / "storage" / "ota" / node / "slots").rglob("*.onnx"))
     slot_model.write_bytes(b"damaged")
-    for _ in range(3):
-        failing = start_agent(tiny_voice, node_id=node, sections=sections, wait=False)
-        assert wait_exit(failing) == 1
     back = start_agent(tiny_voice, node_id=node, sections=sections)
     assert update_state(back, "first") == "rolled_back"  # reported under the offer's id
-    assert _finals(back.watcher, "first")[-1]["reason"] == "start_failed"
+    assert _finals(back.watcher, "first")[-1]["reason"] == "damaged"
     state = speaks(back, "old-model")
     assert (state["model_sha256"], state["model_release"]) == (sha256(tiny_voice), 0)
 
@@ -380,3 +379,42 @@ def _event_time(agent: RunningAgent, update_state: str) -> float:
     ]
     assert found, f"{agent.topics.events}: no {update_state}"
     return found[0]
+
+
+def test_a_revocation_published_by_the_tool_reaches_running_and_restarted_nodes(
+    start_agent: StartAgent,
+    tiny_voice: Path,
+    key: Ed25519PrivateKey,
+    broker: Broker,
+    tmp_path: Path,
+) -> None:
+    """`python -m ota revoke` signs a revocation and publishes it retained: a running node
+    verifies and keeps it (`noted`: nothing installed to leave); a node that restarts reads the
+    retained one again without reporting it twice; a second `keygen` never overwrites a key."""
+    keys = tmp_path / "keys"
+
+    def keygen() -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "ota", "keygen", str(keys)]
+        return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+
+    assert keygen().returncode == 0
+    again = keygen()
+    assert again.returncode != 0
+    assert "never overwritten" in again.stderr
+    signing = keys / "release.key"
+    agent = start_agent(voice=tiny_voice, sections=ota_section(release.load_private_key(signing)))
+    done = run_tool(broker, "revoke", "--key", str(signing), "--min-release", "3")
+    assert done.returncode == 0, done.stderr
+    wait_until(
+        lambda: any(
+            e["event"] == "update" and e.get("state") == "noted" for e in agent.watcher.events()
+        ),
+        what="the revocation noted",
+    )
+    agent.process.signal(signal.SIGTERM)
+    agent.watcher.clear()
+    agent.process.start()
+    agent.wait_online()
+    agent.watcher.publish(agent.topics.speak, b'{"id": "on", "text": "Up again."}')
+    agent.watcher.wait_event("on", "finished")
+    assert not [e for e in agent.watcher.events() if e["event"] == "update"]  # not news again
