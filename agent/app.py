@@ -17,13 +17,16 @@ import random
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Final
 
 from . import version as package_version
+from .board import board
 from .chimes import ChimePlan, chime_bank
 from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
 from .core import SpeakCore
+from .discovery import result_message
 from .flood import FloodGate
 from .hermes_bridge import HermesBridge
 from .inbox import Inbox
@@ -50,6 +53,7 @@ from .messages import (
     Priority,
     Reason,
     Record,
+    Remember,
     SetVolume,
     SpeakReceived,
     SpeakRequest,
@@ -146,6 +150,9 @@ class App:
         self._systemd = Notifier(environ)
         self._audio_available = True
         self._started_at = time.monotonic()
+        self._started_wall = time.time()
+        self._board = board()
+        self._voice_names = voice_names(voices)
         self._swaps: SwapDesk[Voice] = SwapDesk(self._inbox.report)
         self._stopping = False
         self._failures: set[tuple[str, str]] = set()
@@ -162,7 +169,7 @@ class App:
                 lambda path: _prewarmed(Voice.load(path, config.tts.threads, cache_dir)),
                 self._swaps.ask,
             )
-        table = route_table(config, topics, _new_id)
+        table = route_table(config, topics, _new_id, {n: v for v, n in self._voice_names.items()})
         self._link = MqttLink(
             config.mqtt,
             client_id=f"voice-agent-{config.node_id}",
@@ -344,19 +351,8 @@ class App:
                     self._ledger.record(request, fingerprint)
             case Acknowledge(delivery):
                 self._ledger.acknowledge(delivery)  # after the journal is synced
-            case Notify(request_id, event, details):
-                for topic, reply in self._hermes.notified(action):
-                    self._publish(topic, reply)  # every Hermes request has its answer, flood or not
-                at = time.time() if wall is None else wall
-                self._status.record(action, now, at)
-                if event == Lifecycle.REJECTED and not self._flood.allow(
-                    str(details.get("reason")), now
-                ):
-                    self._ledger.unreported(action)  # its journal entry ends all the same
-                    return  # counted: one `suppressed` event per interval says how many
-                payload = encode_event(self._config.node_id, request_id, event, details, at)
-                self._ledger.event(action, payload)
-                _LOGGER.info("%s %s %r", request_id, event, dict(details) or "")
+            case Notify():
+                self._notify(action, now, time.time() if wall is None else wall)
             case Synthesize(request, play, job):
                 self._ledger.activated(request.id)  # a crash from here on counts (crash loops)
                 self._synthesizer.submit(request, job)
@@ -366,10 +362,29 @@ class App:
                 self._player.cut(job)
             case SetVolume(volume):
                 self._player.volume = volume
+            case Remember(name, value):
+                self._ledger.remember(name, value)
             case SwitchVoice(token):
                 self._swaps.answer(token, self._switch_voice(self._swaps.voice(token)))
             case SwitchDeclined(token):
                 self._swaps.answer(token, False)
+
+    def _notify(self, notify: Notify, now: float, at: float) -> None:
+        """A lifecycle event: its Hermes reply, the status, the event itself (counted instead in
+        a flood), Home Assistant's event entity, the log."""
+        request_id, event, details = notify.id, notify.event, notify.details
+        for topic, reply in self._hermes.notified(notify):
+            self._publish(topic, reply)  # every Hermes request has its answer, flood or not
+        self._status.record(notify, now, at)
+        if event == Lifecycle.REJECTED and not self._flood.allow(str(details.get("reason")), now):
+            self._ledger.unreported(notify)  # its journal entry ends all the same
+            return  # counted: one `suppressed` event per interval says how many
+        payload = encode_event(self._config.node_id, request_id, event, details, at)
+        self._ledger.event(notify, payload)
+        result = result_message(event, request_id, details)
+        if result is not None:  # Home Assistant's event entity
+            self._publish(self._topics.result, result)
+        _LOGGER.info("%s %s %r", request_id, event, dict(details) or "")
 
     # ---- around the events ------------------------------------------------------------------
 
@@ -378,8 +393,9 @@ class App:
         pending, ids, fingerprints = self._ledger.unfinished()
         if pending:
             _LOGGER.info("Journal: %d announcements had not ended; queued again", len(pending))
+        settings = self._ledger.settings()
         with self._ledger.transaction():
-            for action in self._core.restore(pending, ids, fingerprints, now):
+            for action in self._core.restore(pending, ids, fingerprints, now, settings):
                 self._execute(action, now)
 
     def _housekeeping(self, now: float, next_ping: float) -> float:
@@ -451,6 +467,10 @@ class App:
             hermes_muted=self._hermes.muted,
             uptime_s=now - self._started_at,
             agent_version=package_version(),
+            speaking=self._core.speaking,
+            started_at=self._started_wall,
+            voice_names=self._voice_names,
+            board=self._board,
         )
 
     # ---- model updates ----------------------------------------------------------------------
@@ -464,6 +484,15 @@ class App:
         self._status.connected(time.monotonic())  # announce the new model
         _LOGGER.info("Switched to the model %s (sha256 %s…)", voice.path, voice.sha256[:12])
         return True
+
+
+def voice_names(voices: Mapping[str, VoiceChoice]) -> dict[str, str]:
+    """Voice id -> the name people see (from the voice's JSON; the id added if two match)."""
+    labels = {vid: choice.voice.info.label(vid) for vid, choice in voices.items()}
+    counts = Counter(labels.values())
+    return {
+        vid: f"{label} [{vid}]" if counts[label] > 1 else label for vid, label in labels.items()
+    }
 
 
 def _subject(event: InboxEvent | Tick) -> str | None:

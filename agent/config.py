@@ -408,6 +408,15 @@ class HomeAssistantConfig:
     name: str | None = _key(
         "The device's name in Home Assistant; null for 'Voice <node_id>'.", None
     )
+    birth_topic: str = _key(
+        "Home Assistant's birth topic (its MQTT integration's setting): the node announces "
+        "itself again when Home Assistant says `online` there.",
+        "homeassistant/status",
+        _topic_prefix,
+    )
+    area: str | None = _key(
+        "The area Home Assistant suggests for the device (e.g. Kitchen); null for none.", None
+    )
 
 
 @dataclass(frozen=True, slots=True)

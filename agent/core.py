@@ -29,6 +29,7 @@ Allowed imports: stdlib and `messages`.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from .messages import (
@@ -46,6 +47,7 @@ from .messages import (
     Reason,
     Record,
     Rejection,
+    Remember,
     ReplayRequested,
     SetVolume,
     SpeakInvalid,
@@ -156,17 +158,25 @@ class SpeakCore:
         ids: list[str],
         fingerprints: list[str],
         now: float,
+        settings: Mapping[str, str] | None = None,
     ) -> list[Action]:
         """After a restart: remember recent ids; queue again what had not ended, in order.
 
         One that had started was cut by the crash: it is reported `interrupted` and plays again.
-        One during which the agent died again (`crashed`) ends `failed` with `crash_loop`.
+        One during which the agent died again (`crashed`) ends `failed` with `crash_loop`. The
+        remembered settings (volume, voice) apply again.
         """
+        actions: list[Action] = []
+        settings = settings or {}
+        if settings.get("voice") in self._voices:
+            self._selected_voice = settings["voice"]
+        volume = _volume(settings.get("volume"))
+        if volume is not None:
+            actions.append(SetVolume(volume))
         for request_id in ids:
             self._seen.add(request_id)
         for fingerprint in fingerprints:
             self._fingerprints.add(fingerprint)
-        actions: list[Action] = []
         for unfinished in pending:
             request = unfinished.request
             self._seen.add(request.id)
@@ -197,6 +207,11 @@ class SpeakCore:
         return [Cut(request_id, active.job), *self._switch_when_idle(now)]
 
     @property
+    def speaking(self) -> bool:
+        """An announcement is being synthesized or played."""
+        return self._active is not None
+
+    @property
     def selected_voice(self) -> str:
         """The voice of requests that name none."""
         return self._selected_voice
@@ -218,12 +233,12 @@ class SpeakCore:
                 return [*admitted, Acknowledge(delivery), *self._next(now)]
             case SpeakInvalid(rejection, delivery):
                 return [_rejected(rejection), Acknowledge(delivery)]
-            case StopRequested(clear, delivery):
-                return [*self._stop(clear), Acknowledge(delivery), *self._next(now)]
+            case StopRequested(clear, delivery, current):
+                return [*self._stop(clear, current), Acknowledge(delivery), *self._next(now)]
             case AckRequested(request_id, delivery):
                 return [*self._acknowledge(request_id), Acknowledge(delivery), *self._next(now)]
             case VolumeRequested(volume, delivery):
-                return [SetVolume(volume), Acknowledge(delivery)]
+                return [SetVolume(volume), Remember("volume", repr(volume)), Acknowledge(delivery)]
             case VoiceSelected(voice, delivery):
                 return [*self._select_voice(voice), Acknowledge(delivery)]
             case ReplayRequested(delivery):
@@ -359,12 +374,10 @@ class SpeakCore:
     def _select_voice(self, voice: str) -> list[Action]:
         if voice not in self._voices:
             known = ", ".join(sorted(self._voices))
-            unknown = Rejection(
-                f"voice-{voice}"[:64], Reason.UNKNOWN_VOICE, f"known: {known}", "voice"
-            )
-            return [_rejected(unknown)]
+            detail = f"{voice[:64]!r} is none of: {known}"
+            return [_rejected(Rejection("select-voice", Reason.UNKNOWN_VOICE, detail, "voice"))]
         self._selected_voice = voice
-        return []
+        return [Remember("voice", voice)]
 
     def _replay(self, delivery: Delivery, now: float) -> list[Action]:
         if self._last is None:
@@ -376,17 +389,17 @@ class SpeakCore:
         )
         return self._admit(again, replace(delivery, fingerprint=""), now)
 
-    def _stop(self, clear: bool) -> list[Action]:
+    def _stop(self, clear: bool, current: bool = True) -> list[Action]:
         actions: list[Action] = []
         active = self._active
-        if active is not None and active.cuttable:
+        if current and active is not None and active.cuttable:
             active.cut = True
             actions += [
                 Cut(active.item.request.id, active.job),
                 _notify(active.item, Lifecycle.STOPPED),
             ]
         # a repeating announcement between two plays is also "what is playing"
-        ending = self._queue if clear else [i for i in self._queue if i.plays > 0]
+        ending = self._queue if clear else [i for i in self._queue if i.plays > 0 and current]
         actions += [_notify(i, Lifecycle.STOPPED, cleared=clear) for i in ending]
         self._queue = [i for i in self._queue if i not in ending]
         return actions
@@ -491,6 +504,15 @@ class SpeakCore:
             return self._next(now)
         token, self._swap = self._swap, None
         return [SwitchVoice(token), *self._next(now)]
+
+
+def _volume(text: str | None) -> float | None:
+    """A remembered volume, if it is one."""
+    try:
+        volume = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return volume if volume is not None and 0.0 <= volume <= 1.0 else None
 
 
 def _past(deadline: float | None, now: float) -> bool:

@@ -5,6 +5,7 @@
   ones are queued again and the one that was playing is played again (reported `interrupted`).
 - The ids (and payload digests) of recent announcements, so a restart does not say one twice.
 - Events not yet acknowledged by the broker (the outbox): published again after a restart.
+- Settings made at run time (the volume, the selected voice), kept across restarts.
 
 Used from the app thread only. Allowed imports: stdlib, `messages`, `states`.
 """
@@ -36,6 +37,10 @@ CREATE TABLE IF NOT EXISTS announcements (
     received REAL NOT NULL,
     state TEXT NOT NULL,
     begun INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS settings (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS outbox (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -180,6 +185,20 @@ class Journal:
 
     def _set(self, request_id: str, state: EntryState) -> None:
         self._db.execute("UPDATE announcements SET state = ? WHERE id = ?", (state, request_id))
+
+    # ---- settings -----------------------------------------------------------------------------
+
+    def remember(self, name: str, value: str) -> None:
+        """Keep a setting (the volume, the selected voice) across restarts."""
+        self._db.execute(
+            "INSERT INTO settings (name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+            (name, value),
+        )
+
+    def settings(self) -> dict[str, str]:
+        """The settings kept."""
+        return dict(self._db.execute("SELECT name, value FROM settings").fetchall())
 
     # ---- outbox -------------------------------------------------------------------------------
 

@@ -152,6 +152,18 @@ class Ledger:
         if state == EntryState.ENDED:
             self._write(lambda: self._journal.ended(notify.id))
 
+    def remember(self, name: str, value: str) -> None:
+        """Keep a setting across restarts (inside a transaction)."""
+        self._write(lambda: self._journal.remember(name, value))
+
+    def settings(self) -> dict[str, str]:
+        """The settings kept (none if the journal cannot be read)."""
+        try:
+            return self._journal.settings()
+        except sqlite3.Error as err:
+            _LOGGER.error("The kept settings cannot be read: %s", err)
+            return {}
+
     def activated(self, request_id: str) -> None:
         """Its synthesis begins: counted in the journal (see `CRASHES_ALLOWED`)."""
         self._write(lambda: self._journal.activated(request_id))

@@ -203,10 +203,12 @@ class SpeakInvalid:
 
 @dataclass(frozen=True, slots=True)
 class StopRequested:
-    """Stop what is playing; with `clear`, also drop everything waiting."""
+    """Stop what is playing; with `clear`, also drop everything waiting; with `current` false,
+    only drop what waits (Home Assistant's "Clear queue")."""
 
     clear: bool
     delivery: Delivery
+    current: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,4 +389,23 @@ class SwitchDeclined:
     token: int
 
 
-Action = Acknowledge | Record | Notify | Synthesize | Cut | SetVolume | SwitchVoice | SwitchDeclined
+@dataclass(frozen=True, slots=True)
+class Remember:
+    """Keep a setting across restarts (the volume, the selected voice): Home Assistant sends
+    its commands unretained, so only the node can remember them."""
+
+    name: str
+    value: str
+
+
+Action = (
+    Acknowledge
+    | Record
+    | Notify
+    | Synthesize
+    | Cut
+    | SetVolume
+    | SwitchVoice
+    | SwitchDeclined
+    | Remember
+)

@@ -122,15 +122,32 @@ def parse_speak(
     return finish_request(SpeakRequest(request_id, text, unknown, **values), limits)
 
 
-def parse_stop(payload: bytes, new_id: Callable[[], str]) -> bool | Rejection:
-    """A stop command: empty or any text stops; JSON `{"clear": true}` also empties the queue."""
+def parse_stop(payload: bytes, new_id: Callable[[], str]) -> tuple[bool, bool] | Rejection:
+    """A stop command, as (clear, current): empty or any text stops what plays; JSON
+    `{"clear": true}` also empties the queue; `{"clear": true, "current": false}` only empties
+    the queue (what plays goes on)."""
     decoded = _decode(payload, 4096, new_id)
     if isinstance(decoded, Rejection) or not isinstance(decoded, dict):
-        return decoded if isinstance(decoded, Rejection) else False
-    clear, problem = _boolean(decoded.get("clear", False))
-    if problem is not None:
-        return Rejection(new_id(), Reason.INVALID_FIELD, problem, "clear")
-    return bool(clear)
+        return decoded if isinstance(decoded, Rejection) else (False, True)
+    values = []
+    for name, default in (("clear", False), ("current", True)):
+        value, problem = _boolean(decoded.get(name, default))
+        if problem is not None:
+            return Rejection(new_id(), Reason.INVALID_FIELD, problem, name)
+        values.append(bool(value))
+    return values[0], values[1]
+
+
+def parse_say(
+    payload: bytes, limits: SpeakLimits, new_id: Callable[[], str]
+) -> SpeakRequest | Rejection:
+    """What Home Assistant's notify and text entities send: always plain text (a message
+    starting with `{` is said, not parsed), class `info`."""
+    decoded = _decode(payload, limits.max_bytes, new_id, json_objects=False)
+    if isinstance(decoded, Rejection):
+        return decoded
+    assert isinstance(decoded, str)  # noqa: S101 - json_objects=False gives text
+    return finish_request(SpeakRequest(new_id(), decoded), limits)
 
 
 def parse_ack(payload: bytes, new_id: Callable[[], str]) -> str | Rejection:
@@ -178,9 +195,10 @@ def parse_json_object(
 
 
 def _decode(
-    payload: bytes, max_bytes: int, new_id: Callable[[], str]
+    payload: bytes, max_bytes: int, new_id: Callable[[], str], *, json_objects: bool = True
 ) -> str | dict[str, Any] | Rejection:
-    """Text, or a JSON object when the text starts with '{'; or why it is neither."""
+    """Text, or a JSON object when the text starts with '{' (unless `json_objects` is false);
+    or why it is neither."""
     if len(payload) > max_bytes:
         detail = f"{len(payload)} bytes, at most {max_bytes} allowed"
         return Rejection(new_id(), Reason.PAYLOAD_TOO_LARGE, detail)
@@ -188,7 +206,7 @@ def _decode(
         text = payload.decode("utf-8").removeprefix(BOM)  # a leading BOM says nothing
     except UnicodeDecodeError as err:
         return Rejection(new_id(), Reason.INVALID_UTF8, f"invalid UTF-8 at byte {err.start}")
-    if not text.lstrip().startswith("{"):
+    if not json_objects or not text.lstrip().startswith("{"):
         return text
     try:
         obj: dict[str, Any] = json.loads(text)  # text starting with '{' that parses is an object

@@ -41,6 +41,7 @@ from .payloads import (
     SpeakLimits,
     parse_ack,
     parse_json_object,
+    parse_say,
     parse_speak,
     parse_stop,
     parse_volume,
@@ -74,20 +75,29 @@ class RouteTable:
     restored: frozenset[str]
 
 
-def route_table(config: AgentConfig, topics: Topics, new_id: NewId) -> RouteTable:
-    """Every subscription of a node with this config, and its route."""
+def route_table(
+    config: AgentConfig,
+    topics: Topics,
+    new_id: NewId,
+    voice_names: Mapping[str, str] | None = None,
+) -> RouteTable:
+    """Every subscription of a node with this config, and its route; `voice_names` maps the
+    names people see (Home Assistant's voice select) to voice ids."""
     limits = SpeakLimits(config.speak.max_payload_bytes, config.speak.max_text_chars)
     routes: dict[str, Route] = {
         topics.speak: _speak(limits, new_id),
         topics.speak_all: _speak(limits, new_id),
-        topics.stop: _checked(parse_stop, StopRequested, new_id),
+        topics.say: _plain(limits, new_id),
+        topics.stop: _checked(
+            parse_stop, lambda parsed, d: StopRequested(parsed[0], d, parsed[1]), new_id
+        ),
         topics.ack: _checked(parse_ack, AckRequested, new_id),
         topics.volume: _checked(parse_volume, VolumeRequested, new_id),
         topics.replay: lambda _t, _p, delivery: ReplayRequested(delivery),
-        topics.voice: _voice,
+        topics.voice: _voice(voice_names or {}),
     }
     if config.homeassistant.discovery:
-        routes[f"{config.homeassistant.prefix}/status"] = _birth
+        routes[config.homeassistant.birth_topic] = _birth
     if config.hermes.enabled:
         site = config.hermes.site_id
         priority = PRIORITIES[config.hermes.priority]
@@ -106,8 +116,7 @@ def route_table(config: AgentConfig, topics: Topics, new_id: NewId) -> RouteTabl
         for group in config.ota.groups:
             routes[f"{topics.prefix}/group/{group}/ota"] = ota
         routes[topics.revocation] = _revocation(new_id)
-    restored = {topics.volume, topics.voice, topics.revocation}
-    return RouteTable(routes, frozenset(restored))
+    return RouteTable(routes, frozenset({topics.revocation}))
 
 
 def _speak(limits: SpeakLimits, new_id: NewId) -> Route:
@@ -136,8 +145,26 @@ def _checked(
     return route
 
 
-def _voice(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
-    return VoiceSelected(payload.decode("utf-8", errors="replace").strip(), delivery)
+def _plain(limits: SpeakLimits, new_id: NewId) -> Route:
+    """The say topic: plain text only (Home Assistant's notify and text entities)."""
+
+    def route(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
+        parsed = parse_say(payload, limits, new_id)
+        if isinstance(parsed, Rejection):
+            return SpeakInvalid(parsed, delivery)
+        return SpeakReceived(parsed, delivery)
+
+    return route
+
+
+def _voice(names: Mapping[str, str]) -> Route:
+    """A voice id, or the name Home Assistant's select shows for it."""
+
+    def route(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
+        chosen = payload.decode("utf-8", errors="replace").strip()
+        return VoiceSelected(names.get(chosen, chosen), delivery)
+
+    return route
 
 
 def _birth(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
 from .config import AgentConfig
-from .discovery import DeviceInfo, discovery_messages, update_state
+from .discovery import STATE_TEXT_MAX, DeviceInfo, discovery_messages, update_state
 from .messages import Lifecycle, Notify
 from .states import FINAL_PHASES, RUNNING_PHASES, UpdatePhase, UpdateReport
 from .telemetry import Telemetry
@@ -54,6 +54,14 @@ class NodeFacts:
     hermes_muted: bool
     uptime_s: float
     agent_version: str
+    speaking: bool = False
+    """An announcement is being synthesized or played."""
+    started_at: float = 0.0
+    """When the agent started (epoch seconds)."""
+    voice_names: Mapping[str, str] = field(default_factory=dict)
+    """Voice id -> the name people see."""
+    board: tuple[str, str] = ("Generic", "computer")
+    """The machine's maker and model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +160,14 @@ class Status:
             "last_update": self._last_update,
             "last_ttfa_ms": telemetry.last_ttfa_ms,
             "synthesis_speed": telemetry.synthesis_speed,
-            "last_error": facts.link_error or facts.storage_error or telemetry.last_error,
+            "last_error": _short(facts.link_error or facts.storage_error or telemetry.last_error),
             "storage": "ok" if facts.storage_error is None else facts.storage_error,
             "events": dict(telemetry.counts),
             "cache": dict(facts.cache),
             "hermes_audio": "off" if facts.hermes_muted else "on",
             "uptime_s": round(facts.uptime_s),
+            "started_at": _stamp(facts.started_at),
+            "speaking": facts.speaking,
         }
         return self._topics.state, json.dumps(body).encode("utf-8"), True
 
@@ -172,12 +182,15 @@ class Status:
         ha = self._config.homeassistant
         if not ha.discovery:
             return messages
+        maker, model = facts.board
         device = DeviceInfo(
             node_id=self._config.node_id,
             name=ha.name or f"Voice {self._config.node_id}",
             version=facts.agent_version,
-            model=f"voice-agent ({facts.model})",
-            voices=sorted(facts.voices),
+            manufacturer=maker,
+            model=model,
+            voices=facts.voice_names or {v: v for v in facts.voices},
+            area=ha.area,
         )
         messages += [(t, p, True) for t, p in discovery_messages(ha.prefix, self._topics, device)]
         return messages
@@ -222,6 +235,13 @@ class Status:
             if v not in (None, "") and k not in {"offer", "notes"}
         }
         return Notify(report.offer, Lifecycle.UPDATE, details)
+
+
+def _short(text: str | None) -> str | None:
+    """An error for a sensor: Home Assistant refuses states over STATE_TEXT_MAX characters."""
+    if text is None or len(text) <= STATE_TEXT_MAX:
+        return text
+    return text[: STATE_TEXT_MAX - 1] + "…"
 
 
 def _stamp(wall: float) -> str:

@@ -23,6 +23,17 @@ class Topics:
         return f"{self.prefix}/all/speak"
 
     @property
+    def say(self) -> str:
+        """Plain text to say, never parsed as JSON: Home Assistant's notify and text entities
+        (subscribed, QoS 1)."""
+        return f"{self.prefix}/{self.node_id}/say"
+
+    @property
+    def result(self) -> str:
+        """The end of each announcement, for Home Assistant's event entity (published)."""
+        return f"{self.prefix}/{self.node_id}/result"
+
+    @property
     def stop(self) -> str:
         """Stop what is playing; `{"clear": true}` also empties the queue (subscribed, QoS 1)."""
         return f"{self.prefix}/{self.node_id}/stop"
@@ -34,7 +45,7 @@ class Topics:
 
     @property
     def volume(self) -> str:
-        """Set the global volume, 0 to 1 (subscribed, QoS 1; a retained value applies at start)."""
+        """Set the global volume, 0 to 1 (subscribed, QoS 1; kept across restarts)."""
         return f"{self.prefix}/{self.node_id}/volume"
 
     @property
@@ -44,7 +55,7 @@ class Topics:
 
     @property
     def voice(self) -> str:
-        """Select the voice of requests that name none (subscribed, QoS 1; retained applies)."""
+        """Select the voice of requests that name none (subscribed, QoS 1; kept across restarts)."""
         return f"{self.prefix}/{self.node_id}/voice"
 
     @property

@@ -86,6 +86,44 @@ class FramePlan:
         return cls(_WHOLE, _WHOLE)
 
 
+@dataclass(frozen=True, slots=True)
+class VoiceInfo:
+    """What a voice's JSON says about it (for people and for choosing a voice)."""
+
+    dataset: str = ""
+    language: str = ""
+    """The language code, e.g. `en_US`."""
+    language_name: str = ""
+    country: str = ""
+    quality: str = ""
+    speakers: tuple[str, ...] = ()
+    """Named speakers of a multi-speaker voice, by id order (empty: one speaker)."""
+
+    @classmethod
+    def from_json(cls, raw: dict[str, object]) -> VoiceInfo:
+        """From a Piper voice's `.onnx.json` (missing fields stay empty)."""
+        language = raw.get("language") if isinstance(raw.get("language"), dict) else {}
+        audio = raw.get("audio") if isinstance(raw.get("audio"), dict) else {}
+        speakers = raw.get("speaker_id_map") if isinstance(raw.get("speaker_id_map"), dict) else {}
+        assert isinstance(language, dict)  # noqa: S101 - for the type checker: see above
+        assert isinstance(audio, dict)  # noqa: S101
+        assert isinstance(speakers, dict)  # noqa: S101
+        return cls(
+            dataset=str(raw.get("dataset") or ""),
+            language=str(language.get("code") or ""),
+            language_name=str(language.get("name_english") or ""),
+            country=str(language.get("country_english") or ""),
+            quality=str(audio.get("quality") or ""),
+            speakers=tuple(sorted(speakers, key=lambda name: speakers[name])),
+        )
+
+    def label(self, fallback: str) -> str:
+        """A name people recognise, e.g. "Joe (English, United States, medium)"."""
+        name = self.dataset.replace("_", " ").title() or fallback
+        details = [d for d in (self.language_name, self.country, self.quality) if d]
+        return f"{name} ({', '.join(details)})" if details else name
+
+
 class StreamCancelledError(Exception):
     """The stream was cancelled: no more of it is synthesized."""
 
@@ -123,7 +161,12 @@ class Voice:
     """One loaded voice: phonemizer, id map and prewarmed inference sessions."""
 
     def __init__(
-        self, engine: ort.InferenceSession | Parts, config: PiperConfig, sha256: str, path: Path
+        self,
+        engine: ort.InferenceSession | Parts,
+        config: PiperConfig,
+        sha256: str,
+        path: Path,
+        info: VoiceInfo | None = None,
     ) -> None:
         self._parts = engine if isinstance(engine, Parts) else None
         self._session = None if isinstance(engine, Parts) else engine
@@ -134,6 +177,8 @@ class Voice:
         self.sha256 = sha256
         """Digest of the model file (identifies the model in caches and reports)."""
         self.path = path
+        self.info = info or VoiceInfo()
+        """What its JSON says about it (dataset, language, quality, speakers)."""
         self.sample_rate: int = config.sample_rate
         self.inferences = 0
         """Model runs over phoneme ids so far, however many decoder chunks each was decoded in
@@ -151,7 +196,9 @@ class Voice:
         With `split` (the default) the graph is split for chunked decoding where it can be.
         """
         config_path = Path(f"{model_path}.json")
-        config = PiperConfig.from_dict(json.loads(config_path.read_text(encoding="utf-8")))
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+        config = PiperConfig.from_dict(raw)
+        info = VoiceInfo.from_json(raw)
         if config.phoneme_type != PhonemeType.ESPEAK:
             raise ValueError(
                 f"{config_path}: phoneme_type {config.phoneme_type.value!r} unsupported"
@@ -168,10 +215,9 @@ class Voice:
                 cache_dir,
             )
         if parts is not None:
-            return cls(parts, config, digest, model_path)
-        return cls(
-            whole_session(model_path, digest, threads, cache_dir), config, digest, model_path
-        )
+            return cls(parts, config, digest, model_path, info)
+        session = whole_session(model_path, digest, threads, cache_dir)
+        return cls(session, config, digest, model_path, info)
 
     @property
     def chunked(self) -> bool:
@@ -293,7 +339,7 @@ class Voice:
         if self._parts is None:
             raise ValueError("this voice runs whole: it has no decoder context")
         parts = with_context(self._parts, decoder, flow)
-        return Voice(parts, self._config, self.sha256, self.path)
+        return Voice(parts, self._config, self.sha256, self.path, self.info)
 
     def _speaker(self) -> npt.NDArray[np.int64] | None:
         if not self._has_sid:

@@ -19,6 +19,7 @@ from typing import Any, Final
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from agent.board import board
 from agent.discovery import TEXT_MAX
 from agent.topics import Topics
 from harness import (
@@ -40,10 +41,12 @@ pytestmark = pytest.mark.broker
 ANNOUNCED: Final = {
     "notify": 1,
     "text": 1,
-    "button": 3,
+    "button": 4,
     "number": 1,
     "select": 1,
-    "sensor": 7,
+    "sensor": 8,
+    "binary_sensor": 2,
+    "event": 1,
     "update": 1,
 }
 """Entities per component the README's Home Assistant table lists."""
@@ -140,7 +143,7 @@ def node(
         voice=tiny_voice,
         device="paced_capture",
         tts={"voices": {"second": str(second)}},
-        homeassistant={"discovery": True},
+        homeassistant={"discovery": True, "area": "Kitchen"},
         ota={
             "trusted_keys": [release.public_text(signing_key)],
             "health_timeout": 60,
@@ -192,8 +195,10 @@ def announced(seen: Watcher, node_id: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def spoken(node: Node, since: int) -> tuple[bytes, dict[str, Any]]:
-    """The first speak message after message number `since`, and its `finished` event."""
+def spoken(node: Node, since: int, topic: str = "") -> tuple[bytes, dict[str, Any]]:
+    """The first message on `topic` (the speak topic by default) after message number `since`,
+    and the `finished` event of what it made."""
+    topic = topic or node.topics.speak
 
     def after() -> list[Any]:
         return node.watcher.snapshot()[since:]
@@ -202,8 +207,8 @@ def spoken(node: Node, since: int) -> tuple[bytes, dict[str, Any]]:
         events = [m.json() for m in after() if m.topic == node.topics.events]
         return [e for e in events if e["event"] == "accepted"]
 
-    wait_until(lambda: any(m.topic == node.topics.speak for m in after()), what="a speak message")
-    payload = next(m.payload for m in after() if m.topic == node.topics.speak)
+    wait_until(lambda: any(m.topic == topic for m in after()), what=f"a message on {topic}")
+    payload = next(m.payload for m in after() if m.topic == topic)
     wait_until(lambda: bool(accepted()), what="an accepted event")
     return payload, node.watcher.wait_event(accepted()[0]["id"], "finished")
 
@@ -228,8 +233,9 @@ def test_every_announced_entity_appears_as_announced(
     device = devices[0]
     shared = next(iter(configs.values()))["device"]
     assert device["name"] == f"Voice {node.node_id}"
-    assert (device["manufacturer"], device["model"]) == ("voice-agent", shared["model"])
+    assert (device["manufacturer"], device["model"]) == board()  # the machine, not the software
     assert device["sw_version"] == shared["sw_version"]
+    assert device["area_id"] == "kitchen"  # homeassistant.area, suggested
     for entity_id in entities.values():  # the retained `online` may come after the config
         homeassistant.wait_state(entity_id, lambda s: s["state"] != "unavailable")
     registry = {e["entity_id"]: e for e in homeassistant.entity_registry()}
@@ -256,6 +262,15 @@ def test_every_announced_entity_appears_as_announced(
         shown = states[entities[object_id]]["attributes"]
         assert {f: shown[f] for f in fields} == {f: configs[key][f] for f in fields}, key
     assert states[entities["voice"]]["attributes"]["options"] == ["default", "second"]
+    for key, config in configs.items():  # every entity has its icon, and a category by kind
+        assert config.get("icon"), key
+    categories = {key: config.get("entity_category") for key, config in configs.items()}
+    assert {k for k, c in categories.items() if c == "config"} == {
+        "number/volume",
+        "select/voice",
+        "button/test_chime",
+        "update/voice_model",
+    }
     assert homeassistant.mqtt_problems() == []
 
 
@@ -273,8 +288,9 @@ def test_sensors_show_what_the_state_carries(
             "synthesis_speed": state["synthesis_speed"],
             "cache_hit_rate": round(state["cache"]["hit_rate"] * 100, 1),
             "underruns": state["underruns"],
-            "model_version": state["model_version"],
-            "last_error": state["last_error"] or "none",
+            "last_error": state["last_error"] or "unknown",  # no error: unknown, not "none"
+            "speaking": "off",
+            "speaker": "off",  # a problem sensor: off while the speaker works
         }
 
     def mismatches() -> list[tuple[str, object, object]]:
@@ -310,10 +326,10 @@ def test_notify_send_message_speaks(
     homeassistant.call_service(
         "notify",
         "send_message",
-        {"entity_id": entities["speak"], "message": "The front door is open."},
+        {"entity_id": entities["speak"], "message": '{"door": "open"} is said, not parsed.'},
     )
-    payload, finished = spoken(node, since)
-    assert payload == b"The front door is open."
+    payload, finished = spoken(node, since, node.topics.say)
+    assert payload == b'{"door": "open"} is said, not parsed.'  # plain text, never JSON
     assert finished["priority"] == "info"
     assert finished["audio_seconds"] > 0
 
@@ -325,7 +341,7 @@ def test_text_set_value_speaks_and_home_assistant_caps_it(
     homeassistant.call_service(
         "text", "set_value", {"entity_id": entities["say"], "value": "Dinner is ready."}
     )
-    payload, finished = spoken(node, since)
+    payload, finished = spoken(node, since, node.topics.say)
     assert payload == b"Dinner is ready."
     assert finished["audio_seconds"] > 0
     with pytest.raises(ApiError, match=rf"too long \(maximum length {TEXT_MAX}\)"):
@@ -371,13 +387,13 @@ def test_the_volume_number_sets_the_volume(
 ) -> None:
     try:
         homeassistant.call_service(
-            "number", "set_value", {"entity_id": entities["volume"], "value": 0.25}
+            "number", "set_value", {"entity_id": entities["volume"], "value": 25}
         )
         wait_until(lambda: node.state().get("volume") == 0.25, what="volume 0.25 in the state")
-        homeassistant.wait_state(entities["volume"], lambda s: float(s["state"]) == 0.25)
+        homeassistant.wait_state(entities["volume"], lambda s: float(s["state"]) == 25)  # percent
     finally:
         homeassistant.call_service(
-            "number", "set_value", {"entity_id": entities["volume"], "value": 1.0}
+            "number", "set_value", {"entity_id": entities["volume"], "value": 100}
         )
         wait_until(lambda: node.state().get("volume") == 1.0, what="volume 1 again")
 
@@ -396,6 +412,36 @@ def test_the_voice_select_sets_the_voice(
             "select", "select_option", {"entity_id": entities["voice"], "option": "default"}
         )
         wait_until(lambda: node.state().get("voice") == "default", what="default voice again")
+
+
+def test_the_clear_queue_button_drops_what_waits_and_lets_the_current_one_finish(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    long = json.dumps({"id": "playing", "text": "One two three four five. " * 6})
+    node.watcher.publish(node.topics.speak, long.encode())
+    node.watcher.publish(node.topics.speak, b'{"id": "waiting", "text": "Never said."}')
+    node.watcher.wait_event("playing", "started")
+    homeassistant.call_service("button", "press", {"entity_id": entities["clear_queue"]})
+    assert node.watcher.wait_event("waiting", "stopped")["cleared"] is True
+    node.watcher.wait_event("playing", "finished")
+
+
+def test_speaking_and_the_announcement_event_follow_what_plays(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    """While an announcement plays, `speaking` is on; when it ends, the event entity fires
+    with how it ended."""
+    long = json.dumps({"id": "heard", "text": "One two three four five. " * 4})
+    node.watcher.publish(node.topics.speak, long.encode())
+    homeassistant.wait_state(entities["speaking"], lambda s: s["state"] == "on")
+    node.watcher.wait_event("heard", "finished")
+    homeassistant.wait_state(entities["speaking"], lambda s: s["state"] == "off")
+    fired = homeassistant.wait_state(
+        entities["announcement"],
+        lambda s: s["attributes"].get("id") == "heard",
+        what="the event entity to fire",
+    )
+    assert fired["attributes"]["event_type"] == "finished"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,7 +497,7 @@ def test_settings_from_home_assistant_survive_an_agent_restart(
     the volume and voice it was given itself."""
     volume, voice = entities["volume"], entities["voice"]
     try:
-        homeassistant.call_service("number", "set_value", {"entity_id": volume, "value": 0.4})
+        homeassistant.call_service("number", "set_value", {"entity_id": volume, "value": 40})
         homeassistant.call_service(
             "select", "select_option", {"entity_id": voice, "option": "second"}
         )
@@ -471,10 +517,10 @@ def test_settings_from_home_assistant_survive_an_agent_restart(
             wait_until(lambda: restored() == (0.4, "second"), what="the settings after restart")
         except AssertionError:
             assert restored() == (0.4, "second"), "(volume, voice) the restarted agent published"
-        homeassistant.wait_state(volume, lambda s: float(s["state"]) == 0.4)
+        homeassistant.wait_state(volume, lambda s: float(s["state"]) == 40)
         homeassistant.wait_state(voice, lambda s: s["state"] == "second")
     finally:
-        homeassistant.call_service("number", "set_value", {"entity_id": volume, "value": 1.0})
+        homeassistant.call_service("number", "set_value", {"entity_id": volume, "value": 100})
         homeassistant.call_service(
             "select", "select_option", {"entity_id": voice, "option": "default"}
         )
