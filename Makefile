@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow lint bench soak clean
+.PHONY: setup run test test-slow test-clients test-fleet test-all lint bench bench-fleet soak clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,14 @@ test: $(STAMP)  ## every test: unit, and integration against a real Mosquitto an
 test-slow: $(STAMP)  ## the tests marked slow (a minute or more each of real-time audio)
 	$(VENV)/bin/pytest -m slow
 
+test-clients: $(STAMP)  ## real Home Assistant and rhasspy-hermes as clients (installs them in .cache/ once)
+	$(VENV)/bin/pytest -m clients
+
+test-fleet: $(STAMP)  ## the operator's tool against simulated fleets and a bridged broker pair
+	$(VENV)/bin/pytest -m fleet
+
+test-all: test test-clients test-fleet  ## what CI runs (.ci/run)
+
 lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
 	$(VENV)/bin/ruff check agent tests scripts bench ota harness
 	$(VENV)/bin/ruff format --check agent tests scripts bench ota harness
@@ -26,6 +34,9 @@ lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
 
 bench: $(STAMP)  ## benchmark against piper-tts: bench/results.json, bench/REPORT.md, bench/latency.png
 	$(VENV)/bin/python -m bench.run --out-dir bench
+
+bench-fleet: $(STAMP)  ## the operator tool against 100-3,000 simulated nodes: bench/FLEET.md, bench/fleet.json
+	$(VENV)/bin/python -m bench.fleet --out-dir bench --save-every-change 300,1000
 
 soak: $(STAMP)  ## 30 minutes under a steady mix: bench/SOAK.md, bench/soak.json
 	$(VENV)/bin/python -m tests.soak --minutes 30 --out bench

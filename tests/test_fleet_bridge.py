@@ -24,7 +24,7 @@ from tests.release_server import ReleaseServer
 from tests.test_faults import PartitionProxy
 from tests.test_ota import make_release
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.fleet]
 
 BRIDGE_ID = "central-bridge"
 

@@ -33,7 +33,7 @@ from ota.connection import BrokerSettings
 from ota.fleet import Fleet
 from ota.rollout_state import Wave
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.fleet]
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from harness import (
 )
 from harness.rhasspy import Published, Reply, RhasspyClient, ensure_venv
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.clients]
 
 SITE: Final = "kitchen"
 """The agent's Hermes site id."""

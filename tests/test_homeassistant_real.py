@@ -36,7 +36,7 @@ from ota import release
 from tests.release_server import ReleaseServer
 from tests.tiny_voice import write_tiny_voice
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.clients]
 
 ANNOUNCED: Final = {
     "notify": 1,
