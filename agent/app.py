@@ -18,14 +18,15 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import replace
 from typing import Final
 
 from . import version as package_version
 from .board import board
 from .chimes import ChimePlan, chime_bank
 from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
-from .core import SpeakCore
+from .core import SpeakCore, Timing
 from .discovery import result_message
 from .flood import FloodGate
 from .hermes_bridge import HermesBridge
@@ -70,7 +71,7 @@ from .messages import (
 from .mqtt_link import MessageHandler, MqttLink
 from .payloads import encode_event
 from .phrase_cache import PhraseCache
-from .player import PcmOpener, Player, alsa_opener
+from .player import IdlePolicy, PcmOpener, Player, alsa_opener
 from .routes import Route, RoutedEvent, route_table
 from .states import UpdatePhase, UpdateReport
 from .status import NodeFacts, Status
@@ -117,12 +118,14 @@ class App:
         self._voices = voices  # the loop's own; the synthesizer has its copy
         rate = _common_rate(voices)
         bank = chime_bank(audio.chime_files, rate)
+        timing = Timing(speak.max_lead_seconds, speak.max_late_seconds, speak.prepare_seconds)
         self._core = SpeakCore(
-            speak.queue_size, speak.remembered_ids, frozenset(voices), frozenset(bank)
+            speak.queue_size, speak.remembered_ids, frozenset(voices), frozenset(bank), timing
         )
         opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
         report = self._inbox.report
-        self._player = Player(opener, rate, report, audio.volume, audio.alarm_volume_floor)
+        idle = IdlePolicy(audio.lead_in_ms / 1000, audio.idle_wake_s, audio.release_when_idle_s)
+        self._player = Player(opener, rate, report, audio.volume, audio.alarm_volume_floor, idle)
         self._cache = PhraseCache(
             resolve_cache_dir(cache, environ) / "phrases", cache.memory_bytes, cache.disk_bytes
         )
@@ -298,6 +301,8 @@ class App:
         wall = None  # when its events happened: the audio writer's time for these, else now
         if isinstance(event, UtteranceStarted | UtteranceEnded) and event.wall:
             wall = event.wall
+        if isinstance(event, SpeakReceived) and not event.wall:
+            event = replace(event, wall=time.time())  # places a request's `at` on the core's clock
         with self._ledger.transaction():
             for action in self._core.handle(event, now):
                 self._execute(action, now, wall)
@@ -355,7 +360,7 @@ class App:
                 self._notify(action, now, time.time() if wall is None else wall)
             case Synthesize(request, play, job):
                 self._ledger.activated(request.id)  # a crash from here on counts (crash loops)
-                self._synthesizer.submit(request, job)
+                self._synthesizer.submit(request, job, start_at=request.at if play == 1 else None)
                 _LOGGER.debug("Synthesizing %s, play %d (job %d)", request.id, play, job)
             case Cut(_, job):
                 self._synthesizer.cancel(job)
@@ -486,6 +491,16 @@ class App:
         return True
 
 
+def announce_role(device: str, role: str | None, environ: MutableMapping[str, str]) -> None:
+    """Give the audio stream its role (`media.role`) through the environment that the ALSA
+    `pulse` and `pipewire` plugins read when they open a stream: the sound server's ducking
+    then lowers other streams while the agent speaks."""
+    if role is None or not device.startswith(("pulse", "pipewire", "paced")):
+        return
+    environ.setdefault("PULSE_PROP", f"media.role={role}")
+    environ.setdefault("PIPEWIRE_PROPS", f"{{ media.role = {role} }}")
+
+
 def voice_names(voices: Mapping[str, VoiceChoice]) -> dict[str, str]:
     """Voice id -> the name people see (from the voice's JSON; the id added if two match)."""
     labels = {vid: choice.voice.info.label(vid) for vid, choice in voices.items()}
@@ -529,6 +544,7 @@ def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], Non
     from .voices import load_voices  # noqa: PLC0415 - kept beside run for the command line
 
     os.umask(0o077)  # the journal, update slots, staged downloads and caches: the agent's only
+    announce_role(config.audio.device, config.audio.media_role, os.environ)
 
     app = App(config, load_voices(config))
     install_signals(app.request_stop)

@@ -184,6 +184,30 @@ class AudioConfig:
         1.0,
         _between(0, 1),
     )
+    lead_in_ms: int = _key(
+        "Silence played before an announcement whenever the device has been idle longer than "
+        "`audio.idle_wake_s` (milliseconds): speakers that sleep (HDMI, Bluetooth, amplifiers "
+        "that mute when idle) wake on it and the first word is heard. 0: none.",
+        0,
+        _between(0, 5000),
+    )
+    idle_wake_s: float = _key(
+        "Idle time after which `audio.lead_in_ms` is played first (seconds).",
+        30.0,
+        _between(0, 86400),
+    )
+    release_when_idle_s: float = _key(
+        "Close the ALSA device after this long idle, so other programs can use a `hw:` device; "
+        "it is opened again for the next announcement (seconds). 0: keep it open.",
+        0.0,
+        _between(0, 86400),
+    )
+    media_role: str | None = _key(
+        "The role the agent's audio stream announces to PulseAudio or PipeWire (`media.role`), "
+        "so their ducking lowers other streams while it speaks; used when `audio.device` is "
+        "`pulse` or `pipewire`; null for none.",
+        "announce",
+    )
     alarm_volume_floor: float = _key(
         "Least volume of alarm and critical announcements, 0 to 1, whatever the global and "
         "requested volumes.",
@@ -305,6 +329,29 @@ class SpeakConfig:
         "evacuation text that must run longer is sent as several messages, or with `repeat`.",
         120.0,
         _between(5, 3600),
+    )
+    groups: tuple[str, ...] = _key(
+        "Speak groups this node belongs to: it takes what is sent to "
+        "`<prefix>/group/<group>/speak` (and `stop`, `ack`) as its own.",
+        (),
+        _name,
+    )
+    max_lead_seconds: float = _key(
+        "Furthest ahead a request's `at` may be (seconds); further is rejected at_too_far.",
+        3600.0,
+        _between(1, 86400),
+    )
+    max_late_seconds: float = _key(
+        "A request whose `at` passed less than this long ago starts at once and says how late "
+        "(`late_ms`); longer ago it is rejected at_passed (seconds).",
+        10.0,
+        _between(0, 3600),
+    )
+    prepare_seconds: float = _key(
+        "How long before its `at` a timed request is made ready (synthesis or cache, the device "
+        "opened), so that its first sample plays on time (seconds).",
+        5.0,
+        _between(0.5, 600),
     )
     queue_size: int = _key(
         "Most announcements waiting to be spoken (count); more are rejected.",

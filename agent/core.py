@@ -69,6 +69,18 @@ from .messages import (
 )
 
 REQUEUED_WHEN_PREEMPTED = frozenset({Priority.INFO, Priority.WARNING, Priority.ALARM})
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The bounds of timed requests (`at`), in seconds: how far ahead, how late, and how long
+    before its start one is made ready."""
+
+    max_lead: float = 3600.0
+    max_late: float = 10.0
+    prepare: float = 5.0
+
+
 """Classes that are played again after a preemption; chat is dropped (critical is never cut)."""
 
 
@@ -135,8 +147,10 @@ class SpeakCore:
         remembered_ids: int,
         voices: frozenset[str] = frozenset({"default"}),
         chimes: frozenset[str] = frozenset(),
+        timing: Timing | None = None,
     ) -> None:
         self._queue_size = queue_size
+        self._timing = timing or Timing()
         self._voices = voices
         self._chimes = chimes
         self._queue: list[_Item] = []
@@ -178,7 +192,7 @@ class SpeakCore:
         for fingerprint in fingerprints:
             self._fingerprints.add(fingerprint)
         for unfinished in pending:
-            request = unfinished.request
+            request = replace(unfinished.request, at=None)  # its moment is gone: as soon as it can
             self._seen.add(request.id)
             self._seq += 1
             ttl_left = unfinished.ttl_left
@@ -224,12 +238,12 @@ class SpeakCore:
     def handle(self, event: Event, now: float) -> list[Action]:  # noqa: PLR0911, PLR0912 - per kind
         """Decide the actions that follow from one event at time `now` (seconds)."""
         match event:
-            case SpeakReceived(request, delivery):
+            case SpeakReceived(request, delivery, wall):
                 if delivery.redelivered and (
                     request.id in self._seen or delivery.fingerprint in self._fingerprints
                 ):
                     return [Acknowledge(delivery)]  # the broker resent what we already took
-                admitted = self._admit(request, delivery, now)
+                admitted = self._admit(request, delivery, now, wall)
                 return [*admitted, Acknowledge(delivery), *self._next(now)]
             case SpeakInvalid(rejection, delivery):
                 return [_rejected(rejection), Acknowledge(delivery)]
@@ -252,8 +266,8 @@ class SpeakCore:
                 if self._active is not None and self._is_active(request_id, job):
                     self._active.synthesized = True
                 return self._finish_active(now)
-            case UtteranceStarted(request_id, job):
-                return self._started(request_id, job)
+            case UtteranceStarted(request_id, job, _, late_ms):
+                return self._started(request_id, job, late_ms)
             case UtteranceEnded():
                 return [*self._ended(event, now), *self._finish_active(now)]
             case SwapRequested(token):
@@ -268,9 +282,11 @@ class SpeakCore:
 
     # ---- arrivals ---------------------------------------------------------------------------
 
-    def _admit(self, request: SpeakRequest, delivery: Delivery, now: float) -> list[Action]:
+    def _admit(
+        self, request: SpeakRequest, delivery: Delivery, now: float, wall: float = 0.0
+    ) -> list[Action]:
         request = replace(request, voice=request.voice or self._selected_voice)
-        refusal = self._refusal(request)
+        refusal = self._refusal(request) or self._untimely(request, wall)
         if refusal is not None:
             return [_rejected(refusal)]
         if delivery.expiry is not None and (request.ttl is None or delivery.expiry < request.ttl):
@@ -281,6 +297,8 @@ class SpeakCore:
         self._seq += 1
         deadline = None if request.ttl is None else now + request.ttl
         item = _Item(request, self._seq, deadline)
+        if request.at is not None:  # made ready `prepare` before its start: not before
+            item.not_before = now + (request.at - wall) - self._timing.prepare
         actions: list[Action] = []
         if replaced is not None:
             self._queue.remove(replaced)
@@ -316,6 +334,19 @@ class SpeakCore:
             return Rejection(
                 request.id, Reason.UNKNOWN_CHIME, f"known chimes: {known}", "chime", priority
             )
+        return None
+
+    def _untimely(self, request: SpeakRequest, wall: float) -> Rejection | None:
+        """Why a timed request cannot start at its `at`, if it cannot."""
+        if request.at is None:
+            return None
+        ahead = request.at - wall
+        if ahead > self._timing.max_lead:
+            detail = f"{ahead:.0f} s ahead, at most {self._timing.max_lead:g} s"
+            return Rejection(request.id, Reason.AT_TOO_FAR, detail, "at", request.priority)
+        if ahead < -self._timing.max_late:
+            detail = f"{-ahead:.1f} s ago, at most {self._timing.max_late:g} s late"
+            return Rejection(request.id, Reason.AT_PASSED, detail, "at", request.priority)
         return None
 
     def _waiting_with_key(self, key: str | None) -> _Item | None:
@@ -358,6 +389,7 @@ class SpeakCore:
         ]
         if current.request.priority in REQUEUED_WHEN_PREEMPTED:
             current.not_before = 0.0
+            current.request = replace(current.request, at=None)  # played again when it can
             refused = self._enqueue_bounded(current)
             if current in self._queue:
                 actions.append(_notify(current, Lifecycle.REQUEUED, queue_depth=len(self._queue)))
@@ -448,12 +480,15 @@ class SpeakCore:
 
     # ---- playback ---------------------------------------------------------------------------
 
-    def _started(self, request_id: str, job: int) -> list[Action]:
+    def _started(self, request_id: str, job: int, late_ms: float | None) -> list[Action]:
         active = self._active
         if active is None or active.cut or not self._is_active(request_id, job):
             return []
         active.started = True
-        return [_notify(active.item, Lifecycle.STARTED, play=active.item.plays + 1)]
+        details: dict[str, object] = {"play": active.item.plays + 1}
+        if late_ms is not None:
+            details["late_ms"] = round(late_ms, 1)
+        return [_notify(active.item, Lifecycle.STARTED, **details)]
 
     def _ended(self, event: UtteranceEnded, now: float) -> list[Action]:
         active = self._active

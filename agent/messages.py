@@ -67,6 +67,10 @@ class Reason(StrEnum):
     AUDIO_ERROR = "audio_error"
     UNSUPPORTED_AUDIO = "unsupported_audio"
     """A sound file that is no audio the agent can decode (or longer than a minute)."""
+    AT_TOO_FAR = "at_too_far"
+    """Its `at` is further ahead than `speak.max_lead_seconds`."""
+    AT_PASSED = "at_passed"
+    """Its `at` passed more than `speak.max_late_seconds` ago."""
     TOO_LONG = "too_long"
     """Its speech would last longer than `speak.max_audio_seconds`."""
     CRASH_LOOP = "crash_loop"
@@ -147,6 +151,9 @@ class SpeakRequest:
     """A later request with the same key replaces this one while it waits."""
     audio: AudioClip | None = None
     """Play this instead of synthesizing `text` (which then only describes it)."""
+    at: float | None = None
+    """The wall-clock instant (Unix seconds) its first sample should reach the speaker (a
+    common start across the nodes of a group); None: as soon as it can."""
 
     @property
     def interrupts(self) -> bool:
@@ -191,6 +198,9 @@ class SpeakReceived:
 
     request: SpeakRequest
     delivery: Delivery
+    wall: float = field(default=0.0, compare=False)
+    """Wall-clock time (Unix seconds) it is handled at: how a request's `at` is placed on the
+    core's clock."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +282,9 @@ class UtteranceStarted:
     job: int = 0
     wall: float = field(default=0.0, compare=False)
     """Wall-clock time it happened (seconds since the epoch): the `ts` of its events."""
+    late_ms: float | None = None
+    """For a timed request (`at`): how much later than asked its first sample plays (0: on
+    time)."""
 
 
 @dataclass(frozen=True, slots=True)

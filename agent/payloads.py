@@ -54,6 +54,24 @@ def _name(max_chars: int) -> Check:
     return check
 
 
+def _instant(value: object) -> tuple[object, str | None]:
+    """A wall-clock instant: ISO 8601 with a time zone (UTC), or Unix seconds; as Unix seconds."""
+    expected = "expected an ISO 8601 time with its zone (UTC) or Unix seconds"
+    if isinstance(value, bool):
+        return None, expected
+    if isinstance(value, int | float):
+        return (float(value), None) if math.isfinite(value) and value > 0 else (None, expected)
+    if not isinstance(value, str) or len(value) > 64:
+        return None, expected
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None, expected
+    if moment.tzinfo is None:
+        return None, expected
+    return moment.timestamp(), None
+
+
 def _boolean(value: object) -> tuple[object, str | None]:
     return (value, None) if isinstance(value, bool) else (None, "expected true or false")
 
@@ -82,6 +100,7 @@ SPEAK_FIELDS: Final[Mapping[str, Check]] = {
     "repeat": _integer(0, 1000),
     "repeat_interval": _number(0.0, 86400),
     "dedupe_key": _name(MAX_ID_CHARS),
+    "at": _instant,
 }
 """Optional JSON fields of a speak payload (besides `id` and `text`), with their checks."""
 

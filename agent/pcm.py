@@ -33,3 +33,6 @@ class Chunk:
     priority: Priority = Priority.INFO
     job: int = 0
     """The activation token (see `messages.Synthesize.job`): cuts and reports name it."""
+    start_at: float | None = None
+    """The wall-clock instant (Unix seconds) the utterance's first sample should play: the
+    player pads with silence to the exact frame (a timed request)."""

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 import numpy as np
@@ -35,6 +35,9 @@ BUFFER_CHUNKS: Final = 2
 """Chunks the double buffer holds between synthesis and the ALSA writer."""
 _POLL_SECONDS: Final = 0.05
 _REOPEN_MAX_SECONDS: Final = 10.0
+START_PAD_PERIODS: Final = 4
+"""A timed utterance's silence is written this close to its instant (periods): near enough that
+the device, started by the write, plays it out exactly."""
 _SILENT: Final = 64
 """A sample this small (about -54 dBFS) ends a sound without an audible click."""
 
@@ -89,6 +92,17 @@ def alsa_opener(device: str, rate: int, period_ms: int, periods: int) -> PcmOpen
     return open_pcm
 
 
+@dataclass(frozen=True, slots=True)
+class IdlePolicy:
+    """What the player does about an idle device (seconds; 0 turns each off)."""
+
+    lead_in: float = 0.0
+    """Silence before an announcement whenever the device was idle longer than `wake_after`."""
+    wake_after: float = 30.0
+    release_after: float = 0.0
+    """Close the device after this long idle (reopened for the next announcement)."""
+
+
 @dataclass(slots=True)
 class _Utterance:
     """What the writer knows about the announcement it is playing."""
@@ -100,20 +114,27 @@ class _Utterance:
     cut: bool = False
     last_sample: int = 0
     """The last sample written: a cut between chunks ramps from it to silence."""
+    start_at: float | None = None
+    """A timed utterance's instant (Unix seconds): its first sample plays then."""
+    late_ms: float | None = None
+    """How late its first sample played, for a timed utterance (0: on time)."""
 
 
 class Player:
     """Writer thread over a kept-open PCM; reports started, ended and device availability."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the composition root passes every setting
         self,
         open_pcm: PcmOpener,
         rate: int,
         report: Callable[[Event], object],
         volume: float = 1.0,
         floor: float = 0.0,
+        idle: IdlePolicy | None = None,
     ) -> None:
         self._open_pcm = open_pcm
+        self._idle = idle or IdlePolicy()
+        self._last_sound = time.monotonic()
         self._rate = rate
         self._report = report
         self._buffer: queue.Queue[Chunk] = queue.Queue(maxsize=BUFFER_CHUNKS)
@@ -189,9 +210,12 @@ class Player:
             except queue.Empty:
                 if self._pcm is None and self._available is False:
                     self._reopen_blocking()  # nothing starts until the device is back
+                elif self._pcm is not None and self._idle_too_long():
+                    _LOGGER.info("Audio device idle: released until the next announcement")
+                    self._close()  # other programs may use a hw: device meanwhile
                 continue
             if current is None or current.job != chunk.job:
-                current = _Utterance(chunk.id, chunk.job)
+                current = _Utterance(chunk.id, chunk.job, start_at=chunk.start_at)
                 with self._lock:  # cuts of earlier activations can no longer matter
                     self._cuts = {job for job in self._cuts if job >= chunk.job}
             if chunk.pcm is not None and current.error is None and not current.cut:
@@ -200,16 +224,17 @@ class Player:
                 self._end(current, chunk)
                 current = None
 
+    def _idle_too_long(self) -> bool:
+        release = self._idle.release_after
+        return release > 0 and time.monotonic() - self._last_sound > release
+
     def _is_cut(self, job: int) -> bool:
         with self._lock:
             return job in self._cuts
 
     def _play(self, current: _Utterance, chunk: Chunk) -> None:
         assert chunk.pcm is not None  # noqa: S101 - checked by the caller
-        try:
-            self._ensure_open(current.job)
-        except AudioUnavailableError as err:
-            current.error = (Reason.AUDIO_ERROR, str(err))
+        if not self._ready(current):
             return
         step = self._period_frames
         for start in range(0, len(chunk.pcm), step):
@@ -230,10 +255,80 @@ class Player:
                 return
             current.last_sample = int(samples[-1]) if len(samples) else 0
             if current.frames == 0:
-                self._report(UtteranceStarted(current.id, current.job, time.time()))
+                started = current.start_at if current.late_ms == 0 else time.time()
+                report = UtteranceStarted(current.id, current.job, started or time.time())
+                self._report(replace(report, late_ms=current.late_ms))
             current.frames += len(period)
             if current.cut:
                 return
+
+    def _ready(self, current: _Utterance) -> bool:
+        """The device open and, before an utterance's first sample, its start: on its instant
+        (timed) or after a lead-in (a sleeping speaker); False if it will not play."""
+        try:
+            self._ensure_open(current.job)
+        except AudioUnavailableError as err:
+            current.error = (Reason.AUDIO_ERROR, str(err))
+            return False
+        if current.frames:
+            return True
+        if current.start_at is not None and current.late_ms is None:
+            return self._wait_for_start(current)
+        return self._lead_in(current)
+
+    def _wait_for_start(self, current: _Utterance) -> bool:
+        """Hold a timed utterance until its instant, then pad with silence to the exact frame
+        (counting what the device still has to play), so its first sample plays at
+        `start_at` on this machine's clock; late: start at once and say by how much. False if
+        it was cut (or the player stops) while it waited."""
+        assert current.start_at is not None  # noqa: S101 - checked by the caller
+        rate, period = self._rate, self._period_frames
+        while True:
+            if self._stopping.is_set() or self._is_cut(current.job):
+                return False
+            ahead = current.start_at - time.time()
+            if ahead <= 0:
+                current.late_ms = -ahead * 1000
+                return True
+            pad = round(ahead * rate) - self._queued_frames()
+            near = max(START_PAD_PERIODS * period, round(self._idle.lead_in * rate))
+            if pad <= near:
+                try:
+                    if pad > 0:
+                        self._write(bytes(2 * pad))
+                except AudioUnavailableError as err:
+                    current.error = (Reason.AUDIO_ERROR, str(err))
+                    return False
+                current.late_ms = 0.0
+                return True
+            wait = (pad - near) / rate
+            self._wakeup.wait(min(wait, _POLL_SECONDS))  # a cut or a stop ends the wait
+            self._wakeup.clear()
+
+    def _lead_in(self, current: _Utterance) -> bool:
+        """Silence before the first sample when the device has been idle a while: a speaker
+        that sleeps (HDMI, Bluetooth, an amplifier that mutes) wakes on it, so the first word
+        is heard. False if the device failed."""
+        frames = round(self._idle.lead_in * self._rate)
+        if frames <= 0 or time.monotonic() - self._last_sound < self._idle.wake_after:
+            return True
+        try:
+            self._write(bytes(2 * frames))
+        except AudioUnavailableError as err:
+            current.error = (Reason.AUDIO_ERROR, str(err))
+            return False
+        return True
+
+    def _queued_frames(self) -> int:
+        """Frames written to the device and not yet played (0 when the device cannot say)."""
+        avail = getattr(self._pcm, "avail", None)
+        info = getattr(self._pcm, "info", None)
+        if avail is None or info is None:
+            return 0
+        try:
+            return max(0, int(info()["buffer_size"]) - int(avail()))
+        except Exception:  # noqa: BLE001 - a device that cannot tell: assume it is idle
+            return 0
 
     def _write(self, data: bytes) -> None:
         assert self._pcm is not None  # noqa: S101 - called after _ensure_open
@@ -263,6 +358,7 @@ class Player:
                 current.error = (Reason.AUDIO_ERROR, str(err))
         with self._lock:
             self._cuts.discard(current.job)
+        self._last_sound = time.monotonic()
         error = current.error
         if error is None and chunk.error is not None:
             error = (chunk.error, chunk.detail)

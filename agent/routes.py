@@ -96,6 +96,10 @@ def route_table(
         topics.replay: lambda _t, _p, delivery: ReplayRequested(delivery),
         topics.voice: _voice(voice_names or {}),
     }
+    for group in config.speak.groups:  # a group's messages are the node's own
+        routes[topics.group(group, "speak")] = routes[topics.speak]
+        routes[topics.group(group, "stop")] = routes[topics.stop]
+        routes[topics.group(group, "ack")] = routes[topics.ack]
     if config.homeassistant.discovery:
         routes[config.homeassistant.birth_topic] = _birth
     if config.hermes.enabled:

@@ -146,7 +146,7 @@ class Status:
             "node": self._config.node_id,
             "agent_version": facts.agent_version,
             "device_class": self._config.ota.device_class,
-            "groups": sorted(self._config.ota.groups),
+            "groups": sorted(self._config.speak.groups),
             "ota_groups": sorted(self._config.ota.groups),
             "audio": "available" if facts.audio_available else "unavailable",
             "volume": round(facts.volume, 3),

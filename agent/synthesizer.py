@@ -74,6 +74,8 @@ _PHRASES: Final = -1
 class _Job:
     request: SpeakRequest
     token: int
+    start_at: float | None = None
+    """The wall-clock instant its first sample should play (a timed request's first play)."""
 
 
 class _CancelledError(Exception):
@@ -124,14 +126,14 @@ class Synthesizer:
             _LOGGER.info("Phrase cache: rendering %d phrases in the background", len(self._phrases))
         self._thread.start()
 
-    def submit(self, request: SpeakRequest, job: int = 0) -> None:
+    def submit(self, request: SpeakRequest, job: int = 0, start_at: float | None = None) -> None:
         """Hand over a request (`job`: its activation token); the core only does so when the
         worker is free of requests. Phrase rendering in progress is aborted: requests go first."""
         with self._lock:
             self._cancelled = {token for token in self._cancelled if token >= job}
             if self._running is not None and self._running[0] == _PHRASES:
                 self._running[1].cancel()
-        self._commands.put_nowait(_Job(request, job))
+        self._commands.put_nowait(_Job(request, job, start_at))
 
     def use_voice(self, choice: VoiceChoice) -> None:
         """Replace a voice (a model update); requests after this one use it, and the configured
@@ -319,7 +321,12 @@ class Synthesizer:
             cancelled = job.token in self._cancelled
         request = job.request
         chunk = Chunk(
-            request.id, pcm, volume=request.volume, priority=request.priority, job=job.token
+            request.id,
+            pcm,
+            volume=request.volume,
+            priority=request.priority,
+            job=job.token,
+            start_at=job.start_at,  # the player waits for it before the first sample only
         )
         if cancelled or self._stopping.is_set() or not self._put(chunk):
             raise _CancelledError

@@ -33,6 +33,10 @@ class Topics:
         """The end of each announcement, for Home Assistant's event entity (published)."""
         return f"{self.prefix}/{self.node_id}/result"
 
+    def group(self, group: str, command: str) -> str:
+        """A speak group's topic (`speak`, `stop` or `ack`), subscribed by every node in it."""
+        return f"{self.prefix}/group/{group}/{command}"
+
     @property
     def stop(self) -> str:
         """Stop what is playing; `{"clear": true}` also empties the queue (subscribed, QoS 1)."""
