@@ -25,6 +25,7 @@ from typing import Final
 from . import version as package_version
 from .board import board
 from .chimes import ChimePlan, chime_bank
+from .clock import clock_sync
 from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
 from .core import SpeakCore, Timing
 from .discovery import result_message
@@ -476,6 +477,7 @@ class App:
             started_at=self._started_wall,
             voice_names=self._voice_names,
             board=self._board,
+            clock=None if (sync := clock_sync()) is None else sync.as_json(),
         )
 
     # ---- model updates ----------------------------------------------------------------------

@@ -388,8 +388,10 @@ class SpeakCore:
             _notify(current, Lifecycle.PREEMPTED, by=item.request.id),
         ]
         if current.request.priority in REQUEUED_WHEN_PREEMPTED:
-            current.not_before = 0.0
-            current.request = replace(current.request, at=None)  # played again when it can
+            if active.started or current.request.at is None:  # played again when it can
+                current.not_before = 0.0
+                current.request = replace(current.request, at=None)
+            # a timed one cut while it waited for its instant keeps it: still in step
             refused = self._enqueue_bounded(current)
             if current in self._queue:
                 actions.append(_notify(current, Lifecycle.REQUEUED, queue_depth=len(self._queue)))

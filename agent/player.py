@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
@@ -27,6 +28,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 
 from .messages import AudioStatus, Event, Reason, UtteranceEnded, UtteranceStarted
 from .pcm import Chunk
+from .start_clock import frame_at
 from .volume import effective_volume
 
 _LOGGER = logging.getLogger(__name__)
@@ -35,9 +37,12 @@ BUFFER_CHUNKS: Final = 2
 """Chunks the double buffer holds between synthesis and the ALSA writer."""
 _POLL_SECONDS: Final = 0.05
 _REOPEN_MAX_SECONDS: Final = 10.0
-START_PAD_PERIODS: Final = 4
-"""A timed utterance's silence is written this close to its instant (periods): near enough that
-the device, started by the write, plays it out exactly."""
+RUN_BEFORE_SECONDS: Final = 0.3
+"""A timed utterance's device runs on silence from this long (plus its buffer) before the
+instant: long enough to see where the stream is (`start_clock`)."""
+_OBSERVATIONS: Final = 40
+"""The most recent (time, frames taken) pairs kept while running on silence (half of them
+are needed before the start is placed)."""
 _SILENT: Final = 64
 """A sample this small (about -54 dBFS) ends a sound without an audible click."""
 
@@ -277,33 +282,60 @@ class Player:
         return self._lead_in(current)
 
     def _wait_for_start(self, current: _Utterance) -> bool:
-        """Hold a timed utterance until its instant, then pad with silence to the exact frame
-        (counting what the device still has to play), so its first sample plays at
-        `start_at` on this machine's clock; late: start at once and say by how much. False if
-        it was cut (or the player stops) while it waited."""
+        """Hold a timed utterance until its instant: shortly before it, run the device on
+        silence, note where the stream is (`start_clock`), and pad to the exact frame that
+        plays at `start_at` on this machine's clock. Late: start at once and say by how much.
+        False if it was cut (or the player stops) while it waited."""
         assert current.start_at is not None  # noqa: S101 - checked by the caller
         rate, period = self._rate, self._period_frames
-        while True:
-            if self._stopping.is_set() or self._is_cut(current.job):
-                return False
-            ahead = current.start_at - time.time()
-            if ahead <= 0:
-                current.late_ms = -ahead * 1000
-                return True
-            pad = round(ahead * rate) - self._queued_frames()
-            near = max(START_PAD_PERIODS * period, round(self._idle.lead_in * rate))
-            if pad <= near:
-                try:
-                    if pad > 0:
-                        self._write(bytes(2 * pad))
-                except AudioUnavailableError as err:
-                    current.error = (Reason.AUDIO_ERROR, str(err))
-                    return False
-                current.late_ms = 0.0
-                return True
-            wait = (pad - near) / rate
-            self._wakeup.wait(min(wait, _POLL_SECONDS))  # a cut or a stop ends the wait
+        run_before = max(RUN_BEFORE_SECONDS, self._idle.lead_in) + self._buffer_seconds()
+        silence = bytes(2 * period)
+        settled = round(self._buffer_seconds() * rate) + 2 * period  # full, then paced twice
+        observed: deque[tuple[float, int]] = deque(maxlen=_OBSERVATIONS)
+        written = 0
+        try:
+            while not (self._stopping.is_set() or self._is_cut(current.job)):
+                ahead = current.start_at - time.time()
+                if not written and ahead > run_before:
+                    self._wakeup.wait(min(ahead - run_before, _POLL_SECONDS))
+                    self._wakeup.clear()  # a cut or a stop ends the wait; checked above
+                    continue
+                if not written and (ahead <= 0 or self._queued_frames() is None):
+                    return self._start_unpadded(current, ahead)
+                if len(observed) >= _OBSERVATIONS // 2:
+                    pad = frame_at(observed, rate, current.start_at) - written
+                    if pad < period:
+                        self._write(bytes(2 * max(0, pad)))
+                        current.late_ms = max(0.0, -pad * 1000 / rate)
+                        return True
+                self._write(silence)  # blocks while the device buffer is full: paced
+                written += period
+                taken = written - (self._queued_frames() or 0)
+                if taken == written and not observed:  # took it all at once: not real time
+                    return self._start_unpadded(current, current.start_at - time.time())
+                if written > settled:  # while it fills, where the stream is is not known
+                    observed.append((time.time(), taken))
+        except AudioUnavailableError as err:
+            current.error = (Reason.AUDIO_ERROR, str(err))
+        return False
+
+    def _start_unpadded(self, current: _Utterance, ahead: float) -> bool:
+        """A timed start without the stream's position: late (start now, say how late), or a
+        device that cannot say what it holds (wait for the instant by the clock)."""
+        assert current.start_at is not None  # noqa: S101 - checked by the caller
+        while ahead > 0 and not (self._stopping.is_set() or self._is_cut(current.job)):
+            self._wakeup.wait(min(ahead, _POLL_SECONDS))
             self._wakeup.clear()
+            ahead = current.start_at - time.time()
+        current.late_ms = max(0.0, -ahead * 1000)
+        return ahead <= 0
+
+    def _buffer_seconds(self) -> float:
+        info = getattr(self._pcm, "info", None)
+        try:
+            return int(info()["buffer_size"]) / self._rate if info else 0.0
+        except Exception:  # noqa: BLE001 - a device that cannot tell
+            return 0.0
 
     def _lead_in(self, current: _Utterance) -> bool:
         """Silence before the first sample when the device has been idle a while: a speaker
@@ -312,23 +344,27 @@ class Player:
         frames = round(self._idle.lead_in * self._rate)
         if frames <= 0 or time.monotonic() - self._last_sound < self._idle.wake_after:
             return True
+        period = self._period_frames
         try:
-            self._write(bytes(2 * frames))
+            for start in range(0, frames, period):  # a period at a time, as speech is written
+                if self._is_cut(current.job) or self._stopping.is_set():
+                    return False
+                self._write(bytes(2 * min(period, frames - start)))
         except AudioUnavailableError as err:
             current.error = (Reason.AUDIO_ERROR, str(err))
             return False
         return True
 
-    def _queued_frames(self) -> int:
-        """Frames written to the device and not yet played (0 when the device cannot say)."""
+    def _queued_frames(self) -> int | None:
+        """Frames written to the device and not yet taken by it (None: it cannot say)."""
         avail = getattr(self._pcm, "avail", None)
         info = getattr(self._pcm, "info", None)
         if avail is None or info is None:
-            return 0
+            return None
         try:
             return max(0, int(info()["buffer_size"]) - int(avail()))
-        except Exception:  # noqa: BLE001 - a device that cannot tell: assume it is idle
-            return 0
+        except Exception:  # noqa: BLE001 - a device that cannot tell
+            return None
 
     def _write(self, data: bytes) -> None:
         assert self._pcm is not None  # noqa: S101 - called after _ensure_open

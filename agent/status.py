@@ -62,6 +62,8 @@ class NodeFacts:
     """Voice id -> the name people see."""
     board: tuple[str, str] = ("Generic", "computer")
     """The machine's maker and model."""
+    clock: Mapping[str, object] | None = None
+    """The clock's synchronisation (`clock.ClockSync.as_json`); None: the system does not say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,7 @@ class Status:
             "uptime_s": round(facts.uptime_s),
             "started_at": _stamp(facts.started_at),
             "speaking": facts.speaking,
+            "clock": "unknown" if facts.clock is None else dict(facts.clock),
         }
         return self._topics.state, json.dumps(body).encode("utf-8"), True
 

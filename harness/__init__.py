@@ -5,7 +5,7 @@ captured audio. No mocks. `tests/` and `bench/` both import it."""
 from __future__ import annotations
 
 from .agent import AgentProcess, agent_config, write_config
-from .audio import FaultyPcm, PulseNullSink, read_pcm, speech_stats
+from .audio import FaultyPcm, PulseNullSink, onsets, read_pcm, speech_stats
 from .broker import Broker, Pki, free_port, make_pki
 from .mqtt import Received, Watcher, publish
 from .wait import ROOT, TIMEOUT, wait_until
@@ -23,6 +23,7 @@ __all__ = [
     "agent_config",
     "free_port",
     "make_pki",
+    "onsets",
     "publish",
     "read_pcm",
     "speech_stats",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import alsaaudio
@@ -41,16 +41,21 @@ class PulseNullSink:
     The ALSA config it writes defines `paced_capture`: a `file` PCM over `pulse` that also keeps
     every frame written in the file named by $CAPTURE_FILE (platform notes)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(
+        self, workdir: Path, sink: str = "", modules: Sequence[str] = (), pcms: str = ""
+    ) -> None:
+        """`sink`: arguments of the null sink (e.g. `rate=22050 channels=2`); `modules`: more
+        `load-module` lines (role ducking); `pcms`: more ALSA PCM definitions for clients."""
         workdir.mkdir(parents=True, exist_ok=True)
         self.socket = workdir / "pulse.socket"
         self.script = workdir / "null.pa"
-        self.script.write_text(
-            "load-module module-null-sink sink_name=nullsink\n"
-            f"load-module module-native-protocol-unix auth-anonymous=1 socket={self.socket}\n"
-            "set-default-sink nullsink\n",
-            encoding="utf-8",
-        )
+        lines = [
+            f"load-module module-null-sink sink_name=nullsink {sink}".strip(),
+            *modules,
+            f"load-module module-native-protocol-unix auth-anonymous=1 socket={self.socket}",
+            "set-default-sink nullsink",
+        ]
+        self.script.write_text("\n".join(lines) + "\n", encoding="utf-8")
         self.xdg = workdir / "xdg"
         (self.xdg / "alsa").mkdir(parents=True, exist_ok=True)
         (self.xdg / "alsa" / "asoundrc").write_text(
@@ -59,19 +64,40 @@ class PulseNullSink:
             '    slave.pcm "pulse"\n'
             '    file { @func getenv vars [ CAPTURE_FILE ] default "capture.raw" }\n'
             '    format "raw"\n'
-            "}\n",
+            "}\n" + pcms,
             encoding="utf-8",
         )
         self.log = workdir / "pulse.log"
         self._process: subprocess.Popen[bytes] | None = None
 
-    def env(self, capture: Path) -> dict[str, str]:
-        """Environment for a client that plays to `paced_capture` and captures to `capture`."""
-        return {
+    def env(self, capture: Path, sink: str | None = None) -> dict[str, str]:
+        """Environment for a client that plays to `paced_capture` and captures to `capture`
+        (on the default sink, or on `sink`)."""
+        env = {
             "PULSE_SERVER": f"unix:{self.socket}",
             "XDG_CONFIG_HOME": str(self.xdg),
             "CAPTURE_FILE": str(capture),
         }
+        return env if sink is None else {**env, "PULSE_SINK": sink}
+
+    def record(
+        self, path: Path, channels: int, rate: int, sink: str = "nullsink"
+    ) -> subprocess.Popen[bytes]:
+        """Record a sink's monitor (what every stream on it sums to, on the sound server's one
+        clock) as raw S16_LE to `path`; returns once samples arrive. Terminate the process to
+        stop."""
+        command = ["parec", "-d", f"{sink}.monitor", "--raw", "--format=s16le"]
+        command += [f"--rate={rate}", f"--channels={channels}", "--latency-msec=20"]
+        with path.open("wb") as out:
+            process = subprocess.Popen(command, stdout=out, env={**os.environ, **self.env(path)})
+        wait_until(lambda: path.stat().st_size > 0, 15, "the monitor recording")
+        return process
+
+    def sink_inputs(self) -> str:
+        """`pactl list sink-inputs`: the streams playing now, with their properties."""
+        env = {**os.environ, **self.env(self.socket.parent / "unused.raw")}
+        command = ["pactl", "list", "sink-inputs"]
+        return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
 
     def start(self) -> None:
         """Start the server in the foreground and wait for its socket."""
@@ -102,6 +128,16 @@ class PulseNullSink:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
             self._process.wait(10)
+
+
+def onsets(samples: npt.NDArray[np.int16], rate: int, quiet: float, level: int = 300) -> list[int]:
+    """Indices of the first sample louder than `level` after at least `quiet` seconds of samples
+    below it (the starts of sounds separated by silence)."""
+    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > level)
+    if not len(loud):
+        return []
+    gaps = np.diff(loud) > quiet * rate
+    return [int(loud[0]), *(int(i) for i in loud[1:][gaps])]
 
 
 class FaultyPcm:

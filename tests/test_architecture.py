@@ -48,6 +48,7 @@ PURE: dict[str, set[str]] = {
     "ssml": {"text"},
     "pcm": {"messages"},
     "media": set(),
+    "start_clock": set(),
 }
 """Pure modules and the agent modules each may import."""
 PURE_EXTERNAL = {
@@ -77,11 +78,11 @@ EDGES: dict[str, dict[str, set[str]]] = {
         "chimes": {"media", "messages", "pcm"},
         "healthcheck": {"voice"},
     },
-    "audio": {"player": {"messages", "pcm", "volume"}},
+    "audio": {"player": {"messages", "pcm", "start_clock", "volume"}},
     "mqtt": {"mqtt_link": {"config", "messages"}},
     "storage": {"journal": {"messages", "states"}, "ledger": {"journal", "messages", "states"}},
     "ota": {"updater": {"config", "http_fetch", "manifest", "states"}},
-    "system": {"systemd": set(), "board": set()},
+    "system": {"systemd": set(), "board": set(), "clock": set()},
     "loop": {"inbox": set(), "voice_swap": set()},
 }
 """Edges by the outside thing they own, each module with the agent modules it may import: pure

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from agent.core import RecentIds, SpeakCore
+from agent.core import RecentIds, SpeakCore, Timing
 from agent.messages import (
     UNTIL_ACKNOWLEDGED,
     Acknowledge,
@@ -575,3 +575,73 @@ def test_a_repeating_announcement_lets_the_others_of_its_class_through() -> None
     d.speak("other", INFO)
     assert kinds(d.play_out("loop"))[-1] == "synth:other"  # not loop again
     assert kinds(d.play_out("other"))[-1] == "synth:loop#2"
+
+
+# ---- timed requests (`at`) ------------------------------------------------------------------
+
+
+def timed(
+    d: Driver, request_id: str, at: float, wall: float, priority: Priority = INFO
+) -> list[Action]:
+    """A request to start at wall-clock `at`, handled when the wall clock reads `wall`."""
+    request = SpeakRequest(request_id, f"text of {request_id}", priority=priority, at=at)
+    return d.send(SpeakReceived(request, Delivery(next(d._mids), 1), wall))
+
+
+def test_a_timed_request_is_made_ready_prepare_seconds_before_its_instant() -> None:
+    d = Driver(timing=Timing(max_lead=3600, max_late=10, prepare=5))
+    assert kinds(timed(d, "t", at=1_000_060.0, wall=1_000_000.0)) == ["accepted:t", "ack:1"]
+    assert kinds(d.at(54.9).send(Tick())) == []
+    actions = d.at(55.0).send(Tick())
+    assert kinds(actions) == ["synth:t"]
+    synth = next(a for a in actions if isinstance(a, Synthesize))
+    assert synth.request.at == 1_000_060.0  # the player pads to it
+
+
+def test_a_timed_request_within_prepare_is_synthesized_at_once() -> None:
+    d = Driver(timing=Timing(prepare=5))
+    assert kinds(timed(d, "t", at=1003.0, wall=1000.0)) == ["accepted:t", "ack:1", "synth:t"]
+
+
+@pytest.mark.parametrize(
+    ("ahead", "reason"), [(3600.5, Reason.AT_TOO_FAR), (-10.5, Reason.AT_PASSED)]
+)
+def test_an_instant_too_far_ahead_or_too_long_ago_is_rejected(ahead: float, reason: Reason) -> None:
+    d = Driver(timing=Timing(max_lead=3600, max_late=10))
+    actions = timed(d, "t", at=5000.0 + ahead, wall=5000.0)
+    assert kinds(actions) == ["rejected:t", "ack:1"]
+    rejected = details(actions, "t", Lifecycle.REJECTED)
+    assert rejected["reason"] == reason
+    assert rejected["field"] == "at"
+
+
+def test_a_slightly_late_instant_starts_at_once_and_started_says_how_late() -> None:
+    d = Driver(timing=Timing(max_late=10))
+    assert kinds(timed(d, "t", at=4998.0, wall=5000.0))[-1] == "synth:t"
+    d.send(SynthesisDone("t"))
+    started = d.send(UtteranceStarted("t", late_ms=2000.0))
+    assert details(started, "t", Lifecycle.STARTED)["late_ms"] == 2000.0
+
+
+def test_an_alarm_preempts_a_timed_request_waiting_for_its_instant_which_keeps_it() -> None:
+    d = Driver(timing=Timing(prepare=5))
+    timed(d, "t", at=1004.0, wall=1000.0)  # synthesized, the player holds it for its instant
+    actions = d.at(1.0).speak("fire", ALARM)
+    assert kinds(actions) == ["accepted:fire", "cut:t", "preempted:t", "requeued:t", "ack:2"]
+    d.cut_reported("t")
+    after = d.play_out("fire")
+    synth = next(a for a in after if isinstance(a, Synthesize))
+    assert synth.request.id == "t"
+    assert synth.request.at == 1004.0  # still in step with the other nodes
+
+
+def test_a_timed_request_cut_while_playing_plays_again_when_it_can() -> None:
+    d = Driver(timing=Timing(prepare=5))
+    timed(d, "t", at=1001.0, wall=1000.0)
+    d.send(SynthesisDone("t"))
+    d.send(UtteranceStarted("t", late_ms=0.0))
+    d.at(2.0).speak("fire", ALARM)
+    d.cut_reported("t")
+    after = d.play_out("fire")
+    synth = next(a for a in after if isinstance(a, Synthesize))
+    assert (synth.request.id, synth.request.at) == ("t", None)

@@ -138,3 +138,41 @@ def test_a_lone_surrogate_is_refused_before_anything_encodes_it() -> None:
     event = encode_event("n", "x", Lifecycle.REJECTED, {"detail": "\ud800\u00e9\n"}, 0.0)
     assert event.isascii()
     assert json.loads(event)["detail"] == "\ud800\u00e9\n"
+
+
+@pytest.mark.parametrize(
+    ("at", "seconds"),
+    [
+        ('"2026-12-01T10:00:00Z"', 1796119200.0),
+        ('"2026-12-01T10:00:00.250+00:00"', 1796119200.25),
+        ('"2026-12-01T11:00:00+01:00"', 1796119200.0),
+        ("1796119200.5", 1796119200.5),
+        ("1796119200", 1796119200.0),
+    ],
+)
+def test_at_is_an_instant_in_iso_8601_with_its_zone_or_unix_seconds(
+    at: str, seconds: float
+) -> None:
+    parsed = parse(f'{{"text": "Hi", "id": "a", "at": {at}}}'.encode())
+    assert isinstance(parsed, SpeakRequest)
+    assert parsed.at == seconds
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        '"2026-12-01T10:00:00"',  # no zone: whose ten o'clock?
+        '"tomorrow"',
+        '"2026-13-01T10:00:00Z"',
+        '"' + "9" * 80 + '"',
+        "true",
+        "-5",
+        "0",
+        "1e400",
+        "[1796119200]",
+    ],
+)
+def test_an_at_that_is_no_instant_is_rejected_naming_the_field(at: str) -> None:
+    parsed = parse(f'{{"text": "Hi", "id": "a", "at": {at}}}'.encode())
+    assert isinstance(parsed, Rejection), parsed
+    assert (parsed.reason, parsed.field, parsed.id) == (Reason.INVALID_FIELD, "at", "a")

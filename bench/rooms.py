@@ -1,0 +1,381 @@
+"""Rooms: how closely one group announcement with `at` starts on two agents, measured at the
+sound server; the `at` lead uncached text needs; the first-audio cost of lead-in and release.
+
+Two agents (the real voice, each with its own cache and journal) play through ALSA's `pulse`
+device to one PulseAudio null sink (mono, 22,050 Hz: no resampling, and PulseAudio mixes at
+unity gain exactly); `parec` records its monitor, so both nodes' samples are seen on the sound
+server's one clock, in one file. Each node's chime is its own mark, one sample of +20,000 (node
+A) or -10,000 (node B), then 100 ms of silence: in the mix the two marks are two samples apart
+by exactly the synchronisation error (45 us at 22,050 Hz), or one sample of +10,000 when they
+coincide. Writes `rooms.json` and `ROOMS.md`.
+Usage: `python -m bench.rooms [--out-dir bench] [--quick]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import statistics
+import tempfile
+import time
+import uuid
+import wave
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from bench.run import Progress, machine_info
+from bench.texts import CACHED_PHRASE, SPEED_TEXTS
+from harness import AgentProcess, Broker, PulseNullSink, Watcher, agent_config, onsets, wait_until
+from harness import write_config as write_yaml
+
+RATE: Final = 22050
+GROUP: Final = "room"
+QUIET_BETWEEN: Final = 1.5
+"""Silence between announcements (seconds): the recording is split on it."""
+MARKS: Final = {"a": 20000, "b": -10000}
+"""Each node's chime: this one sample, then 100 ms of silence."""
+_SUBJECTS: Final = ("The kitchen window", "The garage door", "The back gate", "The cellar hatch")
+
+
+@dataclass
+class Node:
+    """One agent under test and its MQTT view."""
+
+    node_id: str
+    process: AgentProcess
+    watcher: Watcher
+
+    def stop(self) -> None:
+        """SIGTERM, wait, disconnect the watcher."""
+        if self.process.alive():
+            self.process.signal(signal.SIGTERM)
+        self.watcher.close()
+
+
+def start_node(
+    work: Path,
+    broker: Broker,
+    sink: PulseNullSink,
+    device: str,
+    audio: dict[str, Any] | None = None,
+) -> Node:
+    """An agent on ALSA PCM `device` (through the sound server) with these `audio` settings,
+    in the bench's speak group, online."""
+    node_id = f"{device}-{uuid.uuid4().hex[:6]}"
+    home = work / node_id
+    speak = {"groups": [GROUP]}
+    config = agent_config(broker, home, node_id, device=device, speak=speak)
+    config["audio"] |= audio or {}
+    path = write_yaml(home / "agent.yaml", config)
+    env = sink.env(home / "written.raw")  # paced_capture keeps what the agent wrote there
+    watcher = Watcher(broker, f"voice/{node_id}/#")
+    process = AgentProcess(path, home / "agent.log", env)
+    process.start()
+    status = f"voice/{node_id}/status"
+
+    def online() -> bool:
+        return any(m.topic == status and m.payload == b"online" for m in watcher.snapshot())
+
+    wait_until(lambda: online() or not process.alive(), 300, f"{node_id} online")
+    if not process.alive():
+        raise RuntimeError(process.output()[-3000:])
+    return Node(node_id, process, watcher)
+
+
+def speak_to_group(nodes: Sequence[Node], **payload: object) -> list[dict[str, Any]]:
+    """Publish to the group and wait until every node finished it; their `started` events."""
+    request_id = str(payload["id"])
+    nodes[0].watcher.publish(f"voice/group/{GROUP}/speak", json.dumps(payload).encode())
+    for node in nodes:
+        node.watcher.wait_event(request_id, "finished", 120)
+    return [node.watcher.wait_event(request_id, "started") for node in nodes]
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {
+        "n": len(ordered),
+        "p50": round(statistics.median(ordered), 3),
+        "p95": round(p95, 3),
+        "max": round(ordered[-1], 3),
+    }
+
+
+def synchronisation(
+    work: Path, broker: Broker, count: int, say: Progress, *, period_ms: int, periods: int
+) -> dict[str, Any]:
+    """`count` uncached, then `count` cached group announcements with `at`, both nodes recorded
+    by one sound server; the per-announcement start offsets between the two nodes."""
+    geometry = {"period_ms": period_ms, "periods": periods}
+    sink = PulseNullSink(work / f"pulse-sync-{period_ms}", "rate=22050 channels=1")
+    sink.start()
+    with ExitStack() as stack:
+        stack.callback(sink.stop)
+        nodes = [
+            start_node(
+                work,
+                broker,
+                sink,
+                "paced_capture",
+                audio={"chime_files": {"mark": mark}, **geometry},
+            )
+            for mark in (write_mark(work / f"mark-{node}.wav", MARKS[node]) for node in MARKS)
+        ]
+        for node in nodes:
+            stack.callback(node.stop)
+        recording = work / f"monitor-{period_ms}.raw"
+        parec = sink.record(recording, 1, RATE)
+        stack.callback(parec.terminate)
+        rng = random.Random(15)  # noqa: S311 - varied text, not secrets
+        late: dict[str, list[float]] = {"uncached": [], "cached": []}
+        for mode in ("uncached", "prime", "cached"):
+            for trial in range(1 if mode == "prime" else count):
+                if mode == "uncached":
+                    text = f"{rng.choice(_SUBJECTS)} is open, number {trial + 1}."
+                else:
+                    text = CACHED_PHRASE
+                payload: dict[str, object] = {"id": f"{mode}-{trial}", "text": text}
+                payload["chime"] = "mark"
+                if mode != "prime":  # the prime fills each node's phrase cache
+                    payload["at"] = round(time.time() + (3.0 if mode == "uncached" else 1.0), 3)
+                started = speak_to_group(nodes, **payload)
+                if mode != "prime":
+                    late[mode] += [float(event.get("late_ms", 0.0)) for event in started]
+                time.sleep(QUIET_BETWEEN)
+            say(f"sync: {mode} announcements played on both nodes ({period_ms} ms periods)")
+        parec.terminate()
+        parec.wait(10)
+    samples = np.frombuffer(recording.read_bytes(), dtype="<i2")
+    starts = onsets(samples, RATE, QUIET_BETWEEN * 0.6, level=5000)
+    expected = 2 * count + 1
+    if len(starts) != expected:
+        raise RuntimeError(f"expected {expected} starts in the recording, saw {len(starts)}")
+    timed = starts[:count] + starts[count + 1 :]  # the untimed prime's marks overlap speech
+    offsets_ms = [mark_offset(samples, start) * 1000 / RATE for start in timed]
+    uncached, cached = offsets_ms[:count], offsets_ms[count:]
+    result: dict[str, Any] = {"period_ms": period_ms, "periods": periods}
+    for mode, values in (("uncached", uncached), ("cached", cached)):
+        result[mode] = {
+            "offset_ms": [round(v, 3) for v in values],
+            "abs_offset_ms": _summary([abs(v) for v in values]),
+            "late_ms_reported": _summary(late[mode]),
+        }
+        stats = result[mode]["abs_offset_ms"]
+        say(
+            f"sync {period_ms} ms periods, {mode}: |B - A| p50 {stats['p50']} ms, "
+            f"p95 {stats['p95']}, max {stats['max']}"
+        )
+    return result
+
+
+def write_mark(path: Path, value: int) -> str:
+    """A chime file: one sample of `value`, then 100 ms of silence (22,050 Hz mono WAV)."""
+    frames = np.zeros(RATE // 10 + 1, dtype="<i2")
+    frames[0] = value
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(RATE)
+        out.writeframes(frames.tobytes())
+    return str(path)
+
+
+def mark_offset(samples: npt.NDArray[np.int16], start: int) -> int:
+    """Node B's mark minus node A's, in samples, from the first mark seen at `start`."""
+    window = samples[start : start + RATE // 20].astype(np.int32)  # 50 ms: both marks
+    both = sum(MARKS.values())
+    if abs(int(window[0]) - both) < 100 and not (np.abs(window[1:]) > 5000).any():
+        return 0  # the marks coincide
+    a = np.flatnonzero(window > MARKS["a"] - 2000)
+    b = np.flatnonzero(window < MARKS["b"] + 2000)
+    if len(a) != 1 or len(b) != 1:
+        loud = {int(i): int(window[i]) for i in np.flatnonzero(np.abs(window) > 2000)[:8]}
+        raise RuntimeError(f"no clean pair of marks at sample {start}: {loud}")
+    return int(b[0]) - int(a[0])
+
+
+def lead_needed(work: Path, broker: Broker, trials: int, say: Progress) -> dict[str, Any]:
+    """Publish -> `started` of uncached texts of each length, without `at`: the least lead an
+    `at` needs for the first sample to be ready (the rest streams faster than real time)."""
+    sink = PulseNullSink(work / "pulse-lead")
+    sink.start()
+    rng = random.Random(7)  # noqa: S311 - varied text, not secrets
+    result: dict[str, Any] = {}
+    with ExitStack() as stack:
+        stack.callback(sink.stop)
+        node = start_node(work, broker, sink, "pulse")
+        stack.callback(node.stop)
+        topic = f"voice/{node.node_id}/speak"
+        for length, text in SPEED_TEXTS.items():
+            waits = []
+            for trial in range(trials):
+                request_id = f"lead-{length}-{trial}"
+                fresh = f"Number {rng.randint(100, 999)}. {text}"  # no cache serves it
+                body = {"id": request_id, "text": fresh, "chime": False}
+                sent = node.watcher.publish(topic, json.dumps(body).encode())
+                started = node.watcher.wait_event(request_id, "started", 120)
+                node.watcher.wait_event(request_id, "finished", 300)
+                waits.append((_epoch(started["ts"]) - sent) * 1000)
+            result[length] = _summary(waits)
+            say(f"lead: {length} text ready {result[length]['max']:.0f} ms after publication")
+    return result
+
+
+def idle_costs(work: Path, broker: Broker, trials: int, say: Progress) -> dict[str, Any]:
+    """Publish -> `started` of a cached phrase after the device sat idle, with the defaults,
+    with a 300 ms lead-in, and with the device released when idle."""
+    settings: dict[str, dict[str, Any]] = {
+        "defaults": {},
+        "lead_in_300ms": {"lead_in_ms": 300, "idle_wake_s": 1.0},
+        "release_when_idle": {"release_when_idle_s": 1.0},
+    }
+    sink = PulseNullSink(work / "pulse-idle")
+    sink.start()
+    result: dict[str, Any] = {}
+    with ExitStack() as stack:
+        stack.callback(sink.stop)
+        for name, audio in settings.items():
+            node = start_node(work, broker, sink, "pulse", audio=audio)
+            topic = f"voice/{node.node_id}/speak"
+            waits = []
+            for trial in range(trials + 1):  # the first fills the phrase cache
+                request_id = f"{name}-{trial}"
+                time.sleep(2.5)  # idle longer than idle_wake_s and release_when_idle_s
+                body = {"id": request_id, "text": CACHED_PHRASE, "chime": False}
+                sent = node.watcher.publish(topic, json.dumps(body).encode())
+                started = node.watcher.wait_event(request_id, "started", 120)
+                node.watcher.wait_event(request_id, "finished", 120)
+                if trial:
+                    waits.append((_epoch(started["ts"]) - sent) * 1000)
+            node.stop()
+            result[name] = _summary(waits)
+            say(f"idle: {name}: publish -> started p50 {result[name]['p50']:.1f} ms")
+    return result
+
+
+def _epoch(stamp: str) -> float:
+    from datetime import datetime  # noqa: PLC0415 - only here
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def write_markdown(path: Path, machine: dict[str, Any], results: dict[str, Any]) -> None:
+    """ROOMS.md: the tables the README quotes."""
+    lead, idle = results["lead"], results["idle"]
+    lines = [
+        "# Rooms: synchronised group announcements, lead time, idle costs",
+        "",
+        f"Measured {machine['date']} on {machine['cpu_model']} ({machine['cores']} cores) by "
+        "`make bench` (`python -m bench.rooms`). Raw numbers: `rooms.json`.",
+        "",
+        "## Two nodes, one `at`, measured at the sound server",
+        "",
+        "Two agents on one machine (one clock), each with its own voice session, cache and "
+        "journal, in speak group `room`; each announcement is published once to "
+        "`voice/group/room/speak` with `at` 3 s (uncached) or 1 s (cached) ahead. Both play "
+        "through ALSA's `pulse` device to one PulseAudio null sink (mono, 22,050 Hz, so nothing "
+        "is resampled and the mix is an exact sum); `parec` records its monitor: both nodes on "
+        "the sound server's one clock, in one file. Each node's chime is its own mark, one "
+        "sample of +20,000 (A) or -10,000 (B) and then silence, so in the recording the two "
+        "marks lie exactly the synchronisation error apart (to the sample, 45 us). The offset "
+        "is B's mark minus A's.",
+        "",
+        "| ALSA periods | announcements | n | \\|offset\\| p50 | p95 | max | goal p95 ≤ 2 ms, "
+        "max ≤ 5 ms | late_ms the agents reported (max) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key in ("sync_default", "sync_short_periods"):
+        sync = results[key]
+        geometry = f"{sync['periods']} x {sync['period_ms']} ms"
+        for mode in ("uncached", "cached"):
+            stats = sync[mode]["abs_offset_ms"]
+            p95_ok, max_ok = stats["p95"] <= 2.0, stats["max"] <= 5.0
+            goal = (
+                "met"
+                if p95_ok and max_ok
+                else ("max met, p95 **missed**" if max_ok else "**missed**")
+            )
+            lines.append(
+                f"| {geometry} | {mode} | {stats['n']} | {stats['p50']} ms | {stats['p95']} ms | "
+                f"{stats['max']} ms | {goal} | {sync[mode]['late_ms_reported']['max']} |"
+            )
+    lines += [
+        "",
+        "## How early to send: publish → first sample ready, uncached, without `at`",
+        "",
+        "An `at` at least this far ahead starts on time (the rest of the text is synthesized "
+        "while the first part plays, faster than real time).",
+        "",
+        "| text | n | p50 | max |",
+        "|---|---|---|---|",
+    ]
+    for length, stats in lead.items():
+        words = len(SPEED_TEXTS[length].split()) + 2
+        lines.append(
+            f"| {length} ({words} words) | {stats['n']} | {stats['p50']:.0f} ms | "
+            f"{stats['max']:.0f} ms |"
+        )
+    lines += [
+        "",
+        "## Idle device: publish → `started` of a cached phrase after 2.5 s idle",
+        "",
+        "| audio settings | n | p50 | max |",
+        "|---|---|---|---|",
+    ]
+    for name, stats in idle.items():
+        lines.append(f"| {name} | {stats['n']} | {stats['p50']:.1f} ms | {stats['max']:.1f} ms |")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@contextmanager
+def _broker(work: Path) -> Iterator[Broker]:
+    broker = Broker(work / "broker")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the three measurements and write rooms.json and ROOMS.md."""
+    parser = argparse.ArgumentParser(prog="python -m bench.rooms", description=__doc__)
+    parser.add_argument("--out-dir", type=Path, default=Path("bench"), help="output folder")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
+    args = parser.parse_args(argv)
+    say = Progress()
+    machine = machine_info()
+    count, trials = (5, 2) if args.quick else (20, 5)
+    steps: dict[str, Callable[[Path, Broker, int, Progress], dict[str, Any]]] = {
+        "sync_default": lambda w, b, _n, s: synchronisation(
+            w, b, count, s, period_ms=10, periods=4
+        ),
+        "sync_short_periods": lambda w, b, _n, s: synchronisation(
+            w, b, count, s, period_ms=2, periods=20
+        ),
+        "lead": lead_needed,
+        "idle": idle_costs,
+    }
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="voice-agent-rooms-") as tmp, _broker(Path(tmp)) as b:
+        for name, step in steps.items():
+            results[name] = step(Path(tmp), b, trials, say)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    body = {"machine": machine, "quick": args.quick, "results": results}
+    (args.out_dir / "rooms.json").write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
+    write_markdown(args.out_dir / "ROOMS.md", machine, results)
+    say(f"wrote rooms.json and ROOMS.md to {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
