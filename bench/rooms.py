@@ -212,6 +212,8 @@ def lead_needed(work: Path, broker: Broker, trials: int, say: Progress) -> dict[
     result: dict[str, Any] = {}
     with ExitStack() as stack:
         stack.callback(sink.stop)
+        monitor = sink.record(work / "lead-monitor.raw", 1, RATE)  # keeps the sink awake
+        stack.callback(monitor.terminate)
         node = start_node(work, broker, sink, "pulse")
         stack.callback(node.stop)
         topic = f"voice/{node.node_id}/speak"
@@ -243,6 +245,11 @@ def idle_costs(work: Path, broker: Broker, trials: int, say: Progress) -> dict[s
     result: dict[str, Any] = {}
     with ExitStack() as stack:
         stack.callback(sink.stop)
+        # A null sink with nothing on it sleeps in 2 s blocks and only notices a new stream at
+        # the end of one (a stall no hardware sink has: those rewind); recording its monitor
+        # at low latency keeps it awake, as a sound card's sink is.
+        monitor = sink.record(work / "idle-monitor.raw", 1, RATE)
+        stack.callback(monitor.terminate)
         for name, audio in settings.items():
             node = start_node(work, broker, sink, "pulse", audio=audio)
             topic = f"voice/{node.node_id}/speak"
