@@ -321,8 +321,11 @@ class App:
         wall = None  # when its events happened: the audio writer's time for these, else now
         if isinstance(event, UtteranceStarted | UtteranceEnded) and event.wall:
             wall = event.wall
-        if isinstance(event, SpeakReceived) and not event.wall:
-            event = replace(event, wall=time.time())  # places a request's `at` on the core's clock
+        if isinstance(event, SpeakReceived):
+            if not event.wall:  # places a request's `at` on the core's clock
+                event = replace(event, wall=time.time())
+            if event.request.urls:  # downloaded while it waits: ready when its turn comes
+                self._media.prefetch(event.request.urls)
         with self._ledger.transaction():
             for action in self._core.handle(event, now):
                 self._execute(action, now, wall)
