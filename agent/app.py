@@ -24,6 +24,7 @@ from typing import Final
 
 from . import version as package_version
 from .board import board
+from .catalog import Catalog, VoiceFacts
 from .chimes import ChimePlan, chime_bank
 from .clock import clock_sync
 from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
@@ -43,6 +44,7 @@ from .inputs import (
 )
 from .journal import Journal
 from .ledger import Ledger
+from .media_source import FetchLimits, MediaSource
 from .messages import (
     Acknowledge,
     Action,
@@ -117,11 +119,12 @@ class App:
         self._inbox: Inbox[InboxEvent] = Inbox(deliveries, QOS0_SLOTS, REPORT_SLOTS)
         speak, audio, cache = config.speak, config.audio, config.cache
         self._voices = voices  # the loop's own; the synthesizer has its copy
-        rate = _common_rate(voices)
+        rate = voices["default"].voice.sample_rate  # the device's; other voices are resampled
         bank = chime_bank(audio.chime_files, rate)
         timing = Timing(speak.max_lead_seconds, speak.max_late_seconds, speak.prepare_seconds)
+        self._catalog = catalog(voices, frozenset(bank), frozenset(audio.media))
         self._core = SpeakCore(
-            speak.queue_size, speak.remembered_ids, frozenset(voices), frozenset(bank), timing
+            speak.queue_size, speak.remembered_ids, timing=timing, catalog=self._catalog
         )
         opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
         report = self._inbox.report
@@ -134,6 +137,10 @@ class App:
         plan = ChimePlan(
             bank, {p: by_class[p.label] for p in Priority if by_class[p.label] != "none"}
         )
+        limits = FetchLimits(
+            audio.max_media_bytes, audio.media_timeout_s, audio.media_stall_timeout_s
+        )
+        self._media = MediaSource(audio.media, rate, self._cache, limits)
         self._synthesizer = Synthesizer(
             voices,
             self._cache,
@@ -143,6 +150,7 @@ class App:
             cache.phrases,
             plan,
             max_seconds=speak.max_audio_seconds,
+            media=self._media,
         )
         journal, self._storage_note = Journal.open_or_renew(
             resolve_storage_dir(config.storage, environ) / f"journal-{config.node_id}.sqlite3",
@@ -201,6 +209,7 @@ class App:
         """Run until `request_stop` (0) or until the MQTT link fails for good (1)."""
         self._player.open()
         self._player.start()
+        self._media.start()
         self._synthesizer.start()
         self._restore(time.monotonic())
         if self._updater is not None:
@@ -230,6 +239,7 @@ class App:
                 self._updater.stop()
             self._link.stop()
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
+            self._media.stop()  # and one waiting for a download
             self._synthesizer.stop()
             self._ledger.close()
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
@@ -266,6 +276,7 @@ class App:
                 replies, core_event = self._hermes.request(event)
                 for topic, payload in replies:
                     self._publish(topic, payload)
+                core_event = self._spoken_somehow(core_event)
                 if core_event is None:
                     self._link.ack(event.delivery)
                 else:
@@ -275,8 +286,7 @@ class App:
                 self._status.changed()
                 self._link.ack(delivery)
             case HermesVoicesAsked(request_id, delivery):
-                voices = {vid: choice.voice.path.stem for vid, choice in self._voices.items()}
-                self._publish(*self._hermes.voices(request_id, voices))
+                self._publish(*self._hermes.voices(request_id, self._voice_names))
                 self._link.ack(delivery)
             case OtaCommand(offer_id, body, delivery, problem):
                 assert self._updater is not None  # noqa: S101 - only routed with an updater
@@ -296,14 +306,26 @@ class App:
             self._handle_notify(notify, now)
         self._publish(*self._status.update_entity(self._facts(now)))
 
+    def _spoken_somehow(self, event: Event | None) -> Event | None:
+        """A Hermes say whose `lang` no voice speaks is said by the selected voice (Rhasspy
+        sends its profile's language with every say; refusing would leave it silent)."""
+        if not isinstance(event, SpeakReceived) or event.request.lang is None:
+            return event
+        if self._catalog.voice_for(event.request.lang) is None:
+            return replace(event, request=replace(event.request, lang=None))
+        return event
+
     def _handle(self, event: Event, now: float) -> None:
         """One core event: its journal writes in one transaction (one sync), and only then the
         acknowledgements and events it caused go out."""
         wall = None  # when its events happened: the audio writer's time for these, else now
         if isinstance(event, UtteranceStarted | UtteranceEnded) and event.wall:
             wall = event.wall
-        if isinstance(event, SpeakReceived) and not event.wall:
-            event = replace(event, wall=time.time())  # places a request's `at` on the core's clock
+        if isinstance(event, SpeakReceived):
+            if not event.wall:  # places a request's `at` on the core's clock
+                event = replace(event, wall=time.time())
+            if event.request.urls:  # downloaded while it waits: ready when its turn comes
+                self._media.prefetch(event.request.urls)
         with self._ledger.transaction():
             for action in self._core.handle(event, now):
                 self._execute(action, now, wall)
@@ -504,12 +526,37 @@ def announce_role(device: str, role: str | None, environ: MutableMapping[str, st
 
 
 def voice_names(voices: Mapping[str, VoiceChoice]) -> dict[str, str]:
-    """Voice id -> the name people see (from the voice's JSON; the id added if two match)."""
-    labels = {vid: choice.voice.info.label(vid) for vid, choice in voices.items()}
+    """What a listener can choose, by the name people see: each voice (`id`), or each speaker
+    of a multi-speaker voice (`id#speaker`), named from the voice's JSON (the id added if two
+    names match)."""
+    labels: dict[str, str] = {}
+    for vid, choice in sorted(voices.items(), key=lambda item: (item[0] != "default", item[0])):
+        label = choice.voice.info.label(vid)
+        speakers = choice.voice.info.speakers
+        if speakers:
+            labels |= {f"{vid}#{name}": f"{label}, {name}" for name in speakers}
+        else:
+            labels[vid] = label
     counts = Counter(labels.values())
     return {
-        vid: f"{label} [{vid}]" if counts[label] > 1 else label for vid, label in labels.items()
+        key: f"{label} [{key}]" if counts[label] > 1 else label for key, label in labels.items()
     }
+
+
+def catalog(
+    voices: Mapping[str, VoiceChoice], chimes: frozenset[str], sounds: frozenset[str]
+) -> Catalog:
+    """What the core checks requests against: each voice's language and speakers, chimes and
+    the names of `audio.media`."""
+    facts = {
+        vid: VoiceFacts(
+            choice.voice.info.language,
+            choice.voice.info.speakers,
+            choice.voice.speaker_count,
+        )
+        for vid, choice in voices.items()
+    }
+    return Catalog(facts, chimes, sounds)
 
 
 def _subject(event: InboxEvent | Tick) -> str | None:
@@ -531,14 +578,6 @@ def _prewarmed(voice: Voice) -> Voice:
 
 def _new_id() -> str:
     return uuid.uuid4().hex
-
-
-def _common_rate(voices: dict[str, VoiceChoice]) -> int:
-    """The one sample rate of all voices (the PCM stays open at one rate)."""
-    rates = {choice.voice.sample_rate for choice in voices.values()}
-    if len(rates) != 1:
-        raise ValueError(f"all voices must share one sample rate, got {sorted(rates)}")
-    return rates.pop()
 
 
 def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], None]) -> int:

@@ -18,13 +18,13 @@ _TIME_ERROR: Final = 5
 
 
 class _Timeval(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_usec", ctypes.c_long)]  # noqa: RUF012
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_usec", ctypes.c_long)]
 
 
 class _Timex(ctypes.Structure):
     """Linux `struct timex` (the padding fields are the kernel's reserved ints)."""
 
-    _fields_ = [  # noqa: RUF012 - ctypes reads the class attribute
+    _fields_ = [
         ("modes", ctypes.c_uint),
         ("offset", ctypes.c_long),
         ("freq", ctypes.c_long),

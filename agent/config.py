@@ -227,6 +227,28 @@ class AudioConfig:
         check=_readable_file,
         factory=dict,
     )
+    media: Mapping[str, Path] = _key(
+        "Sounds a speak request may name (`sound`, `sound_after`, SSML `<audio src>`): a map from "
+        "name (letters, digits, _ . -) to a sound file (the formats of chime_files).",
+        check=_readable_file,
+        factory=dict,
+    )
+    max_media_bytes: int = _key(
+        "Largest sound file a request may name, by name or URL (bytes).",
+        16 * 1024 * 1024,
+        _between(1024, 64 * 1024 * 1024),
+    )
+    media_timeout_s: float = _key(
+        "Longest a sound's URL may take to download (seconds); it must be done before its "
+        "announcement plays.",
+        30.0,
+        _between(1, 600),
+    )
+    media_stall_timeout_s: float = _key(
+        "A sound's download that receives nothing for this long ends (seconds).",
+        10.0,
+        _between(0.5, 120),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,6 +611,9 @@ def _cross_checks(config: AgentConfig) -> list[str]:
         elif chime not in chimes:
             known = ", ".join(sorted(chimes))
             problems.append(f"audio.chimes.{name}: unknown chime {chime!r} (known: {known})")
+    for name in config.audio.media:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+            problems.append(f"audio.media.{name}: expected a name of letters, digits, _ . -")
     if config.tts.max_chunk_phonemes < config.tts.first_chunk_phonemes:
         problems.append("tts.max_chunk_phonemes: smaller than tts.first_chunk_phonemes")
     if config.speak.remembered_ids < config.speak.queue_size:

@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from .catalog import Catalog, VoiceFacts
 from .messages import (
     UNTIL_ACKNOWLEDGED,
     Acknowledge,
@@ -66,7 +67,9 @@ from .messages import (
     UtteranceStarted,
     VoiceSelected,
     VolumeRequested,
+    is_url,
 )
+from .program import named_voices
 
 REQUEUED_WHEN_PREEMPTED = frozenset({Priority.INFO, Priority.WARNING, Priority.ALARM})
 
@@ -147,12 +150,15 @@ class SpeakCore:
         remembered_ids: int,
         voices: frozenset[str] = frozenset({"default"}),
         chimes: frozenset[str] = frozenset(),
+        *,
         timing: Timing | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self._queue_size = queue_size
         self._timing = timing or Timing()
-        self._voices = voices
-        self._chimes = chimes
+        self._catalog = catalog or Catalog({v: VoiceFacts() for v in voices}, chimes)
+        self._voices = frozenset(self._catalog.voices)
+        self._chimes = self._catalog.chimes
         self._queue: list[_Item] = []
         self._active: _Active | None = None
         self._audio_available = True
@@ -285,7 +291,10 @@ class SpeakCore:
     def _admit(
         self, request: SpeakRequest, delivery: Delivery, now: float, wall: float = 0.0
     ) -> list[Action]:
-        request = replace(request, voice=request.voice or self._selected_voice)
+        chosen = self._voice_of(request)
+        if isinstance(chosen, Rejection):
+            return [_rejected(chosen)]
+        request = chosen
         refusal = self._refusal(request) or self._untimely(request, wall)
         if refusal is not None:
             return [_rejected(refusal)]
@@ -334,6 +343,42 @@ class SpeakCore:
             return Rejection(
                 request.id, Reason.UNKNOWN_CHIME, f"known chimes: {known}", "chime", priority
             )
+        return self._unplayable(request)
+
+    def _voice_of(self, request: SpeakRequest) -> SpeakRequest | Rejection:
+        """The request with its voice (and speaker) decided: as it names them, else the voice
+        of its `lang`, else the selected voice and speaker."""
+        if request.voice is not None:
+            return request
+        if request.lang is not None:
+            voice = self._catalog.voice_for(request.lang)
+            if voice is None:
+                known = sorted({f.language for f in self._catalog.voices.values() if f.language})
+                detail = f"no voice speaks {request.lang!r} (languages: {', '.join(known)})"
+                return Rejection(
+                    request.id, Reason.UNKNOWN_LANGUAGE, detail, "lang", request.priority
+                )
+            return replace(request, voice=voice)
+        voice, _, speaker = self._selected_voice.partition("#")
+        return replace(request, voice=voice, speaker=request.speaker or speaker or None)
+
+    def _unplayable(self, request: SpeakRequest) -> Rejection | None:
+        """Why a request's speaker, SSML voices or sounds cannot be played, if they cannot."""
+        priority, facts = request.priority, self._catalog.voices[request.voice or "default"]
+        if request.speaker is not None and not facts.has_speaker(request.speaker):
+            known = ", ".join(facts.speakers) or f"0 to {facts.speaker_count - 1}"
+            detail = f"{request.speaker[:64]!r} is no speaker of {request.voice}: {known}"
+            return Rejection(request.id, Reason.UNKNOWN_SPEAKER, detail, "speaker", priority)
+        unknown = sorted(named_voices(request) - self._voices)
+        if unknown:
+            detail = f"<voice name={unknown[0][:64]!r}>: known voices: {', '.join(self._voices)}"
+            return Rejection(request.id, Reason.UNKNOWN_VOICE, detail, "ssml", priority)
+        for name in ("sound", "sound_after"):
+            sound = getattr(request, name)
+            if sound is not None and not is_url(sound) and sound not in self._catalog.sounds:
+                known = ", ".join(sorted(self._catalog.sounds)) or "none configured"
+                detail = f"{sound!r} is none of audio.media: {known}"
+                return Rejection(request.id, Reason.UNKNOWN_SOUND, detail, name, priority)
         return None
 
     def _untimely(self, request: SpeakRequest, wall: float) -> Rejection | None:
@@ -406,8 +451,11 @@ class SpeakCore:
     # ---- operator commands ------------------------------------------------------------------
 
     def _select_voice(self, voice: str) -> list[Action]:
-        if voice not in self._voices:
-            known = ", ".join(sorted(self._voices))
+        """Select a voice (`id`) or a voice's speaker (`id#speaker`) for requests naming none."""
+        voice_id, hash_sign, speaker = voice.partition("#")
+        facts = self._catalog.voices.get(voice_id)
+        if facts is None or (hash_sign and not facts.has_speaker(speaker)):
+            known = ", ".join(v if s is None else f"{v}#{s}" for v, s in self._catalog.pairs())
             detail = f"{voice[:64]!r} is none of: {known}"
             return [_rejected(Rejection("select-voice", Reason.UNKNOWN_VOICE, detail, "voice"))]
         self._selected_voice = voice

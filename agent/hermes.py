@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .messages import AudioClip, Reason, Rejection, SpeakRequest
+from .payloads import LANGUAGE as _LANGUAGE
 from .payloads import SpeakLimits, finish_request, parse_json_object
 from .states import HermesKind
 
@@ -77,7 +78,10 @@ def parse_say(
             request_id, Reason.INVALID_FIELD, "expected a number from 0 to 1", "volume"
         )
         return problem, context
-    return finish_request(SpeakRequest(request_id, text, volume=float(volume)), limits), context
+    lang = obj.get("lang")
+    lang = lang if isinstance(lang, str) and _LANGUAGE.fullmatch(lang) else None
+    request = SpeakRequest(request_id, text, volume=float(volume), lang=lang)
+    return finish_request(request, limits), context
 
 
 def _loose_object(payload: bytes) -> dict[str, Any]:

@@ -193,3 +193,23 @@ def _too_long(frames: int, source_rate: int, max_seconds: float) -> str:
 def _libsndfile_detail(err: sf.LibsndfileError) -> str:
     """libsndfile's own words, without the repr of the in-memory file."""
     return str(err.error_string).strip()[:200] or "libsndfile could not read it"
+
+
+class Resampler:
+    """A stream of float chunks from one rate to another (libsoxr, RESAMPLE_QUALITY): chunks
+    join without a seam; `flush` gives the filter's tail at the end."""
+
+    def __init__(self, source_rate: int, rate: int) -> None:
+        self._stream = soxr.ResampleStream(
+            source_rate, rate, 1, dtype="float32", quality=RESAMPLE_QUALITY
+        )
+
+    def __call__(self, chunk: Float32) -> Float32:
+        """The next resampled part (may be shorter or longer than in proportion)."""
+        out: Float32 = self._stream.resample_chunk(chunk.astype(np.float32, copy=False))
+        return out
+
+    def flush(self) -> Float32:
+        """What is left once the input ended."""
+        out: Float32 = self._stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        return out

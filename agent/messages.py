@@ -71,6 +71,16 @@ class Reason(StrEnum):
     """Its `at` is further ahead than `speak.max_lead_seconds`."""
     AT_PASSED = "at_passed"
     """Its `at` passed more than `speak.max_late_seconds` ago."""
+    UNKNOWN_SOUND = "unknown_sound"
+    """A `sound` that is no name of `audio.media`."""
+    SOUND_UNAVAILABLE = "sound_unavailable"
+    """A sound that could not be had: its URL failed (the detail says how) or its file is gone."""
+    UNKNOWN_SPEAKER = "unknown_speaker"
+    """A `speaker` the voice does not have."""
+    UNKNOWN_LANGUAGE = "unknown_language"
+    """A `lang` no configured voice speaks."""
+    INVALID_SSML = "invalid_ssml"
+    """SSML that is malformed, hostile or too big (the detail gives line and column)."""
     TOO_LONG = "too_long"
     """Its speech would last longer than `speak.max_audio_seconds`."""
     CRASH_LOOP = "crash_loop"
@@ -126,7 +136,8 @@ class SpeakRequest:
 
     id: str
     text: str
-    """Cleaned text (see `text.clean_text`), never empty."""
+    """Cleaned text (see `text.clean_text`); with `ssml`, the SSML document as it came. Empty
+    only when a sound is all there is to play."""
     unknown_fields: tuple[str, ...] = ()
     """Fields of a JSON payload that this version does not know (reported, not used)."""
     voice: str | None = None
@@ -154,6 +165,21 @@ class SpeakRequest:
     at: float | None = None
     """The wall-clock instant (Unix seconds) its first sample should reach the speaker (a
     common start across the nodes of a group); None: as soon as it can."""
+    ssml: bool = False
+    """`text` is an SSML document (checked when it arrived)."""
+    speaker: str | None = None
+    """A speaker of a multi-speaker voice: a name from its `speaker_id_map`, or a number."""
+    lang: str | None = None
+    """A language (`de`, `de_DE`, `de-DE`): without `voice`, the voice that speaks it."""
+    sound: str | None = None
+    """A sound played before the text: a name of `audio.media`, or an http(s) URL."""
+    sound_after: str | None = None
+    """A sound played after the text."""
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The sounds it names by URL (fetched before it plays)."""
+        return tuple(s for s in (self.sound, self.sound_after) if s and is_url(s))
 
     @property
     def interrupts(self) -> bool:
@@ -161,6 +187,11 @@ class SpeakRequest:
         if self.interrupt is not None:
             return self.interrupt
         return self.priority >= Priority.ALARM
+
+
+def is_url(sound: str) -> bool:
+    """Whether a sound is named by an http(s) URL (else it is a name of `audio.media`)."""
+    return sound.startswith(("http://", "https://"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """MQTT payloads to domain messages and back: speak, stop, ack and volume in; events out.
 
 Pure functions: no I/O, no clock (timestamps and fresh ids are passed in). Every input gets a
-result or a `Rejection` with a reason; nothing raises. Allowed imports: stdlib, `messages`, `text`.
+result or a `Rejection` with a reason; nothing raises. Allowed imports: stdlib, `messages`,
+`ssml`, `text`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from .messages import Lifecycle, Priority, Reason, Rejection, SpeakRequest
+from .messages import Lifecycle, Priority, Reason, Rejection, SpeakRequest, is_url
+from .ssml import SsmlError, is_ssml, parse_ssml, spoken_text
 from .text import clean_text
 
 MAX_ID_CHARS: Final = 128
@@ -89,6 +91,43 @@ def _chime(value: object) -> tuple[object, str | None]:
     return (named, None) if problem is None else (None, "expected true, false or a chime name")
 
 
+_MEDIA_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+LANGUAGE: Final = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8}){0,2}")
+"""A language code: `de`, `de_DE`, `de-DE`, `zh-Hant-TW`."""
+MAX_URL_CHARS: Final = 2048
+
+
+def _sound(value: object) -> tuple[object, str | None]:
+    """A name of `audio.media`, or an http(s) URL (no other scheme is ever fetched)."""
+    expected = "expected a media name (letters, digits, _ . -) or an http(s) URL"
+    if not isinstance(value, str):
+        return None, expected
+    if is_url(value):
+        if len(value) <= MAX_URL_CHARS and value.isprintable() and " " not in value:
+            return value, None
+        return None, f"expected an http(s) URL of at most {MAX_URL_CHARS} printable characters"
+    return (value, None) if _MEDIA_NAME.fullmatch(value) else (None, expected)
+
+
+def _speaker(value: object) -> tuple[object, str | None]:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 9999:
+        return str(value), None
+    named, problem = _name(64)(value)
+    return (named, None) if problem is None else (None, "expected a speaker name or number")
+
+
+def _language(value: object) -> tuple[object, str | None]:
+    if isinstance(value, str) and LANGUAGE.fullmatch(value):
+        return value, None
+    return None, "expected a language code such as de, de_DE or de-DE"
+
+
+def _document(value: object) -> tuple[object, str | None]:
+    if isinstance(value, str):
+        return value, None
+    return None, "expected an SSML document as a string"
+
+
 SPEAK_FIELDS: Final[Mapping[str, Check]] = {
     "voice": _name(64),
     "rate": _number(0.5, 2.0),
@@ -101,7 +140,13 @@ SPEAK_FIELDS: Final[Mapping[str, Check]] = {
     "repeat_interval": _number(0.0, 86400),
     "dedupe_key": _name(MAX_ID_CHARS),
     "at": _instant,
+    "speaker": _speaker,
+    "lang": _language,
+    "sound": _sound,
+    "sound_after": _sound,
 }
+_BODY_FIELDS: Final = frozenset({"id", "text", "ssml"})
+"""The fields that say what to play besides SPEAK_FIELDS."""
 """Optional JSON fields of a speak payload (besides `id` and `text`), with their checks."""
 
 
@@ -133,12 +178,30 @@ def parse_speak(
             values[name], problem = check(decoded[name])
             if problem is not None:
                 return Rejection(request_id, Reason.INVALID_FIELD, problem, name, known)
-    text = decoded.get("text")
-    if not isinstance(text, str):
-        got = "missing" if "text" not in decoded else f"expected a string, got {_kind(text)}"
-        return Rejection(request_id, Reason.INVALID_FIELD, got, "text", known)
-    unknown = tuple(sorted(set(decoded) - set(SPEAK_FIELDS) - {"id", "text"}))
+    text = _what_to_say(decoded, values)
+    if isinstance(text, tuple):
+        return Rejection(request_id, Reason.INVALID_FIELD, text[1], text[0], known)
+    unknown = tuple(sorted(set(decoded) - set(SPEAK_FIELDS) - _BODY_FIELDS))
     return finish_request(SpeakRequest(request_id, text, unknown, **values), limits)
+
+
+def _what_to_say(decoded: dict[str, Any], values: dict[str, Any]) -> str | tuple[str, str]:
+    """The text or SSML document of a JSON speak payload (marking `values["ssml"]`), or the
+    field at fault and why. A request with a sound may have no text."""
+    if "ssml" in decoded:  # the document is what is said (a `text` beside it is not used)
+        document, problem = _document(decoded["ssml"])
+        if problem is not None:
+            return "ssml", problem
+        values["ssml"] = True
+        return str(document)
+    with_sound = values.get("sound") or values.get("sound_after")
+    text = decoded.get("text", "" if with_sound else None)
+    if not isinstance(text, str):
+        return (
+            "text",
+            "missing" if "text" not in decoded else f"expected a string, got {_kind(text)}",
+        )
+    return text
 
 
 def parse_stop(payload: bytes, new_id: Callable[[], str]) -> tuple[bool, bool] | Rejection:
@@ -278,14 +341,36 @@ def _surrogate(value: object, where: str = "the payload") -> str | None:
 
 
 def finish_request(request: SpeakRequest, limits: SpeakLimits) -> SpeakRequest | Rejection:
-    """Clean the text and check it is neither empty nor too long."""
+    """Clean the text (or check the SSML document) and check it is neither empty nor too
+    long; a request with a sound may have no text."""
+    if request.ssml or is_ssml(request.text):
+        field = "ssml" if request.ssml else "text"  # where the document came in
+        return _finish_ssml(replace(request, ssml=True), limits, field)
     text = clean_text(request.text)
-    if not text:
+    if not text and not (request.sound or request.sound_after):
         return Rejection(request.id, Reason.EMPTY_TEXT, "nothing to say", None, request.priority)
     if len(text) > limits.max_text_chars:
         detail = f"{len(text)} characters, at most {limits.max_text_chars} allowed"
         return Rejection(request.id, Reason.TEXT_TOO_LONG, detail, None, request.priority)
     return replace(request, text=text)
+
+
+def _finish_ssml(
+    request: SpeakRequest, limits: SpeakLimits, field: str
+) -> SpeakRequest | Rejection:
+    """An SSML request: a document that parses (the synthesizer parses it again, for the
+    voice's language), whose words are within the text limit."""
+    try:
+        segments = parse_ssml(request.text)
+    except SsmlError as err:
+        return Rejection(request.id, Reason.INVALID_SSML, str(err), field, request.priority)
+    words = spoken_text(segments)
+    if not segments and not (request.sound or request.sound_after):
+        return Rejection(request.id, Reason.EMPTY_TEXT, "nothing to say", None, request.priority)
+    if len(words) > limits.max_text_chars:
+        detail = f"{len(words)} characters of speech, at most {limits.max_text_chars} allowed"
+        return Rejection(request.id, Reason.TEXT_TOO_LONG, detail, None, request.priority)
+    return request
 
 
 def _kind(value: object) -> str:

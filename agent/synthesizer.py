@@ -26,10 +26,13 @@ import numpy as np
 
 from .chimes import ChimePlan
 from .chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
-from .media import MediaError, decode_audio
+from .media import MediaError, Resampler, decode_audio
+from .media_source import MediaSource, SoundUnavailableError
 from .messages import Event, Reason, SpeakRequest, SynthesisDone
 from .pcm import PCM16, Chunk
 from .phrase_cache import PhraseCache, cache_key
+from .program import program
+from .ssml import Pause, Segment, Sound, SsmlError
 from .text import clean_text
 from .voice import (
     Audio,
@@ -86,6 +89,36 @@ class _TooLongError(Exception):
     """The request's speech would last longer than allowed (the message says how long)."""
 
 
+class _UnplayableError(Exception):
+    """A part of the request cannot be played: `reason` for its event, `detail` says why."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class _Say:
+    """Speech in one voice: its sentences, parameters and gain."""
+
+    choice: VoiceChoice
+    params: SynthesisParams
+    sentences: list[list[Clause]]
+    gain: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Play:
+    """Samples at the device's rate: a sound, or silence."""
+
+    pcm: PCM16
+    gain: float = 1.0
+
+
+_Step = _Say | _Play
+
+
 class Synthesizer:
     """Synthesizes one request at a time into the player's buffer; renders phrases when idle."""
 
@@ -100,8 +133,14 @@ class Synthesizer:
         chimes: ChimePlan | None = None,
         chunk_frames: tuple[int, int] = (FIRST_FRAMES, MAX_FRAMES),
         max_seconds: float = 120.0,
+        media: MediaSource | None = None,
     ) -> None:
         self._voices = dict(voices)  # this thread's own: a switch arrives as a command
+        self._rate = voices["default"].voice.sample_rate
+        """The device's rate: the configured default voice's; other voices are resampled."""
+        self._media = media
+        self._job_cancel = threading.Event()
+        """Set when the request being synthesized is cut (ends a wait for its sounds)."""
         self._cache = cache
         self._first_chunk, self._max_chunk = chunk_phonemes
         self._first_frames, self._max_frames = chunk_frames
@@ -133,6 +172,8 @@ class Synthesizer:
             self._cancelled = {token for token in self._cancelled if token >= job}
             if self._running is not None and self._running[0] == _PHRASES:
                 self._running[1].cancel()
+        if self._media is not None and request.urls:
+            self._media.prefetch(request.urls)  # a repeat or a replay: already kept, or again
         self._commands.put_nowait(_Job(request, job, start_at))
 
     def use_voice(self, choice: VoiceChoice) -> None:
@@ -147,6 +188,7 @@ class Synthesizer:
         """Stop synthesizing this activation: abort its running inference, skip the rest."""
         with self._lock:
             self._cancelled.add(job)
+            self._job_cancel.set()  # a wait for a sound ends; the worker clears it per request
             if self._running is not None and self._running[0] == job:
                 self._running[1].cancel()
 
@@ -181,92 +223,161 @@ class Synthesizer:
     # ---- requests ---------------------------------------------------------------------------
 
     def _speak_blocking(self, job: _Job) -> None:
-        """Put the request's chime and speech into the player's buffer, then its end."""
+        """Put the request's chime, sounds and speech into the player's buffer, then its end."""
         request = job.request
-        choice = self._voices[request.voice or "default"]
+        with self._lock:
+            if job.token not in self._cancelled:
+                self._job_cancel.clear()
         self._job_seconds = 0.0
-        params = replace(choice.params, length_scale=choice.params.length_scale / request.rate)
         end = Chunk(request.id, end=True, priority=request.priority, job=job.token)
         try:
-            sentences = [] if request.audio is not None else self._planned(request, params, choice)
+            if request.audio is not None:  # recorded audio (Hermes playBytes): no synthesis
+                self._clip_blocking(job, end)
+                return
+            steps = self._steps(request)  # sounds fetched and decoded before the first sample
             chime = self._chimes.for_request(request)
             if chime is not None:
                 self._emit_or_cancel(job, chime)
-            if request.audio is not None:  # recorded audio (Hermes playBytes): no synthesis
-                try:
-                    sound = decode_audio(request.audio.data, choice.voice.sample_rate)
-                except MediaError as err:
-                    self._put(replace(end, error=Reason.UNSUPPORTED_AUDIO, detail=str(err)))
-                    return
-                self._emit_or_cancel(job, sound.samples)
-                self._put(replace(end, info={"audio_clip": True}))
-                return
-            cached = self._speech_blocking(job, choice, params, sentences)
+            sentences, cached = 0, 0
+            for step in steps:
+                if isinstance(step, _Play):
+                    self._emit_or_cancel(job, _gained(step.pcm, step.gain))
+                else:
+                    sentences += len(step.sentences)
+                    cached += self._speech_blocking(job, step)
         except _CancelledError:
             self._put(end)
             return
         except _TooLongError as err:
             self._put(replace(end, error=Reason.TOO_LONG, detail=str(err)))
             return
+        except _UnplayableError as err:
+            self._put(replace(end, error=err.reason, detail=err.detail))
+            return
         except Exception as err:
             _LOGGER.exception("Synthesis of %s failed", request.id)
             self._put(replace(end, error=Reason.SYNTHESIS_ERROR, detail=str(err)))
             return
-        if not sentences:
-            self._put(replace(end, error=Reason.NO_SPEECH, detail="no phonemes"))
-        else:
-            info: dict[str, object] = {"sentences": len(sentences), "cached_sentences": cached}
-            if self._job_seconds:
-                info["synthesis_seconds"] = round(self._job_seconds, 4)
-            self._put(replace(end, info=info))
+        self._put(self._ended(end, steps, sentences, cached))
 
-    def _planned(
-        self, request: SpeakRequest, params: SynthesisParams, choice: VoiceChoice
-    ) -> list[list[Clause]]:
-        """The request's sentences, every clause bounded; refused before a sound when its speech
-        is estimated beyond the cap."""
-        sentences = [self._bounded(s) for s in choice.voice.sentences(request.text)]
-        phonemes = sum(len(clause) for sentence in sentences for clause in sentence)
-        estimate = phonemes * SECONDS_PER_PHONEME * params.length_scale
+    def _ended(self, end: Chunk, steps: list[_Step], sentences: int, cached: int) -> Chunk:
+        """The end of a request that played what it had: a failure if that was nothing."""
+        if not sentences and not any(isinstance(s, _Play) for s in steps):
+            return replace(end, error=Reason.NO_SPEECH, detail="no phonemes")
+        info: dict[str, object] = {"sentences": sentences, "cached_sentences": cached}
+        if self._job_seconds:
+            info["synthesis_seconds"] = round(self._job_seconds, 4)
+        return replace(end, info=info)
+
+    def _clip_blocking(self, job: _Job, end: Chunk) -> None:
+        """Recorded audio (Hermes playBytes), after the request's chime."""
+        assert job.request.audio is not None  # noqa: S101 - checked by the caller
+        chime = self._chimes.for_request(job.request)
+        if chime is not None:
+            self._emit_or_cancel(job, chime)
+        try:
+            sound = decode_audio(job.request.audio.data, self._rate)
+        except MediaError as err:
+            self._put(replace(end, error=Reason.UNSUPPORTED_AUDIO, detail=str(err)))
+            return
+        self._emit_or_cancel(job, sound.samples)
+        self._put(replace(end, info={"audio_clip": True}))
+
+    def _steps(self, request: SpeakRequest) -> list[_Step]:
+        """What the request plays after its chime: speech planned (refused before a sound when
+        its speech is estimated beyond the cap), pauses, and its sounds as samples."""
+        choice = self._voices[request.voice or "default"]
+        lang = choice.voice.info.language or "en"
+        try:
+            segments = program(request, choice.id, lang)
+        except SsmlError as err:  # checked on arrival; a voice's language may read otherwise
+            raise _UnplayableError(Reason.INVALID_SSML, str(err)) from None
+        steps: list[_Step] = []
+        for segment in segments:
+            steps += self._planned(segment, request)
+        estimate = sum(
+            len(clause) * SECONDS_PER_PHONEME * step.params.length_scale
+            for step in steps
+            if isinstance(step, _Say)
+            for sentence in step.sentences
+            for clause in sentence
+        )
+        estimate += sum(len(s.pcm) / self._rate for s in steps if isinstance(s, _Play))
         if estimate > self._max_seconds:
             raise _TooLongError(f"~{estimate:.0f} s of speech, at most {self._max_seconds:g} s")
-        return sentences
+        return steps
 
-    def _speech_blocking(
-        self,
-        job: _Job,
-        choice: VoiceChoice,
-        params: SynthesisParams,
-        sentences: list[list[Clause]],
-    ) -> int:
-        """Stream every sentence (cached, or synthesized in clause groups); how many came from
-        the cache. Cut at CUT_FACTOR times the cap, should the estimate have been short; a
-        sentence longer than CACHED_SECONDS_MAX is not kept for the cache."""
-        voice = choice.voice
+    def _planned(self, segment: Segment, request: SpeakRequest) -> list[_Step]:
+        """One segment as steps: speech in its voice (every clause bounded), silence, or a
+        sound (what stands in for it, if it is missing and has a stand-in)."""
+        if isinstance(segment, Pause):
+            return [_Play(np.zeros(round(segment.seconds * self._rate), dtype=np.int16))]
+        if isinstance(segment, Sound):
+            try:
+                return [_Play(self._sound(segment.name), segment.volume)]
+            except _UnplayableError:
+                if not segment.fallback:
+                    raise
+                _LOGGER.info("Sound %r missing: its SSML content is said instead", segment.name)
+                return [step for part in segment.fallback for step in self._planned(part, request)]
+        choice = self._voices.get(segment.voice or request.voice or "default")
+        if choice is None:
+            raise _UnplayableError(Reason.UNKNOWN_VOICE, f"no voice {segment.voice!r}")
+        base = choice.params
+        scale = choice.voice.length_scale_for(request.rate * segment.rate, base.length_scale)
+        params = replace(base, length_scale=scale)
+        if segment.speaker is not None:
+            try:
+                params = replace(params, speaker=choice.voice.speaker_id(segment.speaker))
+            except ValueError as err:
+                raise _UnplayableError(Reason.UNKNOWN_SPEAKER, str(err)) from None
+        sentences = [self._bounded(s) for s in choice.voice.sentences(segment.text)]
+        return [_Say(choice, params, sentences, segment.volume)]
+
+    def _sound(self, name: str) -> PCM16:
+        if self._media is None:
+            raise _UnplayableError(Reason.UNKNOWN_SOUND, "no sounds configured")
+        try:
+            return self._media.get(name, self._job_cancel)
+        except SoundUnavailableError as err:
+            if self._job_cancel.is_set():
+                raise _CancelledError from None
+            raise _UnplayableError(err.reason, err.detail) from None
+
+    def _speech_blocking(self, job: _Job, say: _Say) -> int:
+        """Stream every sentence (cached, or synthesized in clause groups, resampled to the
+        device's rate where the voice has another); how many came from the cache. Cut at
+        CUT_FACTOR times the cap, should the estimate have been short; a sentence longer than
+        CACHED_SECONDS_MAX is not kept for the cache."""
+        voice, params = say.choice.voice, say.params
         budget = self._first_chunk
         plan = FramePlan(self._first_frames, self._max_frames)
         cached = 0
-        rate, played = voice.sample_rate, 0
-        for sentence in sentences:
-            key = self._key(choice, params, sentence)
+        rate, played = self._rate, 0
+        for sentence in say.sentences:
+            key = self._key(say.choice, params, sentence)
             pcm = self._cache.get(key, rate)
             if pcm is not None:
                 cached += 1
                 budget = grow(budget, self._max_chunk)
                 plan.next = min(plan.next * plan.growth, plan.largest)
-                self._emit_or_cancel(job, pcm)
+                self._emit_or_cancel(job, _gained(pcm, say.gain))
                 played += len(pcm)
                 continue
             parts: list[PCM16] | None = []
+            resample = None if voice.sample_rate == rate else Resampler(voice.sample_rate, rate)
             groups = group_clauses([len(clause) for clause in sentence], budget, self._max_chunk)
-            for group in groups:
+            for index, group in enumerate(groups):
                 ids = voice.ids(sentence[group.start : group.stop])
-                for audio in self._streamed(job.token, voice.stream, ids, params, plan):
+                chunks = self._streamed(job.token, voice.stream, ids, params, plan)
+                if resample is not None:
+                    chunks = _resampled(chunks, resample, last=index == len(groups) - 1)
+                for audio in chunks:
                     pcm = to_pcm16(audio)
                     played += len(pcm)
                     if played > CUT_FACTOR * self._max_seconds * rate:
                         raise _TooLongError(f"cut at {played / rate:.0f} s of speech")
-                    self._emit_or_cancel(job, pcm)
+                    self._emit_or_cancel(job, _gained(pcm, say.gain))
                     if parts is not None:
                         parts.append(pcm)
                         if sum(len(p) for p in parts) > CACHED_SECONDS_MAX * rate:
@@ -331,10 +442,14 @@ class Synthesizer:
         if cancelled or self._stopping.is_set() or not self._put(chunk):
             raise _CancelledError
 
-    @staticmethod
-    def _key(choice: VoiceChoice, params: SynthesisParams, sentence: list[Clause]) -> str:
+    def _key(self, choice: VoiceChoice, params: SynthesisParams, sentence: list[Clause]) -> str:
+        scales = astuple(replace(params, speaker=None))[:3]
+        speaker = -1 if params.speaker is None else params.speaker
+        voice_id = (
+            choice.id if choice.voice.sample_rate == self._rate else f"{choice.id}@{self._rate}"
+        )
         return cache_key(
-            choice.voice.sha256, choice.id, astuple(params), choice.voice.ids(sentence)
+            choice.voice.sha256, voice_id, (*scales, speaker), choice.voice.ids(sentence)
         )
 
     # ---- phrases ----------------------------------------------------------------------------
@@ -374,3 +489,23 @@ class Synthesizer:
                 self._phrase_counts["cached"],
                 time.monotonic() - started,
             )
+
+
+def _gained(pcm: PCM16, gain: float) -> PCM16:
+    """Samples times an SSML `prosody volume` gain (at most 1)."""
+    if gain >= 1.0:
+        return pcm
+    out: PCM16 = np.round(pcm.astype(np.float32) * np.float32(gain)).astype(np.int16)
+    return out
+
+
+def _resampled(chunks: Iterator[Audio], resample: Resampler, *, last: bool) -> Iterator[Audio]:
+    """A voice's chunks at the device's rate; the filter's tail after the sentence's last."""
+    for audio in chunks:
+        out = resample(audio)
+        if len(out):
+            yield out
+    if last:
+        tail = resample.flush()
+        if len(tail):
+            yield tail

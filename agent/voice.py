@@ -39,6 +39,8 @@ PCM16 = npt.NDArray[np.int16]
 Audio = npt.NDArray[np.float32]
 _MAX_INT16: Final = 32767.0
 _PREWARM_TEXT: Final = "Ready."
+_CALIBRATION_TEXT: Final = "The parcel for the second floor has been left at the front desk."
+"""A sentence of ordinary phonemes whose length at two scales places the voice's durations."""
 _LANGUAGE_FLAG: Final = re.compile(r"\([^)]+\)")
 _WHOLE: Final = 2**31
 
@@ -63,6 +65,8 @@ class SynthesisParams:
     """Phoneme duration factor (> 1 is slower speech)."""
     noise_w: float
     """Phoneme width noise (0 = deterministic)."""
+    speaker: int | None = None
+    """Speaker id of a multi-speaker voice (None: its default speaker)."""
 
 
 @dataclass(slots=True)
@@ -186,6 +190,8 @@ class Voice:
         self.default_params = SynthesisParams(
             config.noise_scale, config.length_scale, config.noise_w_scale
         )
+        self._durations: tuple[float, float] | None = None
+        """Frames of a sentence = slope * length scale + offset (measured on first need)."""
 
     @classmethod
     def load(
@@ -287,12 +293,12 @@ class Voice:
                 cancel.check()
             if self._parts is None:
                 scales = (params.noise_scale, params.length_scale, params.noise_w)
-                feed = graph_feed(ids, scales, self._speaker())
+                feed = graph_feed(ids, scales, self._speaker(params))
                 output = self._session.run(None, feed, options)[0]  # type: ignore[union-attr]
                 self.inferences += 1
                 yield np.asarray(output, dtype=np.float32).reshape(-1)
                 return
-            latent = encode(self._parts, ids, _scales(params), self._speaker(), options)
+            latent = encode(self._parts, ids, _scales(params), self._speaker(params), options)
             self.inferences += 1
             chunks, plan.next = frame_chunks(latent.frames, plan.next, plan.largest, plan.growth)
             for frames in chunks:
@@ -341,10 +347,53 @@ class Voice:
         parts = with_context(self._parts, decoder, flow)
         return Voice(parts, self._config, self.sha256, self.path, self.info)
 
-    def _speaker(self) -> npt.NDArray[np.int64] | None:
+    def length_scale_for(self, rate: float, base: float) -> float:
+        """The length scale that makes speech `rate` times as fast as at length scale `base`.
+
+        VITS rounds the duration of every token (the blanks Piper puts between phonemes too) up
+        to whole frames, so speech lengthens less than the scale: on en_US-joe-medium twice the
+        scale gives 1.73 times the duration. A split voice measures, once, the frames of a
+        sentence at two scales (the prior alone, no decoding) and corrects the scale so the
+        duration changes by the factor asked for; a voice that runs whole gets `base / rate`."""
+        if rate == 1.0 or self._parts is None:
+            return base / rate
+        if self._durations is None:
+            ids = self.sentence_ids(_CALIBRATION_TEXT)[0]
+            plain = SynthesisParams(0.0, base, 0.0)
+            frames = [
+                encode(self._parts, ids, _scales(replace(plain, length_scale=scale)), None, None)
+                for scale in (base, 2 * base)
+            ]
+            slope = (frames[1].frames - frames[0].frames) / base
+            self._durations = (slope, frames[0].frames - slope * base)
+        slope, offset = self._durations
+        if slope <= 0:
+            return base / rate
+        target = (slope * base + offset) / rate
+        return max(0.05 * base, (target - offset) / slope)
+
+    @property
+    def speaker_count(self) -> int:
+        """How many speakers the voice has (1 for a single-speaker voice)."""
+        return self._config.num_speakers if self._has_sid else 1
+
+    def speaker_id(self, speaker: str) -> int:
+        """A speaker's id from its name (the voice's `speaker_id_map`) or number. Raises
+        ValueError for one the voice does not have."""
+        names = self._config.speaker_id_map
+        count = self.speaker_count
+        if speaker in names:
+            return int(names[speaker])
+        if speaker.isdecimal() and int(speaker) < count:
+            return int(speaker)
+        known = ", ".join(self.info.speakers) if names else f"0 to {count - 1}"
+        raise ValueError(f"{speaker[:64]!r} is no speaker of this voice ({known})")
+
+    def _speaker(self, params: SynthesisParams) -> npt.NDArray[np.int64] | None:
         if not self._has_sid:
             return None
-        return np.array([self._config.default_speaker_id or 0], dtype=np.int64)
+        speaker = params.speaker if params.speaker is not None else self._config.default_speaker_id
+        return np.array([speaker or 0], dtype=np.int64)
 
 
 def _scales(params: SynthesisParams) -> tuple[float, float, float]:

@@ -30,6 +30,9 @@ class Behaviour:
     """Send one byte, then wait this long, and so on (just fast enough to beat a stall timeout)."""
     redirect: dict[str, str] = field(default_factory=dict)
     """Paths answered with a 302 to another URL."""
+    content_length: int | None = None
+    """A lying Content-Length, sent instead of the body's true one (the whole body is sent
+    either way, then the connection closes)."""
     requests: list[tuple[str, str | None]] = field(default_factory=list)
     """(path, Range header) of every request, in order."""
     sent: int = 0
@@ -101,7 +104,8 @@ class ReleaseServer:
             handler.send_response(200)
         body = data[start:]
         if not how.endless:
-            handler.send_header("Content-Length", str(len(body)))
+            length = len(body) if how.content_length is None else how.content_length
+            handler.send_header("Content-Length", str(length))
         handler.end_headers()
         if how.cut_after is not None and start == 0 and name not in how._cut_done:
             how._cut_done.add(name)

@@ -18,11 +18,13 @@ OTA = ROOT / "ota"
 
 PURE: dict[str, set[str]] = {
     # decisions and protocol: no I/O, no clock, no threads
-    "core": {"messages"},
+    "core": {"catalog", "messages", "program"},
+    "catalog": set(),
+    "program": {"messages", "ssml"},
     "messages": set(),
     "states": set(),
     "inputs": {"hermes", "messages"},
-    "payloads": {"messages", "text"},
+    "payloads": {"messages", "ssml", "text"},
     "topics": set(),
     "config": set(),
     "text": set(),
@@ -73,7 +75,8 @@ EDGES: dict[str, dict[str, set[str]]] = {
         "decoder_parts": {"sessions", "split_graph"},
         "split_graph": {"sessions"},
         "synthesizer": {"chimes", "chunking", "messages", "pcm", "phrase_cache", "text", "voice"}
-        | {"media"},
+        | {"media", "media_source", "program", "ssml"},
+        "media_source": {"http_fetch", "media", "messages", "pcm", "phrase_cache"},
         "phrase_cache": set(),
         "chimes": {"media", "messages", "pcm"},
         "healthcheck": {"voice"},

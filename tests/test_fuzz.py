@@ -99,7 +99,7 @@ def test_speak_parser(payload: bytes) -> None:
 @FUZZ
 @given(payloads)
 def test_stop_parser(payload: bytes) -> None:
-    check(parse_stop(payload, _new_id), bool)
+    check(parse_stop(payload, _new_id), tuple)
 
 
 @FUZZ

@@ -141,7 +141,9 @@ def test_get_voices_is_answered(agent: RunningAgent, rhasspy: Watcher) -> None:
     (answer,) = replies(rhasspy, hermes.VOICES)
     assert answer["id"] == "v1"
     assert answer["siteId"] == SITE
-    assert answer["voices"] == [{"voiceId": "default", "description": "en_US-joe-medium"}]
+    assert answer["voices"] == [
+        {"voiceId": "default", "description": "Joe (English, United States, medium)"}
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,161 @@
+"""Sound files for the media tests: one known tone written in every format the agent decodes,
+and the same files decoded independently of the agent (soundfile, a channel mean, libsoxr)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import soundfile as sf
+import soxr
+
+Samples = npt.NDArray[np.float64]
+
+TONE_HZ: Final = 440.0
+"""Frequency of the test tone (Hz)."""
+TONE_PEAK: Final = 0.5
+"""Peak of the tone on each channel (full scale is 1): -6 dBFS."""
+TONE_SECONDS: Final = 0.4
+"""Length of every test file (seconds)."""
+FADE_SECONDS: Final = 0.01
+"""Raised-cosine fade at each end (seconds): no click, and an envelope that pins alignment."""
+RESAMPLE_QUALITY: Final = "HQ"
+"""libsoxr's recipe for the independent decode (the agent's documented one)."""
+_SUFFIXES: Final = {"WAV": ".wav", "WAVEX": ".wav", "FLAC": ".flac", "OGG": ".ogg", "MP3": ".mp3"}
+_ENCODER_OPTIONS: Final[dict[str, dict[str, object]]] = {
+    "FLAC": {"compression_level": 0.5},
+    "OGG": {"compression_level": 0.0},  # best quality: the level and pitch checks are tight
+    "MP3": {"compression_level": 0.0, "bitrate_mode": "CONSTANT"},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MediaSpec:
+    """One test file: its name in `audio.media` and how it is encoded."""
+
+    name: str
+    format: str
+    """libsndfile's container name: WAV, WAVEX, FLAC, OGG, MP3."""
+    subtype: str
+    """libsndfile's sample encoding: PCM_16, FLOAT, VORBIS, OPUS, MPEG_LAYER_III..."""
+    rate: int
+    """Source sample rate (Hz)."""
+    channels: int = 1
+    lossy: bool = False
+    """Decoded samples differ from the source by more than rounding (Vorbis, Opus, MP3)."""
+    hz: float = TONE_HZ
+    """Frequency of its tone (Hz)."""
+
+    @property
+    def filename(self) -> str:
+        """The file's name, with the suffix its format usually has."""
+        return self.name + _SUFFIXES[self.format]
+
+
+SPECS: Final = (
+    MediaSpec("wav_u8", "WAV", "PCM_U8", 8000),
+    MediaSpec("wav_16", "WAV", "PCM_16", 44100),
+    MediaSpec("wav_24", "WAV", "PCM_24", 48000),
+    MediaSpec("wav_32", "WAV", "PCM_32", 22050),  # the device's rate: no resampling
+    MediaSpec("wav_float", "WAV", "FLOAT", 16000),
+    MediaSpec("wav_double", "WAV", "DOUBLE", 96000),
+    MediaSpec("wav_ulaw", "WAV", "ULAW", 8000),
+    MediaSpec("wav_alaw", "WAV", "ALAW", 8000),
+    MediaSpec("wav_stereo", "WAV", "PCM_16", 48000, channels=2),
+    MediaSpec("wavex_5_1", "WAVEX", "PCM_24", 44100, channels=6),
+    MediaSpec("flac_16", "FLAC", "PCM_16", 44100),
+    MediaSpec("flac_24_stereo", "FLAC", "PCM_24", 96000, channels=2),
+    MediaSpec("ogg_vorbis", "OGG", "VORBIS", 44100, lossy=True),
+    MediaSpec("ogg_vorbis_stereo", "OGG", "VORBIS", 48000, channels=2, lossy=True),
+    MediaSpec("ogg_opus", "OGG", "OPUS", 48000, lossy=True),
+    MediaSpec("mp3", "MP3", "MPEG_LAYER_III", 44100, lossy=True),
+    MediaSpec("mp3_stereo", "MP3", "MPEG_LAYER_III", 22050, channels=2, lossy=True),
+)
+"""Every format and sample encoding the agent documents, at several source rates."""
+OTHER_TONE: Final = MediaSpec("other_tone", "MP3", "MPEG_LAYER_III", 44100, lossy=True, hz=660.0)
+"""A second sound, told apart from the others by its pitch (not in SPECS)."""
+BY_NAME: Final = {spec.name: spec for spec in (*SPECS, OTHER_TONE)}
+
+
+def tone(
+    rate: int, channels: int = 1, seconds: float = TONE_SECONDS, hz: float = TONE_HZ
+) -> Samples:
+    """The test tone, shape (frames, channels): a sine (440 Hz) at -6 dBFS with faded ends,
+    channel c shifted by c/(channels - 1) of a quarter period, so a mix that is not the channels'
+    mean (one channel, or their sum) changes the level or the phase."""
+    t = np.arange(round(rate * seconds)) / rate
+    fade = min(round(rate * FADE_SECONDS), len(t) // 2)
+    envelope = np.ones(len(t))
+    ramp = 0.5 - 0.5 * np.cos(np.pi * np.arange(fade) / fade)
+    envelope[:fade], envelope[len(t) - fade :] = ramp, ramp[::-1]
+    shift = np.pi / 2 / max(channels - 1, 1)
+    phases = shift * np.arange(channels)
+    waves = np.sin(2 * np.pi * hz * t[:, None] + phases[None, :])
+    result: Samples = TONE_PEAK * envelope[:, None] * waves
+    return result
+
+
+def ideal_mono(spec: MediaSpec, rate: int) -> Samples:
+    """What the file should sound like at `rate`: its tone generated there, channels averaged
+    (no codec, no resampler)."""
+    result: Samples = tone(rate, spec.channels, hz=spec.hz).mean(axis=1)
+    return result
+
+
+def check_supported(spec: MediaSpec) -> None:
+    """Fail loudly (never skip) when this soundfile/libsndfile cannot write the format."""
+    formats = sf.available_formats()
+    if spec.format not in formats:
+        raise RuntimeError(
+            f"libsndfile {sf.__libsndfile_version__} has no {spec.format} format "
+            f"(has {sorted(formats)}): install a soundfile wheel that bundles it"
+        )
+    subtypes = sf.available_subtypes(spec.format)
+    if spec.subtype not in subtypes:
+        raise RuntimeError(
+            f"libsndfile {sf.__libsndfile_version__} cannot write {spec.format}/{spec.subtype} "
+            f"(has {sorted(subtypes)}): install a soundfile wheel that bundles it"
+        )
+
+
+def write_media(directory: Path, spec: MediaSpec) -> Path:
+    """Write one test file into `directory`; returns its path."""
+    check_supported(spec)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / spec.filename
+    options = _ENCODER_OPTIONS.get(spec.format, {})
+    data = tone(spec.rate, spec.channels, hz=spec.hz)
+    sf.write(path, data, spec.rate, format=spec.format, subtype=spec.subtype, **options)
+    with sf.SoundFile(path) as written:  # what was asked for, not a fallback
+        assert (written.format, written.subtype) == (spec.format, spec.subtype), path
+        assert (written.samplerate, written.channels) == (spec.rate, spec.channels), path
+    return path
+
+
+def write_all(directory: Path) -> dict[str, Path]:
+    """Write every file of SPECS and OTHER_TONE; returns name -> path (the shape of
+    `audio.media`)."""
+    return {spec.name: write_media(directory, spec) for spec in BY_NAME.values()}
+
+
+def write_garbage(path: Path, size: int = 20_000) -> Path:
+    """Bytes that no decoder reads as sound (a fixed pseudo-random pattern)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(np.random.default_rng(7).integers(0, 256, size, dtype=np.uint8).tobytes())
+    return path
+
+
+def decode_reference(data: Path | bytes, rate: int) -> Samples:
+    """The file decoded without the agent's code: soundfile reads it whole as float, the
+    channels are averaged, libsoxr resamples it to `rate` in one call. Full scale is 1."""
+    source = data if isinstance(data, Path) else io.BytesIO(data)
+    frames, source_rate = sf.read(source, dtype="float32", always_2d=True)
+    mono = frames.mean(axis=1, dtype=np.float32)
+    if source_rate != rate:
+        mono = soxr.resample(mono, source_rate, rate, quality=RESAMPLE_QUALITY)
+    result: Samples = np.asarray(mono, dtype=np.float64)
+    return result
