@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow test-clients test-fleet test-all lint bench bench-fleet soak clean
+.PHONY: setup run test test-slow test-clients test-fleet test-all test-arm64 lint bench bench-fleet soak clean
 
 setup: $(STAMP)
 
@@ -27,13 +27,17 @@ test-fleet: $(STAMP)  ## the operator's tool against simulated fleets and a brid
 
 test-all: test test-clients test-fleet  ## what CI runs (.ci/run)
 
+test-arm64: $(STAMP)  ## install from a wheel and run on aarch64 (Debian bookworm arm64 under QEMU), compared with x86_64: docs/arm64.md
+	bash scripts/arm64/run.sh
+
 lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
 	$(VENV)/bin/ruff check agent tests scripts bench ota harness
 	$(VENV)/bin/ruff format --check agent tests scripts bench ota harness
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)  ## benchmark against piper-tts: bench/results.json, bench/REPORT.md, bench/latency.png
+bench: $(STAMP)  ## benchmark against piper-tts (bench/REPORT.md) and rooms: two nodes in step (bench/ROOMS.md)
 	$(VENV)/bin/python -m bench.run --out-dir bench
+	$(VENV)/bin/python -m bench.rooms --out-dir bench
 
 bench-fleet: $(STAMP)  ## the operator tool against 100-3,000 simulated nodes: bench/FLEET.md, bench/fleet.json
 	$(VENV)/bin/python -m bench.fleet --out-dir bench --save-every-change 300,1000
