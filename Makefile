@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow test-clients test-fleet test-all test-arm64 lint bench bench-fleet soak clean
+.PHONY: setup run test test-slow test-clients test-fleet test-all test-install test-arm64 lint bench bench-fleet soak clean
 
 setup: $(STAMP)
 
@@ -25,7 +25,10 @@ test-clients: $(STAMP)  ## real Home Assistant and rhasspy-hermes as clients (in
 test-fleet: $(STAMP)  ## the operator's tool against simulated fleets and a bridged broker pair
 	$(VENV)/bin/pytest -m fleet
 
-test-all: test test-clients test-fleet  ## what CI runs (.ci/run)
+test-install: $(STAMP)  ## the production install: the wheel into a fresh venv outside the tree, say and run
+	$(VENV)/bin/pytest -m install
+
+test-all: test test-install test-clients test-fleet  ## what CI runs (.ci/run)
 
 test-arm64: $(STAMP)  ## install from a wheel and run on aarch64 (Debian bookworm arm64 under QEMU), compared with x86_64: docs/arm64.md
 	bash scripts/arm64/run.sh
