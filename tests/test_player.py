@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import alsaaudio
@@ -46,26 +46,30 @@ def events() -> queue.Queue[Event]:
     return queue.Queue()
 
 
+MakePlayer = Callable[..., Player]
+"""Makes a started Player on an opener (volume and floor optional); stopped after the test."""
+
+
 @pytest.fixture
-def make_player(events: queue.Queue[Event]) -> Iterator[type[Player]]:
+def make_player(events: queue.Queue[Event]) -> Iterator[MakePlayer]:
     started: list[Player] = []
 
-    def make(opener: PcmOpener, **options: float) -> Player:
-        player = Player(opener, RATE, events.put, **options)
+    def make(opener: PcmOpener, volume: float = 1.0, floor: float = 0.0) -> Player:
+        player = Player(opener, RATE, events.put, volume, floor)
         player.start()
         started.append(player)
         return player
 
-    yield make  # type: ignore[misc]
+    yield make
     for player in started:
         player.stop()
 
 
 def test_played_samples_are_exactly_the_chunks_in_order(
-    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+    tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
     capture = tmp_path / "out.raw"
-    player = make_player(file_opener(capture))  # type: ignore[call-arg]
+    player = make_player(file_opener(capture))
     a1, a2, b1 = tone(0.5), tone(0.33, 3000), tone(0.2, 12000)
     for chunk in (Chunk("a", a1), Chunk("a", a2), Chunk("a", end=True)):
         assert player.put(chunk)
@@ -83,10 +87,10 @@ def test_played_samples_are_exactly_the_chunks_in_order(
 
 
 def test_volume_requested_times_global_with_the_alarm_floor(
-    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+    tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
     capture = tmp_path / "out.raw"
-    player = make_player(file_opener(capture), volume=0.5, floor=0.4)  # type: ignore[call-arg]
+    player = make_player(file_opener(capture), volume=0.5, floor=0.4)
     sound = tone(0.1, 20000)
     player.put(Chunk("info", sound, volume=0.5, priority=Priority.INFO))
     player.put(Chunk("info", end=True))
@@ -100,7 +104,7 @@ def test_volume_requested_times_global_with_the_alarm_floor(
 
 
 def test_a_cut_fades_out_within_one_period_and_drops_the_rest(
-    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+    tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
     capture = tmp_path / "out.raw"
     gate = threading.Event()
@@ -109,7 +113,7 @@ def test_a_cut_fades_out_within_one_period_and_drops_the_rest(
         pcm, period = file_opener(capture)()
         return _Gated(pcm, gate), period
 
-    player = make_player(slow_open)  # type: ignore[call-arg]
+    player = make_player(slow_open)
     long_tone = tone(2.0, 20000)
     player.put(Chunk("chat", long_tone, job=1))
     player.put(Chunk("chat", end=True, job=1))
@@ -137,10 +141,10 @@ def test_a_cut_fades_out_within_one_period_and_drops_the_rest(
 
 
 def test_a_cut_before_any_sample_plays_nothing(
-    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+    tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
     capture = tmp_path / "out.raw"
-    player = make_player(file_opener(capture))  # type: ignore[call-arg]
+    player = make_player(file_opener(capture))
     player.cut(7)
     player.put(Chunk("never", tone(0.5), job=7))
     player.put(Chunk("never", end=True, job=7))
@@ -149,10 +153,10 @@ def test_a_cut_before_any_sample_plays_nothing(
 
 
 def test_a_late_cut_of_an_earlier_activation_leaves_the_next_alone(
-    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+    tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
     capture = tmp_path / "out.raw"
-    player = make_player(file_opener(capture))  # type: ignore[call-arg]
+    player = make_player(file_opener(capture))
     sound = tone(0.2)
     player.put(Chunk("w", sound, job=1))
     player.put(Chunk("w", end=True, job=1))
@@ -181,9 +185,9 @@ def test_put_blocks_while_the_buffer_is_full_and_returns_false_on_stop(
 
 
 def test_a_synthesis_error_after_some_audio_fails_the_announcement(
-    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+    tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
-    player = make_player(file_opener(tmp_path / "o.raw"))  # type: ignore[call-arg]
+    player = make_player(file_opener(tmp_path / "o.raw"))
     player.put(Chunk("a", tone(0.1)))
     player.put(Chunk("a", end=True, error=Reason.SYNTHESIS_ERROR, detail="boom"))
     assert collect(events, 3)[1:] == [
@@ -219,7 +223,7 @@ class _Gated:
 
 @pytest.mark.allow_error_logs
 def test_an_underrun_is_recovered_and_counted(
-    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+    tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
     capture = tmp_path / "out.raw"
 
@@ -227,7 +231,7 @@ def test_an_underrun_is_recovered_and_counted(
         pcm, period = file_opener(capture)()
         return FaultyPcm(pcm, {3: "underrun"}), period
 
-    player = make_player(opener)  # type: ignore[call-arg]
+    player = make_player(opener)
     sound = tone(0.3)
     player.put(Chunk("a", sound))
     player.put(Chunk("a", end=True))
@@ -238,7 +242,7 @@ def test_an_underrun_is_recovered_and_counted(
 
 @pytest.mark.allow_error_logs
 def test_a_lost_device_fails_the_announcement_then_is_reopened(
-    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+    tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
     capture = tmp_path / "out.raw"
     opened: list[int] = []
@@ -248,7 +252,7 @@ def test_a_lost_device_fails_the_announcement_then_is_reopened(
         opened.append(1)
         return (FaultyPcm(pcm, {2: "lost"}) if len(opened) == 1 else pcm), period
 
-    player = make_player(opener)  # type: ignore[call-arg]
+    player = make_player(opener)
     player.put(Chunk("a", tone(0.3)))
     player.put(Chunk("a", end=True))
     got = collect(events, 4)
@@ -269,7 +273,7 @@ def test_a_lost_device_fails_the_announcement_then_is_reopened(
 
 @pytest.mark.allow_error_logs
 def test_a_device_that_cannot_open_is_retried_until_it_can(
-    tmp_path: Path, events: queue.Queue[Event], make_player: type[Player]
+    tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
     capture = tmp_path / "out.raw"
     attempts: list[int] = []
@@ -280,7 +284,7 @@ def test_a_device_that_cannot_open_is_retried_until_it_can(
             raise alsaaudio.ALSAAudioError("Device or resource busy [default]")
         return file_opener(capture)()
 
-    player = make_player(opener)  # type: ignore[call-arg]
+    player = make_player(opener)
     sound = tone(0.2)
     player.put(Chunk("a", sound))
     player.put(Chunk("a", end=True))
