@@ -448,6 +448,8 @@ class Player:
         except Exception as err:
             self._set_available(False, str(err))
             raise AudioUnavailableError(str(err)) from err
+        with contextlib.suppress(Exception):  # a device that cannot drain yet is no failure
+            self._pcm.drain()  # idle until written: a sound server sees no stream playing
         self._set_available(True)
 
     def _sleep(self, seconds: float) -> None:

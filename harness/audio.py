@@ -69,6 +69,7 @@ class PulseNullSink:
         )
         self.log = workdir / "pulse.log"
         self._process: subprocess.Popen[bytes] | None = None
+        self._awake: subprocess.Popen[bytes] | None = None
 
     def env(self, capture: Path, sink: str | None = None) -> dict[str, str]:
         """Environment for a client that plays to `paced_capture` and captures to `capture`
@@ -111,6 +112,16 @@ class PulseNullSink:
                 env={**os.environ, "HOME": str(self.xdg)},
             )
         wait_until(self.socket.exists, 15, "the PulseAudio socket")
+        # A null sink that nothing records sleeps in blocks of up to 2 s and only notices a new
+        # stream at the end of one: a stream started then waits up to 2 s (no sound card's sink
+        # does that: those rewind). Recording its monitor at low latency keeps it awake.
+        awake = ["parec", "-d", "nullsink.monitor", "--latency-msec=10", "--raw"]
+        self._awake = subprocess.Popen(
+            awake,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **self.env(self.socket.parent / "unused.raw")},
+        )
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -125,6 +136,9 @@ class PulseNullSink:
 
     def stop(self) -> None:
         """Stop the server."""
+        if self._awake is not None and self._awake.poll() is None:
+            self._awake.terminate()
+            self._awake.wait(10)
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
             self._process.wait(10)
