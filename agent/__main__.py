@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from . import version
+from . import allocator, version
 from .config import SYSTEM_CONFIG_PATH, AgentConfig, ConfigError, key_docs, load
 
 _LOGGER = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ def _config_option(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `voice-agent` console script."""
+    allocator.tune()  # before any thread allocates (docs/memory.md)
     args = _parser().parse_args(argv)
     debug = getattr(args, "debug", False)
     logging.basicConfig(

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 from typing import Final
 
+from . import allocator
 from . import version as package_version
 from .board import board
 from .catalog import Catalog, VoiceFacts
@@ -151,6 +152,7 @@ class App:
             plan,
             max_seconds=speak.max_audio_seconds,
             media=self._media,
+            after_request=allocator.trim,
         )
         journal, self._storage_note = Journal.open_or_renew(
             resolve_storage_dir(config.storage, environ) / f"journal-{config.node_id}.sqlite3",

@@ -81,12 +81,12 @@ def grow(budget: int, cap: int | None, chunks: int = 1) -> int:
 FIRST_FRAMES: Final = 32
 """Latent frames in the first decoder chunk of a request: 32 x 256 samples, 0.37 s of audio at
 22050 Hz, decoded in ~15 ms with its context on 2 cores (docs/measurements.md)."""
-MAX_FRAMES: Final = 256
-"""Most latent frames in one decoder chunk (~3 s of audio, ~0.1 s to decode): bounds a chunk's
-time and the memory of the decoder's activations (measured: peak RSS 288 MB streaming long
-texts, against 356 MB with 384, 394 MB with 512 and 351 MB decoding clause groups whole; each
-join costs twice the decoder's context frames again, so 512 costs less compute on very long
-clauses: docs/measurements.md)."""
+MAX_FRAMES: Final = 128
+"""Most latent frames in one decoder chunk (~1.5 s of audio, ~50 ms to decode): bounds a
+chunk's time and the memory of the decoder's activations. Measured with ONNX Runtime's arena off
+(docs/memory.md): the long text's peak RSS 204.5 MB, against 227 MB with 256 frames, for 1.144
+decoder frames per audio frame instead of 1.072 (each join decodes twice the decoder's context
+again: ~4.5 % more compute); 64 frames: 194 MB at +24 %."""
 FRAME_GROWTH: Final = 4
 """Each decoder chunk may be this many times the one before: the next is decoded (~0.5 ms a
 frame on 2 cores, ~12 ms of audio a frame) long before the current one has played, even on a

@@ -316,7 +316,7 @@ class CacheConfig:
     )
     memory_bytes: int = _key(
         "Phrase cache in memory, least recently used dropped first (bytes of audio).",
-        32 * 1024 * 1024,
+        8 * 1024 * 1024,
         _between(0, 2**40),
     )
     disk_bytes: int = _key(

@@ -134,11 +134,14 @@ class Synthesizer:
         chunk_frames: tuple[int, int] = (FIRST_FRAMES, MAX_FRAMES),
         max_seconds: float = 120.0,
         media: MediaSource | None = None,
+        after_request: Callable[[], object] | None = None,
     ) -> None:
         self._voices = dict(voices)  # this thread's own: a switch arrives as a command
         self._rate = voices["default"].voice.sample_rate
         """The device's rate: the configured default voice's; other voices are resampled."""
         self._media = media
+        self._after_request = after_request
+        """Called on this thread after each request (the allocator gives memory back)."""
         self._job_cancel = threading.Event()
         """Set when the request being synthesized is cut (ends a wait for its sounds)."""
         self._cache = cache
@@ -219,6 +222,8 @@ class Synthesizer:
                 continue
             self._speak_blocking(command)
             self._report(SynthesisDone(command.request.id, command.token))
+            if self._after_request is not None:
+                self._after_request()
 
     # ---- requests ---------------------------------------------------------------------------
 

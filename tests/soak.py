@@ -7,7 +7,7 @@ Every interval it records the agent's RSS, open file descriptors, threads, and t
 no descriptor or thread growth, a stable p99. `make soak` runs 30 minutes; a test runs ~90 s.
 
 Warm-up ends with the first interval, or later when the phrase cache in memory is still filling:
-it holds every uncached sentence up to `cache.memory_bytes` (32 MB by default, full after ~10
+it holds every uncached sentence up to `cache.memory_bytes` (8 MB by default, full after ~3
 minutes of this mix), which is growth by design, not a leak. The report shows the cache's bytes
 (from the agent's retained state) beside the RSS, and measures growth from the first interval
 at which the cache was full (95 % of its bound).

@@ -85,7 +85,7 @@ EDGES: dict[str, dict[str, set[str]]] = {
     "mqtt": {"mqtt_link": {"config", "messages"}},
     "storage": {"journal": {"messages", "states"}, "ledger": {"journal", "messages", "states"}},
     "ota": {"updater": {"config", "http_fetch", "manifest", "states"}},
-    "system": {"systemd": set(), "board": set(), "clock": set()},
+    "system": {"systemd": set(), "board": set(), "clock": set(), "allocator": set()},
     "loop": {"inbox": set(), "voice_swap": set()},
 }
 """Edges by the outside thing they own, each module with the agent modules it may import: pure
