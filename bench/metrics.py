@@ -103,6 +103,34 @@ def warm_speed(ours: Synth, piper: Synth, reps: int, say: Say) -> Measured:
     return Measured(entries, {"audio_seconds": audio})
 
 
+def warm_speed_tier(tier: Synth, ours: Synth, reps: int, say: Say, name: str) -> Measured:
+    """1b. A model tier (e.g. INT8) against our FP32 voice, warm, in process, per text length:
+    its speed as a ratio to FP32's in the same run (`ours` is the tier, `piper` column FP32)."""
+    synths = {OURS: tier, PIPER: ours}
+    for text in SPEED_TEXTS.values():
+        for synth in synths.values():
+            synth(text)
+    speed: dict[str, dict[str, list[float]]] = {n: {OURS: [], PIPER: []} for n in SPEED_TEXTS}
+    for rep in range(reps):
+        for text_name, text in SPEED_TEXTS.items():
+            for side in sides(rep):
+                settle()
+                speed[text_name][side].append(synths[side](text).speed)
+        say(f"{name} speed: repetition {rep + 1}/{reps}")
+    entries = [
+        Entry(
+            key=f"{name}_speed_{text_name}",
+            label=f"{name} voice speed vs FP32, {text_name} text (FP32 in the piper column)",
+            unit="x",
+            ours=speed[text_name][OURS],
+            piper=speed[text_name][PIPER],
+            target=Target(1.3, at_most=False),
+        )
+        for text_name in SPEED_TEXTS
+    ]
+    return Measured(entries, {})
+
+
 _TTFA_LABELS: Final = {
     "three_sentences": "uncached 3 sentences",
     "short": "uncached short sentence",

@@ -103,6 +103,14 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
     whole = Voice.load(model, threads=_THREADS, cache_dir=cache_dir, split=False)
     piper = synth.piper(PiperVoice.load(model))
     results = [metrics.warm_speed(synth.ours(split), piper, plan.speed_reps, say)]
+    int8 = int8_voice(model, work / "int8", cache_dir, say)
+    if int8 is not None:
+        results.append(
+            metrics.warm_speed_tier(
+                synth.ours(int8), synth.ours(split), plan.speed_reps, say, "int8"
+            )
+        )
+        del int8
     noiseless = SynthesisParams(0.0, 1.0, 0.0)  # the same durations in every run
     results.append(
         metrics.chunking_overhead(
@@ -155,6 +163,35 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
         paced = write_config(work, broker, cache_dir, "paced_capture", "agent-paced.yaml")
         results.append(paced_run(work, paced, new_agent, tag, say))
     return results
+
+
+def int8_voice(model: Path, out_dir: Path, cache_dir: Path, say: Progress) -> Voice | None:
+    """The INT8 tier that passed the quality gate (docs/quantization.md), built from the bundled
+    voice as the operator tool builds it; None if it cannot be built here."""
+    from ota.quantize import (  # noqa: PLC0415 - the operator tool, only for this
+        CALIBRATION_TEXTS,
+        THREADS,
+        select_variants,
+        sentence_ids,
+    )
+    from ota.variants import BuildInputs  # noqa: PLC0415
+
+    say("building the INT8 tier (int8-static-conv-u8-keep-last-stage)")
+    variant = select_variants("int8-static-conv-u8-keep-last-stage")[1]
+    fp32 = Voice.load(model, threads=THREADS, cache_dir=None, split=False)
+    defaults = fp32.default_params
+    inputs = BuildInputs(
+        model,
+        sentence_ids(fp32, CALIBRATION_TEXTS),
+        (defaults.noise_scale, defaults.length_scale, defaults.noise_w),
+    )
+    del fp32
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{model.stem}.int8.onnx"
+    assert variant.build is not None  # noqa: S101 - the variant is a builder
+    variant.build(inputs, path)
+    path.with_name(f"{path.name}.json").write_bytes(Path(f"{model}.json").read_bytes())
+    return Voice.load(path, threads=_THREADS, cache_dir=cache_dir)
 
 
 def paced_run(

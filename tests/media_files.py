@@ -19,6 +19,12 @@ TONE_HZ: Final = 440.0
 """Frequency of the test tone (Hz)."""
 TONE_PEAK: Final = 0.5
 """Peak of the tone on each channel (full scale is 1): -6 dBFS."""
+OVERTONE_HZ: Final = 15_000.0
+"""An inaudible-to-the-device partial (Hz), above the device's Nyquist frequency (11,025 Hz):
+in every source that can hold it (rates over 30 kHz), so a resampler that lets it alias
+(linear interpolation folds it to 7,050 Hz from 44.1 kHz) is caught."""
+OVERTONE_PEAK: Final = 0.1
+"""Peak of the overtone (full scale is 1): -20 dBFS."""
 TONE_SECONDS: Final = 0.4
 """Length of every test file (seconds)."""
 FADE_SECONDS: Final = 0.01
@@ -85,8 +91,9 @@ def tone(
     rate: int, channels: int = 1, seconds: float = TONE_SECONDS, hz: float = TONE_HZ
 ) -> Samples:
     """The test tone, shape (frames, channels): a sine (440 Hz) at -6 dBFS with faded ends,
-    channel c shifted by c/(channels - 1) of a quarter period, so a mix that is not the channels'
-    mean (one channel, or their sum) changes the level or the phase."""
+    plus the overtone where `rate` holds it; channel c shifted by c/(channels - 1) of a quarter
+    period, so a mix that is not the channels' mean (one channel, or their sum) changes the
+    level or the phase."""
     t = np.arange(round(rate * seconds)) / rate
     fade = min(round(rate * FADE_SECONDS), len(t) // 2)
     envelope = np.ones(len(t))
@@ -94,14 +101,16 @@ def tone(
     envelope[:fade], envelope[len(t) - fade :] = ramp, ramp[::-1]
     shift = np.pi / 2 / max(channels - 1, 1)
     phases = shift * np.arange(channels)
-    waves = np.sin(2 * np.pi * hz * t[:, None] + phases[None, :])
-    result: Samples = TONE_PEAK * envelope[:, None] * waves
+    waves = TONE_PEAK * np.sin(2 * np.pi * hz * t[:, None] + phases[None, :])
+    if rate > 2 * OVERTONE_HZ:
+        waves += OVERTONE_PEAK * np.sin(2 * np.pi * OVERTONE_HZ * t[:, None] + phases[None, :])
+    result: Samples = envelope[:, None] * waves
     return result
 
 
 def ideal_mono(spec: MediaSpec, rate: int) -> Samples:
-    """What the file should sound like at `rate`: its tone generated there, channels averaged
-    (no codec, no resampler)."""
+    """What the file should sound like at `rate`: its tone generated there (so without the
+    overtone at the device's rate), channels averaged (no codec, no resampler)."""
     result: Samples = tone(rate, spec.channels, hz=spec.hz).mean(axis=1)
     return result
 

@@ -42,7 +42,8 @@ STALL_TIMEOUT: Final = 1.0
 MIN_SNR_DB: Final = 40.0
 """Least signal-to-error ratio of a captured sound against the independent decode (dB). Both
 decode with libsndfile and resample with libsoxr "HQ", so they differ by the agent's 16-bit
-rounding (~90 dB here); a wrong rate, mix, gain, or a lost block gives below 20 dB."""
+rounding (~90 dB here); a wrong rate, mix or gain, a sample of lag, or a resampler that lets
+the 15 kHz overtone alias (linear interpolation: 14-17 dB) gives below 20 dB."""
 MIN_IDEAL_SNR_DB: Final = 30.0
 """Least ratio of a losslessly coded sound against the ideal tone (dB): 8-bit, mu-law and
 A-law samples give 37-38 dB, 16 bits and more ~70 dB."""
@@ -454,7 +455,9 @@ HOSTILE: Final = {
     "redirect_to_another_host": Hostile(_elsewhere, "redirect_refused"),
     "redirect_to_another_port": Hostile(_other_port, "redirect_refused"),
     "stall": Hostile(_stall, "stalled"),
-    "drip_past_the_deadline": Hostile(_drip, "timeout", {"media_timeout_s": 2.0}),
+    "drip_past_the_deadline": Hostile(
+        _drip, "timeout", {"media_timeout_s": 2.0, "media_stall_timeout_s": 30.0}
+    ),
     "not_found": Hostile(_missing, "http_error"),
     "nobody_listening": Hostile(_closed_port, "connection_failed"),
 }
