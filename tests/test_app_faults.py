@@ -106,10 +106,12 @@ def test_a_fault_while_handling_one_message_ends_that_message_not_the_agent(
     if where == "synthesize":
         submit = app._synthesizer.submit
 
-        def submit_breaking(request: SpeakRequest, job: int = 0) -> None:
+        def submit_breaking(
+            request: SpeakRequest, job: int = 0, start_at: float | None = None
+        ) -> None:
             if request.id == "boom":
                 raise RuntimeError("injected fault while handing over a request")
-            submit(request, job)
+            submit(request, job, start_at)
 
         monkeypatch.setattr(app._synthesizer, "submit", submit_breaking)
     if where == "report":
