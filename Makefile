@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow test-clients test-fleet test-all test-install test-arm64 lint bench bench-fleet soak clean
+.PHONY: setup run test test-slow test-clients test-fleet test-all test-install test-small test-arm64 lint bench bench-fleet soak clean
 
 setup: $(STAMP)
 
@@ -16,7 +16,7 @@ run: $(STAMP)  ## run the agent (starts a loopback Mosquitto if no broker answer
 test: $(STAMP)  ## every test: unit, and integration against a real Mosquitto and ALSA
 	$(VENV)/bin/pytest
 
-test-slow: $(STAMP)  ## the tests marked slow (a minute or more each of real-time audio)
+test-slow: $(STAMP)  ## the tests marked slow (a minute or more each: real-time audio, the short soak, 1,000 fuzzed messages through the broker)
 	$(VENV)/bin/pytest -m slow
 
 test-clients: $(STAMP)  ## real Home Assistant and rhasspy-hermes as clients (installs them in .cache/ once)
@@ -28,7 +28,10 @@ test-fleet: $(STAMP)  ## the operator's tool against simulated fleets and a brid
 test-install: $(STAMP)  ## the production install: the wheel into a fresh venv outside the tree, say and run
 	$(VENV)/bin/pytest -m install
 
-test-all: test test-install test-clients test-fleet  ## what CI runs (.ci/run)
+test-all: test test-slow test-install test-clients test-fleet test-small  ## what CI runs (.ci/run)
+
+test-small: $(STAMP)  ## memory budgets held by the kernel: steady work in a 256 MB cgroup, a node's whole life (OTA update, rollback) in 384 MB (root, cgroup v1; ~8 min)
+	$(VENV)/bin/pytest -m small -rP
 
 test-arm64: $(STAMP)  ## install from a wheel and run on aarch64 (Debian bookworm arm64 under QEMU), compared with x86_64: docs/arm64.md
 	bash scripts/arm64/run.sh

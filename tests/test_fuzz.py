@@ -219,6 +219,7 @@ def mutated_payloads(count: int, seed: int = 11) -> list[bytes]:
 
 
 @pytest.mark.broker
+@pytest.mark.slow  # ~1-2 min: `make test-slow` (CI runs it)
 def test_a_thousand_fuzzed_messages_through_the_broker(
     tmp_path: Path, broker: Broker, tiny_voice: Path
 ) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.soak import HEALTH, Interval, Soak, _judge, run, write_report
 
-pytestmark = [pytest.mark.broker, pytest.mark.voice]
+pytestmark = [pytest.mark.broker, pytest.mark.voice, pytest.mark.slow]  # ~1-2 min: `make test-slow`
 
 
 def test_a_short_soak_keeps_memory_descriptors_and_threads_bounded(tmp_path: Path) -> None:
