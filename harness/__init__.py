@@ -7,6 +7,7 @@ from __future__ import annotations
 from .agent import AgentProcess, agent_config, write_config
 from .audio import FaultyPcm, PulseNullSink, onsets, read_pcm, speech_stats
 from .broker import Broker, Pki, free_port, make_pki
+from .cgroup import CgroupError, MemoryCgroup, MemoryReading, drop_page_cache
 from .mqtt import Received, Watcher, publish
 from .wait import ROOT, TIMEOUT, wait_until
 
@@ -15,12 +16,16 @@ __all__ = [
     "TIMEOUT",
     "AgentProcess",
     "Broker",
+    "CgroupError",
     "FaultyPcm",
+    "MemoryCgroup",
+    "MemoryReading",
     "Pki",
     "PulseNullSink",
     "Received",
     "Watcher",
     "agent_config",
+    "drop_page_cache",
     "free_port",
     "make_pki",
     "onsets",
