@@ -34,8 +34,9 @@ _WAIT_SLICE: Final = 0.2
 """A wait for a fetch checks this often (seconds) whether its announcement was cut."""
 
 
-class SoundUnavailableError(Exception):
-    """A sound that cannot be played: `reason` for the event, `detail` safe to publish."""
+class UnplayableError(Exception):
+    """A part of a request that cannot be played (a sound, a speaker): `reason` for its event,
+    `detail` safe to publish."""
 
     def __init__(self, reason: Reason, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -58,7 +59,7 @@ class _Fetch:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.data: bytes | None = None
-        self.error: SoundUnavailableError | None = None
+        self.error: UnplayableError | None = None
 
 
 class MediaSource:
@@ -96,7 +97,7 @@ class MediaSource:
         with self._lock:
             for fetch in self._fetches.values():
                 if not fetch.done.is_set():
-                    fetch.error = SoundUnavailableError(Reason.SOUND_UNAVAILABLE, "stopping")
+                    fetch.error = UnplayableError(Reason.SOUND_UNAVAILABLE, "stopping")
                     fetch.done.set()
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)
@@ -120,7 +121,7 @@ class MediaSource:
                     self._fetches.pop(url, None)
 
     def get(self, sound: str, cancelled: threading.Event | None = None) -> PCM16:
-        """A sound's samples at the device rate. Raises SoundUnavailableError (reason
+        """A sound's samples at the device rate. Raises UnplayableError (reason
         `sound_unavailable`, `unsupported_audio`, or `unknown_sound`)."""
         data = self._downloaded(sound, cancelled) if is_url(sound) else self._read(sound)
         key = hashlib.sha256(b"media|" + data).hexdigest()
@@ -130,23 +131,23 @@ class MediaSource:
         try:
             decoded = decode_audio(data, self._rate, max_bytes=self._limits.max_bytes)
         except MediaError as err:
-            raise SoundUnavailableError(Reason.UNSUPPORTED_AUDIO, str(err)) from None
+            raise UnplayableError(Reason.UNSUPPORTED_AUDIO, str(err)) from None
         self._cache.put(key, decoded.samples, self._rate)
         return decoded.samples
 
     def _read(self, name: str) -> bytes:
         path = self._files.get(name)
         if path is None:
-            raise SoundUnavailableError(Reason.UNKNOWN_SOUND, f"no sound named {name[:64]!r}")
+            raise UnplayableError(Reason.UNKNOWN_SOUND, f"no sound named {name[:64]!r}")
         try:
             size = path.stat().st_size
             if size > self._limits.max_bytes:
                 detail = f"{name}: {size} bytes, at most {self._limits.max_bytes} allowed"
-                raise SoundUnavailableError(Reason.SOUND_UNAVAILABLE, detail)
+                raise UnplayableError(Reason.SOUND_UNAVAILABLE, detail)
             return path.read_bytes()
         except OSError as err:
             detail = f"{name}: {err.strerror or err}"
-            raise SoundUnavailableError(Reason.SOUND_UNAVAILABLE, detail) from None
+            raise UnplayableError(Reason.SOUND_UNAVAILABLE, detail) from None
 
     def _downloaded(self, url: str, cancelled: threading.Event | None) -> bytes:
         with self._lock:
@@ -159,11 +160,11 @@ class MediaSource:
             if fetch.done.wait(_WAIT_SLICE):
                 break
             if cancelled is not None and cancelled.is_set():
-                raise SoundUnavailableError(Reason.SOUND_UNAVAILABLE, "cancelled")
+                raise UnplayableError(Reason.SOUND_UNAVAILABLE, "cancelled")
         if fetch.error is not None:
             raise fetch.error
         if fetch.data is None:
-            raise SoundUnavailableError(Reason.SOUND_UNAVAILABLE, "timeout: still downloading")
+            raise UnplayableError(Reason.SOUND_UNAVAILABLE, "timeout: still downloading")
         return fetch.data
 
     def _run_blocking(self) -> None:
@@ -188,9 +189,9 @@ class MediaSource:
             _LOGGER.info("Fetched a sound: %d bytes", len(fetch.data))
         except FetchError as err:
             _LOGGER.warning("A sound could not be fetched: %s", err)
-            fetch.error = SoundUnavailableError(Reason.SOUND_UNAVAILABLE, str(err))
+            fetch.error = UnplayableError(Reason.SOUND_UNAVAILABLE, str(err))
         except Exception as err:  # noqa: BLE001 - whatever a server does, the sound is missing
             _LOGGER.warning("A sound could not be fetched: %r", err)
-            fetch.error = SoundUnavailableError(Reason.SOUND_UNAVAILABLE, f"{type(err).__name__}")
+            fetch.error = UnplayableError(Reason.SOUND_UNAVAILABLE, f"{type(err).__name__}")
         finally:
             fetch.done.set()

@@ -27,7 +27,7 @@ import numpy as np
 from .chimes import ChimePlan
 from .chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
 from .media import MediaError, Resampler, decode_audio
-from .media_source import MediaSource, SoundUnavailableError
+from .media_source import MediaSource, UnplayableError
 from .messages import Event, Reason, SpeakRequest, SynthesisDone
 from .pcm import PCM16, Chunk
 from .phrase_cache import PhraseCache, cache_key
@@ -87,15 +87,6 @@ class _CancelledError(Exception):
 
 class _TooLongError(Exception):
     """The request's speech would last longer than allowed (the message says how long)."""
-
-
-class _UnplayableError(Exception):
-    """A part of the request cannot be played: `reason` for its event, `detail` says why."""
-
-    def __init__(self, reason: Reason, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +247,7 @@ class Synthesizer:
         except _TooLongError as err:
             self._put(replace(end, error=Reason.TOO_LONG, detail=str(err)))
             return
-        except _UnplayableError as err:
+        except UnplayableError as err:
             self._put(replace(end, error=err.reason, detail=err.detail))
             return
         except Exception as err:
@@ -296,7 +287,7 @@ class Synthesizer:
         try:
             segments = program(request, choice.id, lang)
         except SsmlError as err:  # checked on arrival; a voice's language may read otherwise
-            raise _UnplayableError(Reason.INVALID_SSML, str(err)) from None
+            raise UnplayableError(Reason.INVALID_SSML, str(err)) from None
         steps: list[_Step] = []
         for segment in segments:
             steps += self._planned(segment, request)
@@ -320,14 +311,14 @@ class Synthesizer:
         if isinstance(segment, Sound):
             try:
                 return [_Play(self._sound(segment.name), segment.volume)]
-            except _UnplayableError:
+            except UnplayableError:
                 if not segment.fallback:
                     raise
                 _LOGGER.info("Sound %r missing: its SSML content is said instead", segment.name)
                 return [step for part in segment.fallback for step in self._planned(part, request)]
         choice = self._voices.get(segment.voice or request.voice or "default")
         if choice is None:
-            raise _UnplayableError(Reason.UNKNOWN_VOICE, f"no voice {segment.voice!r}")
+            raise UnplayableError(Reason.UNKNOWN_VOICE, f"no voice {segment.voice!r}")
         base = choice.params
         scale = choice.voice.length_scale_for(request.rate * segment.rate, base.length_scale)
         params = replace(base, length_scale=scale)
@@ -335,19 +326,19 @@ class Synthesizer:
             try:
                 params = replace(params, speaker=choice.voice.speaker_id(segment.speaker))
             except ValueError as err:
-                raise _UnplayableError(Reason.UNKNOWN_SPEAKER, str(err)) from None
+                raise UnplayableError(Reason.UNKNOWN_SPEAKER, str(err)) from None
         sentences = [self._bounded(s) for s in choice.voice.sentences(segment.text)]
         return [_Say(choice, params, sentences, segment.volume)]
 
     def _sound(self, name: str) -> PCM16:
         if self._media is None:
-            raise _UnplayableError(Reason.UNKNOWN_SOUND, "no sounds configured")
+            raise UnplayableError(Reason.UNKNOWN_SOUND, "no sounds configured")
         try:
             return self._media.get(name, self._job_cancel)
-        except SoundUnavailableError as err:
+        except UnplayableError:
             if self._job_cancel.is_set():
                 raise _CancelledError from None
-            raise _UnplayableError(err.reason, err.detail) from None
+            raise
 
     def _speech_blocking(self, job: _Job, say: _Say) -> int:
         """Stream every sentence (cached, or synthesized in clause groups, resampled to the

@@ -73,13 +73,18 @@ def sides(trial: int) -> tuple[str, str]:
     return (OURS, PIPER) if trial % 2 == 0 else (PIPER, OURS)
 
 
-def warm_speed(ours: Synth, piper: Synth, reps: int, say: Say) -> Measured:
-    """1. Seconds of audio per second of compute, warm, in process, on short/medium/long texts."""
-    synths = {OURS: ours, PIPER: piper}
+Speeds = dict[str, dict[str, list[float]]]
+"""Text name -> side -> seconds of audio per second of compute, one per repetition."""
+
+
+def _warm_speeds(
+    synths: dict[str, Synth], reps: int, say: Say, what: str
+) -> tuple[Speeds, dict[str, list[float]]]:
+    """Both sides' warm speed on each text, alternating who goes first; and the audio lengths."""
     for text in SPEED_TEXTS.values():
         for synth in synths.values():
             synth(text)  # warm-up: first runs on new shapes are slower
-    speed: dict[str, dict[str, list[float]]] = {n: {OURS: [], PIPER: []} for n in SPEED_TEXTS}
+    speed: Speeds = {n: {OURS: [], PIPER: []} for n in SPEED_TEXTS}
     audio: dict[str, list[float]] = {name: [] for name in SPEED_TEXTS}
     for rep in range(reps):
         for name, text in SPEED_TEXTS.items():
@@ -88,7 +93,13 @@ def warm_speed(ours: Synth, piper: Synth, reps: int, say: Say) -> Measured:
                 timing = synths[side](text)
                 speed[name][side].append(timing.speed)
                 audio[name].append(timing.audio)
-        say(f"warm speed: repetition {rep + 1}/{reps}")
+        say(f"{what}: repetition {rep + 1}/{reps}")
+    return speed, audio
+
+
+def warm_speed(ours: Synth, piper: Synth, reps: int, say: Say) -> Measured:
+    """1. Seconds of audio per second of compute, warm, in process, on short/medium/long texts."""
+    speed, audio = _warm_speeds({OURS: ours, PIPER: piper}, reps, say, "warm speed")
     entries = [
         Entry(
             key=f"warm_speed_{name}",
@@ -106,17 +117,7 @@ def warm_speed(ours: Synth, piper: Synth, reps: int, say: Say) -> Measured:
 def warm_speed_tier(tier: Synth, ours: Synth, reps: int, say: Say, name: str) -> Measured:
     """1b. A model tier (e.g. INT8) against our FP32 voice, warm, in process, per text length:
     its speed as a ratio to FP32's in the same run (`ours` is the tier, `piper` column FP32)."""
-    synths = {OURS: tier, PIPER: ours}
-    for text in SPEED_TEXTS.values():
-        for synth in synths.values():
-            synth(text)
-    speed: dict[str, dict[str, list[float]]] = {n: {OURS: [], PIPER: []} for n in SPEED_TEXTS}
-    for rep in range(reps):
-        for text_name, text in SPEED_TEXTS.items():
-            for side in sides(rep):
-                settle()
-                speed[text_name][side].append(synths[side](text).speed)
-        say(f"{name} speed: repetition {rep + 1}/{reps}")
+    speed, _ = _warm_speeds({OURS: tier, PIPER: ours}, reps, say, f"{name} speed")
     entries = [
         Entry(
             key=f"{name}_speed_{text_name}",
