@@ -2,10 +2,10 @@
 
 By default glibc gives each thread that allocates its own arena (up to 8 per core) and keeps
 freed memory in them: with ONNX Runtime's threads, paho's and the agent's own, the resident
-set grows by a hundred megabytes and more over a day of announcements and never returns it
-(measured in docs/memory.md). Two arenas, large blocks from mmap (returned when freed), and a
-trim after each announcement hold it flat at no measurable speed cost. Without glibc (musl) or
-off Linux these do nothing.
+set grows over a day of announcements and never returns it (measured in docs/memory.md). Two
+arenas and a trim after each announcement hold it flat; with `tts.low_memory`, large blocks
+also come from mmap and go back when freed. Without glibc (musl) or off Linux these do
+nothing.
 """
 
 from __future__ import annotations
@@ -40,17 +40,21 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def tune() -> bool:
-    """Set the arenas and the mmap threshold; call first thing, before any thread starts.
-    Whether glibc took them."""
+    """Hold glibc to ARENAS arenas; call first thing, before any thread starts. Whether glibc
+    took it."""
     libc = _libc()
-    if libc is None:
-        return False
-    took = bool(libc.mallopt(_M_ARENA_MAX, ARENAS)) and bool(
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    )
+    took = libc is not None and bool(libc.mallopt(_M_ARENA_MAX, ARENAS))
     if not took:
-        _LOGGER.debug("glibc did not take the allocator settings")
+        _LOGGER.debug("glibc did not take the arena setting")
     return took
+
+
+def return_large_blocks() -> bool:
+    """Large blocks from mmap, returned when freed (`tts.low_memory`: with ONNX Runtime's arena
+    off, this holds the resident set flat; it costs CPU time in page faults). Whether glibc
+    took it."""
+    libc = _libc()
+    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 def trim() -> None:

@@ -182,6 +182,7 @@ class App:
                 report,
                 lambda path: _prewarmed(Voice.load(path, config.tts.threads, cache_dir)),
                 self._swaps.ask,
+                cache_dir=cache_dir,  # the check builds the candidate there; the agent only loads
             )
         table = route_table(config, topics, _new_id, {n: v for v, n in self._voice_names.items()})
         self._link = MqttLink(

@@ -270,6 +270,12 @@ class TtsConfig:
     threads: int = _key(
         "ONNX Runtime intra-op threads (count); 0 lets ONNX Runtime choose.", 2, _between(0, 64)
     )
+    low_memory: bool = _key(
+        "Hold memory down for a 512 MB board: ONNX Runtime without its memory arena and large "
+        "blocks returned to the system when freed (steady RSS about 190 MB instead of 230; "
+        "long texts take more CPU time: docs/memory.md).",
+        False,
+    )
     noise_scale: float | None = _key(
         "Generator noise for every voice; null keeps each voice's JSON value (0 = deterministic).",
         None,

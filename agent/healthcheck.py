@@ -1,16 +1,23 @@
 """The health check of a candidate voice model, run in its own process before a switch.
 
-`python -m agent.healthcheck MODEL [--reference OLD_MODEL] [--rate HZ]` loads the model,
-synthesizes fixed phrases with noise 0, and checks the audio is finite, not silent and of a
-plausible length for the text, that the sample rate is the one the device is open at, and that
-it is not much slower than the current model. It prints one JSON line and exits 0 when healthy.
-A crash, a hang or a memory blow-up of a bad model stays in this process: the caller limits its
-memory and time. Allowed imports: stdlib, numpy, `voice`.
+`python -m agent.healthcheck MODEL [--reference OLD_MODEL] [--rate HZ] [--cache-dir DIR]` loads
+the model, synthesizes fixed phrases with noise 0, and checks the audio is finite, not silent
+and of a plausible length for the text, that the sample rate is the one the device is open at,
+and that it is not much slower than the current model. It prints one JSON line and exits 0 when
+healthy. A crash, a hang or a memory blow-up of a bad model stays in this process: the caller
+limits its memory and time.
+
+With `--cache-dir` (the agent's model cache) the candidate's split parts are built there (in
+child processes, as at any first load) and both models are loaded from it, one after the other,
+the first released before the second: the agent then loads the candidate from the cache
+without building anything, and this process holds one voice at a time (docs/memory.md).
+Allowed imports: stdlib, numpy, `sessions`, `voice`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import sys
@@ -20,6 +27,7 @@ from typing import Final
 
 import numpy as np
 
+from .sessions import use_memory_arena
 from .voice import SynthesisParams, Voice
 
 PHRASES: Final = (
@@ -35,9 +43,12 @@ SLOWDOWN_GRACE_SECONDS: Final = 0.25
 """...or at most this much longer in all (timing noise on models that take milliseconds)."""
 
 
-def measure(model: Path, threads: int) -> tuple[int, float, float, list[str]]:
-    """(sample rate, compute seconds, audio seconds, problems) for the fixed phrases."""
-    voice = Voice.load(model, threads, None)
+def measure(
+    model: Path, threads: int, cache_dir: Path | None = None
+) -> tuple[int, float, float, list[str]]:
+    """(sample rate, compute seconds, audio seconds, problems) for the fixed phrases; the
+    voice is released when this returns."""
+    voice = Voice.load(model, threads, cache_dir)
     voice.prewarm()
     params = SynthesisParams(0.0, voice.default_params.length_scale, 0.0)
     problems: list[str] = []
@@ -69,16 +80,21 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=None, help="the device's sample rate")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--memory-mb", type=int, default=None, help="address-space limit")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help="the agent's model cache (cache.dir)"
+    )
     args = parser.parse_args()
+    use_memory_arena(False)  # a throwaway process: held to what one run needs (docs/memory.md)
     if args.memory_mb is not None:  # set here, not by the parent: it has threads (no preexec)
         limit = args.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    rate, compute, audio, problems = measure(args.model, args.threads)
+    rate, compute, audio, problems = measure(args.model, args.threads, args.cache_dir)
+    gc.collect()  # the candidate's sessions are gone before the reference loads
     if args.rate is not None and rate != args.rate:
         problems.append(f"sample rate {rate} Hz, the device runs at {args.rate} Hz")
     report: dict[str, object] = {"rate": rate, "compute_s": compute, "audio_s": audio}
     if args.reference is not None and not problems:
-        _, reference_compute, _, _ = measure(args.reference, args.threads)
+        _, reference_compute, _, _ = measure(args.reference, args.threads, args.cache_dir)
         report["slowdown"] = compute / max(reference_compute, 1e-6)
         if compute > max(
             MAX_SLOWDOWN * reference_compute, reference_compute + SLOWDOWN_GRACE_SECONDS

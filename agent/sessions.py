@@ -1,23 +1,40 @@
 """ONNX Runtime sessions for Piper graphs: the graph's inputs, session options chosen by
 measurement, and the cache of optimized models keyed by the model's digest, the runtime and the
-CPU. Allowed imports: stdlib, numpy, onnxruntime.
+CPU.
+
+A cached optimized model keeps its weights in a `.data` file beside it, which ONNX Runtime
+memory-maps when it loads the model: clean page cache, shared by every process that loads the
+same file (the agent and a health check), instead of a private copy (docs/memory.md). A `.seal`
+beside them records each file's size and sha256, so a damaged or mixed-up copy is found before
+it is run and built again. Copies are written in a work directory and moved into place, never
+overwritten in place (another process may have the old weights mapped).
+
+onnxruntime is imported by the functions that make sessions, not with this module: the build's
+graph steps (`split_graph`) use its names without the runtime (35 MB less at their peak).
+Allowed imports: stdlib, numpy, onnxruntime.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import platform
 import re
+import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
-import onnxruntime as ort
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -28,6 +45,16 @@ SPEAKER_INPUT: Final = "sid"
 """The graph's speaker input of a multi-speaker voice, int64 [1]."""
 PER_UTTERANCE: Final = frozenset({SPEAKER_INPUT})
 """Graph inputs the flow and decoder may take besides frames: the speaker (multi-speaker)."""
+WEIGHTS_SUFFIX: Final = ".data"
+"""An optimized model's weights are in the file of its name plus this."""
+EXTERNAL_MIN_BYTES: Final = 1024
+"""Initializers at least this large (bytes) are saved in the weights file; smaller ones (shapes,
+axes) stay in the graph."""
+_SEAL_SUFFIX: Final = ".seal"
+_WORK_PREFIX: Final = ".build-"
+STALE_WORK_SECONDS: Final = 24 * 3600.0
+"""A work directory older than this (seconds) was left by a build that was killed: removed at
+the next build (a build takes seconds here, minutes on a slow board)."""
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
 
 Feed = dict[str, npt.NDArray[Any]]
@@ -52,14 +79,32 @@ def takes(session: ort.InferenceSession, name: str) -> bool:
     return any(i.name == name for i in session.get_inputs())
 
 
+_ARENA: Final = {"enabled": True}
+"""Whether sessions made from now on use ONNX Runtime's CPU memory arena (process-wide)."""
+
+
+def use_memory_arena(enabled: bool) -> None:
+    """Sessions made from now on keep (True) or return (False) their tensors' memory between
+    runs: on is fastest, off holds a process's memory to what one run needs."""
+    _ARENA["enabled"] = enabled
+
+
 def session_options(
     threads: int, level: ort.GraphOptimizationLevel, part: bool = False
 ) -> ort.SessionOptions:
     """Options of one session: `threads` intra-op threads, sequential, at this optimization
-    level; `part` for the parts of a split voice, which run one after another."""
+    level, with or without ONNX Runtime's memory arena (`use_memory_arena`); `part` for the
+    parts of a split voice, which run one after another."""
+    import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # The arena keeps the largest request's tensors for the life of the session (+106 MB after
+    # the bench's long text); without it they go back to malloc after each run, which costs CPU
+    # time (docs/memory.md): off in throwaway processes (builds, the health check) and where
+    # `tts.low_memory` asks.
+    options.enable_cpu_mem_arena = _ARENA["enabled"]
     if part:
         # The parts of a split voice run one after another, each session with its own thread
         # pool. Left spinning after a run, the threads of one part take the cores from the next
@@ -80,21 +125,28 @@ def model_digest(path: Path, cache_dir: Path | None) -> str:
     """
     memo: Path | None = None
     if cache_dir is not None:
-        stat = path.stat()
-        ident = (
-            f"{path.resolve()}|{stat.st_size}|{stat.st_ino}|{stat.st_mtime_ns}|{stat.st_ctime_ns}"
-        )
+        ident = f"{path.resolve()}|{_identity(path)}"
         memo = cache_dir / "models" / f"digest-{hashlib.sha256(ident.encode()).hexdigest()[:32]}"
         with contextlib.suppress(OSError):
             remembered = memo.read_text(encoding="ascii").strip()
             if _SHA256.fullmatch(remembered):
                 return remembered
-    with path.open("rb") as model:
-        digest = hashlib.file_digest(model, "sha256").hexdigest()
+    digest = _sha256_of(path)
     if memo is not None:
         with contextlib.suppress(OSError):
             write_atomic(memo, digest.encode("ascii"))
     return digest
+
+
+def _identity(path: Path) -> str:
+    """What changes whenever a file is written, replaced or restored: size, inode, times."""
+    stat = path.stat()
+    return f"{stat.st_size}|{stat.st_ino}|{stat.st_mtime_ns}|{stat.st_ctime_ns}"
+
+
+def _sha256_of(path: Path) -> str:
+    with path.open("rb") as data:
+        return hashlib.file_digest(data, "sha256").hexdigest()
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -107,6 +159,17 @@ def write_atomic(path: Path, data: bytes) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory in MB since it started its program (Linux VmHWM),
+    or None where the kernel does not say. (A parent's rusage of a child counts the parent's
+    own memory at the fork: this does not.)"""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
 
 
 def _cpu_id() -> str:
@@ -123,8 +186,31 @@ def _cpu_id() -> str:
 
 def cache_stem(cache_dir: Path, digest: str) -> Path:
     """Where a model's optimized copies go: named by digest, runtime, architecture and CPU."""
+    import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
+
     machine = f"{platform.machine()}-{_cpu_id()}"
     return cache_dir / "models" / f"{digest}-ort{ort.__version__}-{machine}"
+
+
+@contextlib.contextmanager
+def work_directory(parent: Path | None) -> Iterator[Path]:
+    """A fresh directory for a build, removed afterwards: under `parent` (the cache, so its
+    files move into place by renaming), or the system's temporary directory. Work directories
+    a killed build left under `parent` are removed first."""
+    if parent is None:
+        with tempfile.TemporaryDirectory(prefix="voice-agent-build-") as temporary:
+            yield Path(temporary)
+        return
+    parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.glob(f"{_WORK_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > STALE_WORK_SECONDS:
+                shutil.rmtree(stale)
+    work = Path(tempfile.mkdtemp(prefix=_WORK_PREFIX, dir=parent))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def whole_session(
@@ -137,45 +223,124 @@ def whole_session(
     holds layouts for this CPU (ONNX Runtime warns so), hence the CPU fingerprint in its name:
     moved to another CPU, the cache simply does not match and a new copy is made.
     """
+    import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
+
     if cache_dir is None:
-        return optimized_session(str(model_path), None, threads)
+        options = session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+        return ort.InferenceSession(str(model_path), options, providers=PROVIDERS)
     cached = Path(f"{cache_stem(cache_dir, digest)}.onnx")
     session = cached_session(cached, threads)
-    return session or optimized_session(str(model_path), cached, threads)
+    if session is not None:
+        return session
+    with work_directory(cached.parent) as work:
+        built = work / cached.name
+        save_optimized(str(model_path), built, threads)
+        install_optimized(built, cached)
+    _LOGGER.info("Saved optimized model %s", cached)
+    return load_optimized(cached, threads)
+
+
+def save_optimized(model: str, target: Path, threads: int) -> None:
+    """Optimize a model file fully (ENABLE_ALL) and save it as `target`, its weights in
+    `target` + WEIGHTS_SUFFIX. The weights file's name is written into the model: the two move
+    together, under these names (`install_optimized`)."""
+    import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
+
+    options = session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    options.optimized_model_filepath = str(target)
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", target.name + WEIGHTS_SUFFIX
+    )
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_min_size_in_bytes",
+        str(EXTERNAL_MIN_BYTES),
+    )
+    ort.InferenceSession(model, options, providers=PROVIDERS)
+
+
+def install_optimized(built: Path, cached: Path) -> None:
+    """Move a model saved by `save_optimized` (in a work directory on the cache's file system)
+    to `cached` under the same name, with its weights, and seal it. The weights are renamed
+    first and the graph last, so a reader never finds the new graph beside old weights."""
+    if built.name != cached.name:
+        raise ValueError(f"{built.name} must keep its name: its weights file is named after it")
+    files = [path for path in (built, _weights(built)) if path.is_file()]
+    digests = {path.name: _sha256_of(path) for path in files}
+    _seal_path(cached).unlink(missing_ok=True)
+    for path in reversed(files):
+        os.replace(path, cached.parent / path.name)
+    seal = [
+        {"name": name, "sha256": digest, "identity": _identity(cached.parent / name)}
+        for name, digest in digests.items()
+    ]
+    write_atomic(_seal_path(cached), json.dumps({"files": seal}).encode())
+
+
+def remove_optimized(cached: Path) -> None:
+    """Remove a cached optimized model, its weights and its seal."""
+    for path in (cached, _weights(cached), _seal_path(cached)):
+        path.unlink(missing_ok=True)
+
+
+def _weights(model: Path) -> Path:
+    return model.with_name(model.name + WEIGHTS_SUFFIX)
+
+
+def _seal_path(model: Path) -> Path:
+    return model.with_name(model.name + _SEAL_SUFFIX)
+
+
+def load_optimized(model: Path, threads: int, part: bool = False) -> ort.InferenceSession:
+    """A saved optimized model, loaded with no further optimization (its weights mapped)."""
+    import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
+
+    options = session_options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, part)
+    return ort.InferenceSession(str(model), options, providers=PROVIDERS)
 
 
 def cached_session(cached: Path, threads: int, part: bool = False) -> ort.InferenceSession | None:
-    """A saved optimized copy, loaded with no further optimization; None if absent or damaged
-    (a damaged copy is removed, so it is built again)."""
+    """A cached optimized model, loaded with no further optimization; None if absent or
+    damaged (a file missing, changed or not loading; a damaged copy is removed, so it is built
+    again)."""
     if not cached.is_file():
         return None
-    load_options = session_options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, part)
-    try:
-        return ort.InferenceSession(str(cached), load_options, providers=PROVIDERS)
-    except Exception:  # noqa: BLE001 - any load failure means a damaged copy: rebuild it
-        _LOGGER.warning("Optimized model %s is damaged; rebuilding it", cached)
-        cached.unlink(missing_ok=True)
+    if not _seal_path(cached).exists():  # an older version's copy (weights inside): replaced
+        _LOGGER.info("Optimized model %s has no seal (an older format); rebuilding it", cached)
+        remove_optimized(cached)
         return None
+    problem = _seal_problem(cached)
+    if problem is None:
+        try:
+            return load_optimized(cached, threads, part)
+        except Exception as err:  # noqa: BLE001 - any load failure means a damaged copy
+            problem = f"it does not load: {str(err)[:200]}"
+    _LOGGER.warning("Optimized model %s is damaged (%s); rebuilding it", cached, problem)
+    remove_optimized(cached)
+    return None
 
 
-def optimized_session(
-    model: str | bytes, cached: Path | None, threads: int, part: bool = False
-) -> ort.InferenceSession:
-    """Optimize a model fully (ENABLE_ALL); with `cached`, save that copy and load it back."""
-    if cached is None:
-        options = session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, part)
-        return ort.InferenceSession(model, options, providers=PROVIDERS)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".partial.onnx")
-    os.close(fd)
+def _seal_problem(cached: Path) -> str | None:
+    """What is wrong with a cached model's files against its seal, or None. A file whose
+    identity (size, inode, times) is still the sealed one is taken as sealed; another is
+    hashed (e.g. a restored backup), and its new identity kept when the hash matches."""
     try:
-        save_options = session_options(threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-        save_options.optimized_model_filepath = tmp
-        ort.InferenceSession(model, save_options, providers=PROVIDERS)
-        os.replace(tmp, cached)
-        _LOGGER.info("Saved optimized model %s", cached)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    load_options = session_options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, part)
-    return ort.InferenceSession(str(cached), load_options, providers=PROVIDERS)
+        seal = json.loads(_seal_path(cached).read_text(encoding="utf-8"))
+        entries = [(str(e["name"]), str(e["sha256"]), str(e["identity"])) for e in seal["files"]]
+    except (OSError, ValueError, TypeError, KeyError):
+        return "its seal is unreadable"
+    if cached.name not in {name for name, _, _ in entries}:
+        return "its seal does not cover it"
+    renewed = []
+    for name, digest, sealed in entries:
+        path = cached.parent / name
+        try:
+            current = _identity(path)
+        except OSError:
+            return f"{name} is missing"
+        if current != sealed and _sha256_of(path) != digest:
+            return f"{name} is not the file it was built as"
+        renewed.append({"name": name, "sha256": digest, "identity": current})
+    if renewed != seal["files"]:
+        with contextlib.suppress(OSError):
+            write_atomic(_seal_path(cached), json.dumps({"files": renewed}).encode())
+    return None

@@ -1,12 +1,18 @@
 """Graph surgery of the split decoder: where a Piper VITS graph is cut into prior, flow and
-decoder, and the parts extracted as models of their own. The only module that imports `onnx`
-(needed once per model: the parts are cached as optimized models). Allowed imports: stdlib,
-onnx, `sessions`.
+decoder, and the parts extracted as models of their own. The only module that imports `onnx`,
+and only in the build's child processes (`decoder_parts` runs `python -m agent.split_graph`):
+the whole model is parsed once, to move its weights into a data file, and every later step
+handles the graph without them. Allowed imports: stdlib, onnx, `sessions` (which does not load
+onnxruntime for the names used here).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import mmap
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,21 +22,81 @@ import onnx
 import onnx.shape_inference
 import onnx.utils
 
-from .sessions import PER_UTTERANCE, PHONEMES_INPUT
+from .sessions import (
+    EXTERNAL_MIN_BYTES,
+    PER_UTTERANCE,
+    PHONEMES_INPUT,
+    WEIGHTS_SUFFIX,
+    peak_rss_mb,
+)
 
 _DECODER_CONV: Final = re.compile(r"(?:^|/)dec/conv_pre/Conv$")
 _FLOW_NODE: Final = re.compile(r"(?:^|/)flow/")
 
 
-def split_model(model_path: Path) -> dict[str, bytes] | str:
-    """The parts of a Piper VITS graph as serialized models, in order (`prior`, `flow` when it
-    could be cut out, `decoder`), or a string saying why the graph does not split."""
-    model = onnx.shape_inference.infer_shapes(onnx.load(str(model_path)))
+def externalize(model_path: Path, target: Path) -> None:
+    """Save a model as `target`, its weights in `target` + WEIGHTS_SUFFIX beside it.
+
+    The model is parsed from a read-only memory map, so its bytes are page cache rather than a
+    second copy on the heap (measured: 172 MB at the peak for the 63 MB joe voice, against 417
+    for loading it and inferring shapes with the weights in).
+    """
+    proto = onnx.ModelProto()
+    with (
+        model_path.open("rb") as source,
+        mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as m,
+    ):
+        proto.ParseFromString(memoryview(m))
+    onnx.save_model(
+        proto,
+        str(target),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=target.name + WEIGHTS_SUFFIX,
+        size_threshold=EXTERNAL_MIN_BYTES,
+    )
+
+
+def split_model(model_path: Path) -> list[str] | str:
+    """Cut a Piper VITS graph saved by `externalize` into parts saved beside it as
+    `<part>.onnx`, their weights left in its data file; the parts in order (`prior`, `flow`
+    when it could be cut out, `decoder`), or a string saying why the graph does not split.
+    The weights are never loaded: shapes are inferred on the graph alone."""
+    graph_only = onnx.load(str(model_path), load_external_data=False)
+    model = onnx.shape_inference.infer_shapes(graph_only)
     try:
         cut = _find_cut(model)
     except UnsplittableError as err:
         return str(err)
-    return {name: part.SerializeToString() for name, part in _extract(model, cut).items()}
+    parts = _extract(model, cut)
+    for name, part in parts.items():
+        onnx.save_model(part, str(model_path.with_name(f"{name}.onnx")))
+    return list(parts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The build's graph steps in this process (run by `decoder_parts`, not by hand)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m agent.split_graph",
+        description="The graph steps of building a voice's split parts.",
+    )
+    parser.add_argument("target", type=Path, help="the model with its weights apart")
+    parser.add_argument("--externalize", type=Path, metavar="MODEL", help="save MODEL as target")
+    parser.add_argument(
+        "--split",
+        type=Path,
+        metavar="RESULT",
+        help='cut target into parts beside it; RESULT gets {"parts": [...]} or {"reason": ...}',
+    )
+    args = parser.parse_args(argv)
+    if args.externalize is not None:
+        externalize(args.externalize, args.target)
+    if args.split is not None:
+        parts = split_model(args.target)
+        result = {"reason": parts} if isinstance(parts, str) else {"parts": parts}
+        args.split.write_text(json.dumps(result), encoding="utf-8")
+    print(json.dumps({"peak_mb": peak_rss_mb()}))  # the last line: read by the build
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,3 +230,7 @@ def _extract(model: onnx.ModelProto, cut: _Cut) -> dict[str, onnx.ModelProto]:
         parts["flow"] = part(cut.frames, [cut.z])
     parts["decoder"] = part([cut.z], [cut.output])
     return parts
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,7 +11,9 @@ import os
 import time
 from pathlib import Path
 
+from . import allocator
 from .config import AgentConfig, resolve_cache_dir, resolve_storage_dir
+from .sessions import use_memory_arena
 from .synthesizer import VoiceChoice
 from .updater import fall_back, start_model
 from .voice import SynthesisParams, Voice, bundled_voice, seed_random
@@ -69,6 +71,9 @@ def choice_for(config: AgentConfig, voice_id: str, voice: Voice) -> VoiceChoice:
 def load_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
     """Every configured voice, loaded and prewarmed; the default one from its update slot when a
     model update is installed (see `updater.start_model`)."""
+    use_memory_arena(not config.tts.low_memory)  # before the first session is made
+    if config.tts.low_memory:
+        allocator.return_large_blocks()
     factory = default = factory_model(config)
     if config.ota.trusted_keys:
         default = start_model(config.ota, ota_directory(config), factory)

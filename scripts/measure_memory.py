@@ -537,7 +537,7 @@ def _cut_of_cached_parts(models: Path, digest: str) -> dict[str, list[list[str]]
 
     cut = {}
     for part in ("prior", "flow", "decoder"):
-        (path,) = models.glob(f"{digest}-*.split1.{part}.onnx")
+        (path,) = models.glob(f"{digest}-*.split2.{part}.onnx")
         graph = onnx.load(str(path), load_external_data=False).graph
         constants = {tensor.name for tensor in graph.initializer}
         inputs = [i.name for i in graph.input if i.name not in constants]

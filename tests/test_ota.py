@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import queue
 import time
@@ -29,6 +30,7 @@ from agent.voice import Voice
 from harness import TIMEOUT, wait_until
 from ota import release
 from tests.release_server import ReleaseServer
+from tests.test_voice import write_vits_like_voice
 from tests.tiny_voice import write_tiny_voice
 
 pytestmark = pytest.mark.allow_error_logs  # failed updates are logged as errors, by design
@@ -56,11 +58,16 @@ def make_release(
     fault: str | None = None,
     expires_in: timedelta = timedelta(days=1),
     device_class: str = "voice-agent",
+    split: bool = False,
 ) -> Release:
-    """A release of a tiny voice (its own gain, so its own sha256) in root/r<number>/."""
+    """A release of a tiny voice (its own gain, so its own sha256) in root/r<number>/; with
+    `split`, of a VITS-shaped voice that splits for chunked decoding."""
     source = root / f"src{number}"
     source.mkdir(parents=True, exist_ok=True)
-    model = write_tiny_voice(source, f"voice{number}.onnx", gain=gain, fault=fault)
+    if split:
+        model = write_vits_like_voice(source, f"voice{number}.onnx", hop=256)
+    else:
+        model = write_tiny_voice(source, f"voice{number}.onnx", gain=gain, fault=fault)
     body = release.build_manifest(
         model, number, f"{number}.0", expires_in=expires_in, device_class=device_class
     )
@@ -77,9 +84,9 @@ def installed(directory: Path, slot: str, name: str, data: bytes = b"model") -> 
     return path
 
 
-def load_prewarmed(model: Path) -> Voice:
-    """The candidate as the agent loads it: loaded and prewarmed."""
-    voice = Voice.load(model, 1, None)
+def load_prewarmed(model: Path, cache: Path | None = None) -> Voice:
+    """The candidate as the agent loads it: loaded (through the model cache) and prewarmed."""
+    voice = Voice.load(model, 1, cache)
     voice.prewarm()
     return voice
 
@@ -93,6 +100,8 @@ class Harness:
     directory: Path
     reports: list[UpdateReport] = field(default_factory=list)
     swapped: list[Voice] = field(default_factory=list)
+    cache: Path | None = None
+    """The model cache the updater's check and loader share (the agent's `cache.dir`)."""
 
     def run(self, body: dict[str, Any], offer: str = "o1") -> UpdateReport:
         """Send a command and wait for its final report."""
@@ -136,6 +145,7 @@ def harness(
     server = ReleaseServer(tmp_path / "releases").start()
     reports: list[UpdateReport] = []
     swapped: list[Voice] = []
+    cache = tmp_path / "cache"
     updater = Updater(
         config,
         tmp_path / "ota",
@@ -143,11 +153,12 @@ def harness(
         22050,
         1,
         reports.append,
-        load_prewarmed,
+        lambda model: load_prewarmed(model, cache),
         lambda voice: not swapped.append(voice),  # type: ignore[func-returns-value]
+        cache_dir=cache,
     )
     updater.start()
-    yield Harness(updater, server, tmp_path / "ota", reports, swapped)
+    yield Harness(updater, server, tmp_path / "ota", reports, swapped, cache)
     updater.stop()
     server.stop()
 
@@ -322,6 +333,24 @@ def test_install_switches_and_a_lower_or_same_release_is_refused(
     progress = [r.progress or 0 for r in harness.reports if r.state == "downloading"]
     assert progress == sorted(progress)
     assert progress[-1] == 100
+
+
+def test_the_check_builds_the_candidates_parts_in_the_cache_and_the_agent_only_loads_them(
+    harness: Harness, key: Ed25519PrivateKey, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The health check gets the model cache: the candidate's split parts are built there (by
+    the check's own child processes), so the updater's load finds them and builds nothing."""
+    item = released(harness, key, 2, split=True)
+    with caplog.at_level(logging.INFO, logger="agent"):
+        report = harness.run(item.offer(url(harness, item)))
+    assert report.state == "installed", report
+    (voice,) = harness.swapped
+    assert voice.chunked
+    assert harness.cache is not None
+    (record,) = harness.cache.glob(f"models/{voice.sha256}-*.split2.json")
+    assert json.loads(record.read_text())["parts"] == ["prior", "flow", "decoder"]
+    assert "analysed for chunked decoding" not in caplog.text  # not in this process
+    assert "Saved optimized model" not in caplog.text
 
 
 def test_files_mixed_from_two_releases_are_refused(

@@ -134,7 +134,7 @@ def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
     assert process.returncode == 0, output  # bwrap exits with the agent's code
     assert (state / "journal-unit.sqlite3").stat().st_mode & 0o777 == 0o600
     assert list((cache / "phrases").rglob("*.pcm"))  # the phrase cache where the unit says
-    assert list((cache / "models").glob("*.split1.json"))  # and the voice's split
+    assert list((cache / "models").glob("*.split2.json"))  # and the voice's split
     private = [p for p in (*state.rglob("*"), *cache.rglob("*")) if p.is_file()]
     assert all(p.stat().st_mode & 0o077 == 0 for p in private), [
         oct(p.stat().st_mode) for p in private

@@ -6,7 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +19,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from agent.chunking import frame_chunks
-from agent.sessions import model_digest
+from agent.sessions import cache_stem, model_digest
 from agent.voice import FramePlan, SynthesisParams, Voice, to_pcm16
+from harness import TIMEOUT
 from tests.tiny_voice import SAMPLES_PER_ID, write_tiny_voice
 
 
@@ -43,8 +48,9 @@ def test_pcm_conversion_clips() -> None:
     assert pcm.tolist() == [0, 16383, 32767, -32767]
 
 
+@pytest.mark.parametrize("damaged", ["", ".data"], ids=["model", "weights"])
 def test_optimized_model_is_cached_by_digest_and_rebuilt_when_damaged(
-    tiny_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tiny_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, damaged: str
 ) -> None:
     first = Voice.load(tiny_voice, threads=1, cache_dir=tmp_path)
     (cached,) = (tmp_path / "models").glob("*.onnx")
@@ -54,11 +60,11 @@ def test_optimized_model_is_cached_by_digest_and_rebuilt_when_damaged(
     Voice.load(tiny_voice, threads=1, cache_dir=tmp_path)
     assert cached.stat().st_mtime_ns == stamp  # reused, not rebuilt
 
-    cached.write_bytes(b"not a model")
+    reference = [p.tolist() for p in first.synthesize("Hello.")]  # before: its weights are mapped
+    Path(f"{cached}{damaged}").write_bytes(b"not a model")
     with caplog.at_level(logging.WARNING):
         again = Voice.load(tiny_voice, threads=1, cache_dir=tmp_path)
     assert "damaged" in caplog.text
-    reference = [p.tolist() for p in first.synthesize("Hello.")]
     assert [p.tolist() for p in again.synthesize("Hello.")] == reference
 
 
@@ -104,14 +110,17 @@ HOP = 16
 CONV_PRE = "/dec/conv_pre/Conv"
 
 
-def write_vits_like_voice(directory: Path, name: str = "vits.onnx", local: bool = True) -> Path:
+def write_vits_like_voice(
+    directory: Path, name: str = "vits.onnx", local: bool = True, hop: int = HOP
+) -> Path:
     """A Piper-format voice shaped like a VITS graph, small enough to build in milliseconds.
 
     Prior: an embedding per phoneme id, two latent frames each (`z_p`, 4 channels) and a mask;
     flow (nodes named /flow/): a kernel-5 convolution added to `z_p`, masked (`/Mul_7`, as in
     Piper's graphs); decoder: `/dec/conv_pre/Conv` (kernel 3), a transposed convolution to
-    HOP samples a frame, tanh. Reaches: flow 2 frames, decoder 1. With `local=False` the
-    decoder also adds its input's mean over all frames, so it cannot be run in chunks.
+    `hop` samples a frame, tanh. Reaches: flow 2 frames, decoder 1. With `local=False` the
+    decoder also adds its input's mean over all frames, so it cannot be run in chunks. (With
+    `hop` 256 its speech is as long as a real voice's, for the update's health check.)
     """
     rng = np.random.default_rng(7)
     channels, hidden = 4, 8
@@ -153,7 +162,7 @@ def write_vits_like_voice(directory: Path, name: str = "vits.onnx", local: bool 
         ]
         decoded = "/dec/global"
     nodes += [
-        node("ConvTranspose", [decoded, "up_w"], ["/dec/up"], strides=[HOP], name="/dec/ups/0"),
+        node("ConvTranspose", [decoded, "up_w"], ["/dec/up"], strides=[hop], name="/dec/ups/0"),
         node("Tanh", ["/dec/up"], ["/dec/tanh"], name="/dec/Tanh"),
         node("Unsqueeze", ["/dec/tanh", "axis1"], ["output"], name="/Unsqueeze_11"),
     ]
@@ -170,7 +179,7 @@ def write_vits_like_voice(directory: Path, name: str = "vits.onnx", local: bool 
             weights("emb", 256, channels, scale=1.0),
             weights("flow_w", channels, channels, 5),
             weights("pre_w", hidden, channels, 3),
-            weights("up_w", hidden, 1, HOP, scale=0.2),
+            weights("up_w", hidden, 1, hop, scale=0.2),
             ints("axis3", 3),
             ints("axis1", 1),
             ints("zp_shape", 1, channels, -1),
@@ -226,14 +235,23 @@ def test_chunks_of_any_size_join_into_the_whole_decoding(vits_voice: Path, size:
     assert voice.inferences == 2  # one prior run for each stream, however many chunks
 
 
-def test_the_split_parts_are_cached_and_rebuilt_when_damaged(
+def test_the_split_parts_are_cached_sealed_and_rebuilt_when_damaged(
     vits_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    stem = cache_stem(tmp_path, model_digest(vits_voice, None))
+    older = [Path(f"{stem}.split1.{suffix}") for suffix in ("json", "prior.onnx")]
+    for path in older:  # what the previous format left: never used again
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"older format")
     Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
     models = tmp_path / "models"
-    parts = sorted(p.name.split(".split1.")[1] for p in models.glob("*.split1.*"))
-    assert parts == ["decoder.onnx", "flow.onnx", "json", "prior.onnx"]
-    assert not [p for p in models.glob("*.onnx") if ".split1." not in p.name]  # no whole copy
+    names = {p.name.split(".split2.")[1] for p in models.glob("*.split2.*")}
+    parts = {"prior.onnx", "flow.onnx", "decoder.onnx"}
+    assert names >= {"json", *parts, *(f"{part}.seal" for part in parts)}
+    assert "prior.onnx.data" in names  # its weights (the embedding) apart, mapped at load
+    assert not [p for p in models.glob("*.onnx") if ".split2." not in p.name]  # no whole copy
+    assert not any(path.exists() for path in older)
+    assert not list(models.glob(".build-*"))  # the work directory is gone
     (decoder,) = models.glob("*.decoder.onnx")
     stamp = decoder.stat().st_mtime_ns
     assert Voice.load(vits_voice, threads=1, cache_dir=tmp_path).chunked
@@ -246,6 +264,102 @@ def test_the_split_parts_are_cached_and_rebuilt_when_damaged(
     assert len(list(again.synthesize(TEXT))) == 1
 
 
+def _damage_truncated(data: Path) -> None:
+    with data.open("r+b") as file:
+        file.truncate(data.stat().st_size // 2)
+
+
+def _damage_one_byte(data: Path) -> None:
+    with data.open("r+b") as file:  # the same size, one weight changed: it still loads
+        file.seek(data.stat().st_size // 2)
+        byte = file.read(1)
+        file.seek(-1, 1)
+        file.write(bytes([byte[0] ^ 0x40]))
+
+
+@pytest.mark.parametrize("damage", [_damage_truncated, _damage_one_byte], ids=["cut", "byte"])
+def test_a_damaged_weights_file_is_detected_and_the_parts_rebuilt(
+    vits_voice: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    damage: Callable[[Path], None],
+) -> None:
+    first = Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
+    (ids,) = first.sentence_ids(TEXT)
+    reference = first.render(ids, PARAMS)
+    (data,) = (tmp_path / "models").glob("*.split2.prior.onnx.data")
+    damage(data)
+    with caplog.at_level(logging.INFO, logger="agent"):
+        again = Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
+    assert "damaged" in caplog.text
+    assert "split for chunked decoding" in caplog.text  # built again
+    assert again.chunked
+    assert np.array_equal(again.render(ids, PARAMS), reference)
+
+
+def test_a_part_copied_back_unchanged_is_used_without_a_rebuild(
+    vits_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restored backup: new inode and times, the same bytes: hashed once, then trusted."""
+    Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
+    models = tmp_path / "models"
+    for path in [*models.glob("*.split2.*.onnx"), *models.glob("*.split2.*.data")]:
+        copy = path.with_name(f"{path.name}.copy")
+        shutil.copyfile(path, copy)
+        os.replace(copy, path)
+    with caplog.at_level(logging.INFO, logger="agent"):
+        assert Voice.load(vits_voice, threads=1, cache_dir=tmp_path).chunked
+    assert "damaged" not in caplog.text
+    assert "analysed" not in caplog.text  # nothing built
+
+
+def test_a_load_with_a_cold_cache_builds_in_child_processes(
+    vits_voice: Path, tmp_path: Path
+) -> None:
+    """The loading process never imports onnx: the graph is split, optimized and checked by
+    child processes, and the parts are loaded from what they leave."""
+    script = (
+        "import json, sys; from pathlib import Path; from agent.voice import Voice; "
+        f"v = Voice.load(Path({str(vits_voice)!r}), 1, Path({str(tmp_path / 'cache')!r})); "
+        "w = Voice.load(Path(sys.argv[1]), 1, None); "
+        "print(json.dumps([v.chunked, w.chunked, 'onnx' in sys.modules]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(vits_voice)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=True,
+    )
+    assert json.loads(done.stdout.splitlines()[-1]) == [True, True, False], done.stderr
+
+
+def test_a_build_process_killed_leaves_the_voice_whole_and_it_is_tried_again(
+    vits_voice: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A build process killed (as the kernel kills one out of memory): the voice speaks whole,
+    the reason is logged, and no verdict is recorded, so the next load builds the parts."""
+    killed = tmp_path / "killed-interpreter"
+    killed.write_text("#!/bin/sh\nkill -KILL $$\n")
+    killed.chmod(0o755)
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "executable", str(killed))
+        with caplog.at_level(logging.WARNING):
+            voice = Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
+    assert not voice.chunked
+    assert "splitting it failed: the build step externalize+split was killed by signal 9" in (
+        caplog.text
+    )
+    assert sum(len(pcm) for pcm in voice.synthesize(TEXT)) > 0
+    models = tmp_path / "models"
+    assert not list(models.glob("*.split2.json"))
+    assert not list(models.glob(".build-*"))
+    assert Voice.load(vits_voice, threads=1, cache_dir=tmp_path).chunked
+
+
 def test_a_voice_without_the_decoder_node_runs_whole_logged_once_and_speaks(
     tiny_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -256,7 +370,7 @@ def test_a_voice_without_the_decoder_node_runs_whole_logged_once_and_speaks(
     assert len(notes) == 1
     assert notes[0].levelno == logging.INFO
     assert "no decoder convolution like /dec/conv_pre/Conv" in notes[0].getMessage()
-    (record,) = (tmp_path / "models").glob("*.split1.json")
+    (record,) = (tmp_path / "models").glob("*.split2.json")
     assert json.loads(record.read_text())["parts"] == []  # not analysed again at the next start
     assert sum(len(pcm) for pcm in voice.synthesize("The door is open.")) > 0
     (ids,) = voice.sentence_ids("The door is open.")
@@ -272,5 +386,6 @@ def test_a_decoder_that_cannot_run_in_chunks_runs_whole(
     assert not voice.chunked
     assert "is not local" in caplog.text
     models = tmp_path / "cache" / "models"
-    assert not list(models.glob("*.split1.*.onnx"))  # the parts were removed
+    assert not list(models.glob("*.split2.*.onnx"))  # the parts were never installed
+    assert not list(models.glob(".build-*"))
     assert sum(len(pcm) for pcm in voice.synthesize(TEXT)) > 0
