@@ -177,7 +177,7 @@ class AudioConfig:
     """Audio output through ALSA."""
 
     device: str = _key("ALSA PCM name, passed to ALSA verbatim.", "default")
-    period_ms: int = _key("ALSA period length (milliseconds).", 10, _between(2, 20))
+    period_ms: int = _key("ALSA period length (milliseconds).", 20, _between(2, 20))
     periods: int = _key("ALSA periods in the device buffer (count).", 4, _between(2, 32))
     volume: float = _key(
         "Global volume at start, 0 to 1 (set at run time on `<prefix>/<node_id>/volume`).",

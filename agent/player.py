@@ -38,8 +38,8 @@ BUFFER_CHUNKS: Final = 2
 _POLL_SECONDS: Final = 0.05
 _REOPEN_MAX_SECONDS: Final = 10.0
 RUN_BEFORE_SECONDS: Final = 0.3
-"""A timed utterance's device runs on silence from this long (plus its buffer) before the
-instant: long enough to see where the stream is (`start_clock`)."""
+"""A timed utterance's device runs on silence from this long (plus its buffer, plus the periods
+it takes to see where the stream is: `start_clock`) before the instant."""
 _OBSERVATIONS: Final = 40
 """The most recent (time, frames taken) pairs kept while running on silence (half of them
 are needed before the start is placed)."""
@@ -288,7 +288,10 @@ class Player:
         False if it was cut (or the player stops) while it waited."""
         assert current.start_at is not None  # noqa: S101 - checked by the caller
         rate, period = self._rate, self._period_frames
-        run_before = max(RUN_BEFORE_SECONDS, self._idle.lead_in) + self._buffer_seconds()
+        observing = (_OBSERVATIONS // 2 + 2) * period / rate  # after the buffer fills: paced
+        run_before = (
+            max(RUN_BEFORE_SECONDS, self._idle.lead_in) + self._buffer_seconds() + observing
+        )
         silence = bytes(2 * period)
         settled = round(self._buffer_seconds() * rate) + 2 * period  # full, then paced twice
         observed: deque[tuple[float, int]] = deque(maxlen=_OBSERVATIONS)

@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     count, trials = (5, 2) if args.quick else (20, 5)
     steps: dict[str, Callable[[Path, Broker, int, Progress], dict[str, Any]]] = {
         "sync_default": lambda w, b, _n, s: synchronisation(
-            w, b, count, s, period_ms=10, periods=4
+            w, b, count, s, period_ms=20, periods=4
         ),
         "sync_short_periods": lambda w, b, _n, s: synchronisation(
             w, b, count, s, period_ms=2, periods=20

@@ -198,9 +198,18 @@ def test_an_alarm_cuts_in_while_a_timed_announcement_waits(
 # ---- ducking --------------------------------------------------------------------------------
 
 
-def _rms_db(samples: np.ndarray) -> float:
-    audio = samples.astype(np.float64) / 32768
-    return float(10 * np.log10(np.mean(audio**2) + 1e-12))
+def _levels(samples: np.ndarray, window: int) -> np.ndarray:
+    """The level (dBFS) of each whole window of samples."""
+    audio = samples[: len(samples) // window * window].astype(np.float64) / 32768
+    power: np.ndarray = np.mean(audio.reshape(-1, window) ** 2, axis=1)
+    return 10 * np.log10(power + 1e-12)
+
+
+def _longest_run(mask: np.ndarray) -> tuple[int, int]:
+    """(start, length) of the longest run of True."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    runs = [(int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
+    return max(runs, key=lambda run: run[1], default=(0, 0))
 
 
 def test_music_dips_while_an_announcement_plays_with_role_ducking(
@@ -216,44 +225,48 @@ def test_music_dips_while_an_announcement_plays_with_role_ducking(
     try:
         agent = start_agent(voice=tiny_voice, paced=server)
         tone = tmp_path / "tone.raw"
-        seconds = np.arange(RATE * 30) / RATE
+        seconds = np.arange(RATE * 40) / RATE
         tone.write_bytes((np.sin(2 * np.pi * 440 * seconds) * 8000).astype("<i2").tobytes())
         recording = tmp_path / "music.raw"
         parec = server.record(recording, 1, RATE, sink="music")
-        began = time.time()
         play = ["pacat", "--playback", "-d", "music", "--property=media.role=music", "--raw"]
         play += ["--format=s16le", f"--rate={RATE}", "--channels=1", str(tone)]
         pacat = subprocess.Popen(play, env={**os.environ, **server.env(tmp_path / "unused.raw")})
         try:
-            time.sleep(2.0)
-            speak(agent, id="duck", text=LONG, chime=False)
-            started = agent.watcher.wait_event("duck", "started")
+            wait_until(lambda: recording.stat().st_size > 4 * RATE, 30, "two seconds of music")
+            speak(agent, id="duck", text=f"{LONG} {LONG}", chime=False)
+            agent.watcher.wait_event("duck", "started")
             streams = server.sink_inputs()
             finished = agent.watcher.wait_event("duck", "finished")
-            time.sleep(2.0)
+            after = recording.stat().st_size
+            wait_until(lambda: recording.stat().st_size > after + 4 * RATE, 30, "music after it")
         finally:
-            pacat.terminate()
-            parec.terminate()
-            parec.wait(10)
+            for process in (pacat, parec):
+                process.terminate()
+                process.wait(10)
     finally:
         server.stop()
     assert 'media.role = "announce"' in streams  # the agent's stream says what it is
-    music = read_pcm(recording)
-
-    def level(start: float, end: float) -> float:
-        return _rms_db(music[int((start - began) * RATE) : int((end - began) * RATE)])
-
-    on, off = epoch(started), epoch(finished)
-    assert off - on > 1.5, "the announcement is too short to measure the dip"
-    before = level(on - 1.2, on - 0.2)
-    during = level(on + 0.5, off - 0.3)
-    after = level(off + 1.0, off + 1.8)
+    # Read off the sound server's own recording, on its clock: no wall clock, no broker delay.
+    window = RATE // 10
+    levels = _levels(read_pcm(recording), window)
+    playing = levels > -60  # the tone is on (the recording may start before it)
+    music = levels[np.flatnonzero(playing)[0] :]
+    full = float(np.median(music[:10]))  # its first second: before the announcement
+    start, length = _longest_run(music < full - 10)
+    dip = music[start + 3 : start + length - 3]  # its ramps left out
+    spoken = float(finished["audio_seconds"])
     print(
-        f"music level: before {before:.1f} dBFS, during the announcement {during:.1f} dBFS "
-        f"({during - before:+.1f} dB), after {after:.1f} dBFS; announcement {off - on:.1f} s"
+        f"music level {full:.1f} dBFS, {float(np.median(dip)) - full:+.1f} dB for "
+        f"{length / 10:.1f} s while {spoken:.1f} s were spoken; "
+        f"before {float(np.median(music[:start])):.1f}, "
+        f"after {float(np.median(music[start + length :])):.1f} dBFS"
     )
-    assert -23 <= during - before <= -17  # the configured -20 dB
-    assert abs(after - before) <= 1.0  # and back
+    assert spoken > 3, "the announcement is too short to measure the dip"
+    assert abs(length / 10 - spoken) < 1.5  # dipped while it spoke, and only then
+    assert -23 <= float(np.median(dip)) - full <= -17  # the configured -20 dB
+    assert abs(float(np.median(music[:start])) - full) <= 1.0  # full level before
+    assert abs(float(np.median(music[start + length :])) - full) <= 1.0  # and back after
 
 
 # ---- speakers that sleep --------------------------------------------------------------------
@@ -272,9 +285,11 @@ def test_a_lead_in_wakes_a_sleeping_speaker_only_after_idle(
 ) -> None:
     agent = start_agent(voice=tiny_voice, paced=pulse, audio={"lead_in_ms": 400, "idle_wake_s": 1})
     time.sleep(1.5)  # idle longer than idle_wake_s
-    for request_id in ("first", "right-after"):
-        speak(agent, id=request_id, text="Hello.", chime=False)
-        agent.watcher.wait_event(request_id, "finished")
+    speak(agent, id="first", text=LONG, chime=False)  # seconds long: the next one waits
+    speak(agent, id="right-after", text="Hello.", chime=False)
+    agent.watcher.wait_event("right-after", "finished")
+    first = agent.watcher.wait_event("first", "finished")
+    assert float(first["audio_seconds"]) > 2
     time.sleep(1.5)
     speak(agent, id="after-a-pause", text="Hello.", chime=False)
     agent.watcher.wait_event("after-a-pause", "finished")
