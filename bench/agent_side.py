@@ -67,15 +67,17 @@ class SpeakTiming:
 
 @dataclass(frozen=True)
 class Memory:
-    """A process's peak (VmHWM) and current (VmRSS) resident set, in MB."""
+    """A process's peak (VmHWM) and current (VmRSS) resident set, and its proportional set
+    (Pss: shared pages divided among their users), in MB."""
 
     peak_mb: float
     rss_mb: float
+    pss_mb: float
 
     @classmethod
-    def from_kib(cls, peak: str, rss: str) -> Memory:
+    def from_kib(cls, peak: str, rss: str, pss: str) -> Memory:
         """From /proc values in KiB (`123 kB` or `123`)."""
-        return cls(_kib_to_mb(peak), _kib_to_mb(rss))
+        return cls(_kib_to_mb(peak), _kib_to_mb(rss), _kib_to_mb(pss))
 
 
 def _kib_to_mb(value: str) -> float:
@@ -83,12 +85,13 @@ def _kib_to_mb(value: str) -> float:
 
 
 def read_memory(pid: int | str) -> Memory:
-    """VmHWM and VmRSS of a process (`self` for this one)."""
+    """VmHWM, VmRSS and Pss of a process (`self` for this one)."""
     fields: dict[str, str] = {}
-    for line in Path(f"/proc/{pid}/status").read_text(encoding="utf-8").splitlines():
-        name, _, value = line.partition(":")
-        fields[name] = value
-    return Memory.from_kib(fields["VmHWM"], fields["VmRSS"])
+    for name in ("status", "smaps_rollup"):
+        for line in Path(f"/proc/{pid}/{name}").read_text(encoding="utf-8").splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key, value)
+    return Memory.from_kib(fields["VmHWM"], fields["VmRSS"], fields["Pss"])
 
 
 def _event(arrival: Arrival) -> dict[str, Any] | None:
@@ -142,7 +145,7 @@ class AgentUnderTest:
         return value
 
     def memory(self) -> Memory:
-        """The agent process's VmHWM and VmRSS now."""
+        """The agent process's VmHWM, VmRSS and Pss now."""
         return read_memory(self._process.pid)
 
     def _wait_event(

@@ -44,9 +44,14 @@ for text in json.loads(sys.argv[2]):
     for _ in voice.synthesize(text):
         pass
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
-print("BENCH-DONE", status["VmHWM"].split()[0], status["VmRSS"].split()[0], flush=True)
+pss = dict(line.split(":", 1) for line in open("/proc/self/smaps_rollup") if ":" in line)
+print(
+    "BENCH-DONE", status["VmHWM"].split()[0], status["VmRSS"].split()[0], pss["Pss"].split()[0],
+    flush=True,
+)
 """
-"""Run as `python -c PIPER_CHILD MODEL TEXTS_JSON`; prints `BENCH-DONE <VmHWM kB> <VmRSS kB>`."""
+"""Run as `python -c PIPER_CHILD MODEL TEXTS_JSON`; prints
+`BENCH-DONE <VmHWM kB> <VmRSS kB> <Pss kB>`."""
 
 
 @dataclass(frozen=True)
@@ -160,8 +165,8 @@ def run_piper_child(model: Path, texts: Sequence[str], stderr_log: Path) -> Chil
             if child.poll() is None:
                 child.kill()
                 child.wait()
-    _, peak_kib, rss_kib = line.split()
-    return ChildRun(elapsed, Memory.from_kib(peak_kib, rss_kib))
+    _, peak_kib, rss_kib, pss_kib = line.split()
+    return ChildRun(elapsed, Memory.from_kib(peak_kib, rss_kib, pss_kib))
 
 
 def _marker_line(child: subprocess.Popen[str]) -> str:

@@ -240,10 +240,16 @@ def test_every_announced_entity_appears_as_announced(
         homeassistant.wait_state(entity_id, lambda s: s["state"] != "unavailable")
     registry = {e["entity_id"]: e for e in homeassistant.entity_registry()}
     states = {s["entity_id"]: s for s in homeassistant.states()}
-    for key, config in configs.items():
+    print("| entity | name | state | unit | icon | category |\n|---|---|---|---|---|---|")
+    for key, config in sorted(configs.items()):
         component, object_id = key.split("/")
         entry = registry[entities[object_id]]
         attributes = states[entry["entity_id"]]["attributes"]
+        print(
+            f"| {entry['entity_id']} | {attributes['friendly_name']} | "
+            f"{states[entry['entity_id']]['state']} | {attributes.get('unit_of_measurement', '')} "
+            f"| {attributes.get('icon', '')} | {entry['entity_category'] or ''} |"
+        )
         assert entry["entity_id"].startswith(f"{component}."), key
         assert (entry["platform"], entry["device_id"]) == ("mqtt", device["id"]), key
         assert entry["original_name"] == config["name"], key
