@@ -17,15 +17,13 @@ import random
 import time
 import traceback
 import uuid
-from collections import Counter
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Final
 
 from . import allocator
 from . import version as package_version
 from .board import board
-from .catalog import Catalog, VoiceFacts
 from .chimes import ChimePlan, chime_bank
 from .clock import clock_sync
 from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
@@ -75,7 +73,7 @@ from .messages import (
 from .mqtt_link import MessageHandler, MqttLink
 from .payloads import encode_event
 from .phrase_cache import PhraseCache
-from .player import IdlePolicy, PcmOpener, Player, alsa_opener
+from .player import IdlePolicy, PcmOpener, Player, alsa_opener, announce_role
 from .routes import Route, RoutedEvent, route_table
 from .states import UpdatePhase, UpdateReport
 from .status import NodeFacts, Status
@@ -85,7 +83,7 @@ from .topics import Topics
 from .updater import Updater
 from .voice import Voice
 from .voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
-from .voices import choice_for, factory_model, ota_directory
+from .voices import catalog, choice_for, factory_model, ota_directory, voice_names
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -516,50 +514,6 @@ class App:
         self._status.connected(time.monotonic())  # announce the new model
         _LOGGER.info("Switched to the model %s (sha256 %s…)", voice.path, voice.sha256[:12])
         return True
-
-
-def announce_role(device: str, role: str | None, environ: MutableMapping[str, str]) -> None:
-    """Give the audio stream its role (`media.role`) through the environment that the ALSA
-    `pulse` and `pipewire` plugins read when they open a stream: the sound server's ducking
-    then lowers other streams while the agent speaks."""
-    if role is None or not device.startswith(("pulse", "pipewire", "paced")):
-        return
-    environ.setdefault("PULSE_PROP", f"media.role={role}")
-    environ.setdefault("PIPEWIRE_PROPS", f"{{ media.role = {role} }}")
-
-
-def voice_names(voices: Mapping[str, VoiceChoice]) -> dict[str, str]:
-    """What a listener can choose, by the name people see: each voice (`id`), or each speaker
-    of a multi-speaker voice (`id#speaker`), named from the voice's JSON (the id added if two
-    names match)."""
-    labels: dict[str, str] = {}
-    for vid, choice in sorted(voices.items(), key=lambda item: (item[0] != "default", item[0])):
-        label = choice.voice.info.label(vid)
-        speakers = choice.voice.info.speakers
-        if speakers:
-            labels |= {f"{vid}#{name}": f"{label}, {name}" for name in speakers}
-        else:
-            labels[vid] = label
-    counts = Counter(labels.values())
-    return {
-        key: f"{label} [{key}]" if counts[label] > 1 else label for key, label in labels.items()
-    }
-
-
-def catalog(
-    voices: Mapping[str, VoiceChoice], chimes: frozenset[str], sounds: frozenset[str]
-) -> Catalog:
-    """What the core checks requests against: each voice's language and speakers, chimes and
-    the names of `audio.media`."""
-    facts = {
-        vid: VoiceFacts(
-            choice.voice.info.language,
-            choice.voice.info.speakers,
-            choice.voice.speaker_count,
-        )
-        for vid, choice in voices.items()
-    }
-    return Catalog(facts, chimes, sounds)
 
 
 def _subject(event: InboxEvent | Tick) -> str | None:

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
@@ -476,3 +476,13 @@ class Player:
             except Exception:
                 _LOGGER.debug("Closing the PCM raised", exc_info=True)
             self._pcm = None
+
+
+def announce_role(device: str, role: str | None, environ: MutableMapping[str, str]) -> None:
+    """Give the audio stream its role (`media.role`) through the environment that the ALSA
+    `pulse` and `pipewire` plugins read when they open a stream: the sound server's ducking
+    then lowers other streams while the agent speaks."""
+    if role is None or not device.startswith(("pulse", "pipewire", "paced")):
+        return
+    environ.setdefault("PULSE_PROP", f"media.role={role}")
+    environ.setdefault("PIPEWIRE_PROPS", f"{{ media.role = {role} }}")

@@ -1,7 +1,7 @@
 """Loading the configured voices: the default one (from its update slot when a model update is
 installed), the others by id, each prewarmed with its synthesis parameters. Part of the
 composition: it joins the voice edge and the updater's start-up. Allowed imports: stdlib,
-`config`, `synthesizer`, `updater`, `voice`.
+`catalog`, `config`, `synthesizer`, `updater`, `voice`.
 """
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 from . import allocator
+from .catalog import Catalog, VoiceFacts
 from .config import AgentConfig, resolve_cache_dir, resolve_storage_dir
 from .sessions import use_memory_arena
 from .synthesizer import VoiceChoice
@@ -87,3 +90,37 @@ def load_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
     voices = {"default": chosen}
     voices |= {vid: load_voice(config, vid) for vid in config.tts.voices}
     return voices
+
+
+def voice_names(voices: Mapping[str, VoiceChoice]) -> dict[str, str]:
+    """What a listener can choose, by the name people see: each voice (`id`), or each speaker
+    of a multi-speaker voice (`id#speaker`), named from the voice's JSON (the id added if two
+    names match)."""
+    labels: dict[str, str] = {}
+    for vid, choice in sorted(voices.items(), key=lambda item: (item[0] != "default", item[0])):
+        label = choice.voice.info.label(vid)
+        speakers = choice.voice.info.speakers
+        if speakers:
+            labels |= {f"{vid}#{name}": f"{label}, {name}" for name in speakers}
+        else:
+            labels[vid] = label
+    counts = Counter(labels.values())
+    return {
+        key: f"{label} [{key}]" if counts[label] > 1 else label for key, label in labels.items()
+    }
+
+
+def catalog(
+    voices: Mapping[str, VoiceChoice], chimes: frozenset[str], sounds: frozenset[str]
+) -> Catalog:
+    """What the core checks requests against: each voice's language and speakers, chimes and
+    the names of `audio.media`."""
+    facts = {
+        vid: VoiceFacts(
+            choice.voice.info.language,
+            choice.voice.info.speakers,
+            choice.voice.speaker_count,
+        )
+        for vid, choice in voices.items()
+    }
+    return Catalog(facts, chimes, sounds)
