@@ -1,12 +1,13 @@
 """The composition root: builds the edges from the config, and runs the loop that hands every
 input to the room that owns it and carries out what they decide.
 
-Threads: paho's network thread (routes a message to one event, puts it on the inbox), the
-synthesis thread, the ALSA writer thread, the updater's thread, and the main thread running
-`App.serve`: the only caller of the core, the Hermes bridge and the status, and the only writer
-of the journal. Everything reaches the loop through one bounded inbox (`inbox`); the loop reaches
-the workers through their own bounded queues. Whatever goes wrong while one event is handled ends
-that event (a delivery is rejected with reason `internal` and acknowledged), not the loop.
+Threads: paho's network thread (routes a message to one event, puts it on the inbox), the synthesis
+thread, the ALSA writer thread, the updater's thread, the media fetcher's thread, and the main
+thread running `App.serve`: the only caller of the core, the Hermes bridge and the status, and the
+only writer of the journal. Everything reaches the loop through one bounded inbox (`inbox`); the
+loop reaches the workers through their own bounded queues. Whatever goes wrong while one event is
+handled ends that event (a delivery is rejected with reason `internal` and acknowledged), not the
+loop.
 """
 
 from __future__ import annotations
