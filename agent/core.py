@@ -325,6 +325,8 @@ class SpeakCore:
         if request.unknown_fields:
             details["unknown_fields"] = list(request.unknown_fields)
         actions.insert(0, _notify(item, Lifecycle.ACCEPTED, **details))
+        if item.not_before > now:  # a timed one cuts in when it falls due (`_preempt_for_due`)
+            return actions
         return [*actions, *self._preempt_for(item)]
 
     def _refusal(self, request: SpeakRequest) -> Rejection | None:
@@ -466,8 +468,12 @@ class SpeakCore:
             nothing = Rejection("replay", Reason.UNKNOWN_ID, "nothing was spoken yet to replay")
             return [_rejected(nothing)]
         self._replays += 1
-        again = replace(
-            self._last, id=f"{self._last.id}~replay{self._replays}", repeat=1, dedupe_key=None
+        again = replace(  # said again now: a timed one's instant has passed
+            self._last,
+            id=f"{self._last.id}~replay{self._replays}",
+            repeat=1,
+            dedupe_key=None,
+            at=None,
         )
         return self._admit(again, replace(delivery, fingerprint=""), now)
 

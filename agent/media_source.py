@@ -54,11 +54,14 @@ class FetchLimits:
 
 
 class _Fetch:
-    """One URL's download: done once `result` or `error` is set."""
+    """One URL's download: done once `data` or `error` is set. Once decoded, only the key of
+    its samples in the phrase cache is kept (`key`), not the bytes."""
 
     def __init__(self) -> None:
+        self.begun = threading.Event()
         self.done = threading.Event()
         self.data: bytes | None = None
+        self.key: str | None = None
         self.error: UnplayableError | None = None
 
 
@@ -105,13 +108,17 @@ class MediaSource:
             self._thread.join(timeout=5)
 
     def prefetch(self, urls: Sequence[str]) -> None:
-        """Start downloading these URLs (any thread; never blocks). Beyond KEPT_FETCHES
-        waiting, a URL is fetched when its announcement plays instead."""
+        """Start downloading these URLs (any thread; never blocks): each new request fetches
+        its URLs anew (a failure is not remembered, a changed file is played as it is now);
+        one still downloading is shared. Beyond KEPT_FETCHES waiting, a URL is fetched when
+        its announcement plays instead."""
         for url in urls:
             with self._lock:
-                if url in self._fetches:
+                known = self._fetches.get(url)
+                if known is not None and not known.done.is_set():
                     continue
                 self._fetches[url] = _Fetch()
+                self._fetches.move_to_end(url)
                 while len(self._fetches) > KEPT_FETCHES:
                     self._fetches.popitem(last=False)
             try:
@@ -123,8 +130,21 @@ class MediaSource:
     def get(self, sound: str, cancelled: threading.Event | None = None) -> PCM16:
         """A sound's samples at the device rate. Raises UnplayableError (reason
         `sound_unavailable`, `unsupported_audio`, or `unknown_sound`)."""
-        data = self._downloaded(sound, cancelled) if is_url(sound) else self._read(sound)
-        key = hashlib.sha256(b"media|" + data).hexdigest()
+        if not is_url(sound):
+            return self._decoded(self._read(sound))
+        fetch = self._fetched(sound, cancelled)
+        if fetch.key is not None:  # decoded before (a repeat): from the cache
+            cached = self._cache.get(fetch.key, self._rate)
+            if cached is not None:
+                return cached
+            fetch = self._fetched(sound, cancelled, again=True)  # evicted: fetch it again
+        assert fetch.data is not None  # noqa: S101 - a fetch without error has its data
+        samples = self._decoded(fetch.data)
+        fetch.key, fetch.data = _key(fetch.data), None  # the bytes are not kept
+        return samples
+
+    def _decoded(self, data: bytes) -> PCM16:
+        key = _key(data)
         cached = self._cache.get(key, self._rate)
         if cached is not None:
             return cached
@@ -149,23 +169,30 @@ class MediaSource:
             detail = f"{name}: {err.strerror or err}"
             raise UnplayableError(Reason.SOUND_UNAVAILABLE, detail) from None
 
-    def _downloaded(self, url: str, cancelled: threading.Event | None) -> bytes:
+    def _fetched(self, url: str, cancelled: threading.Event | None, again: bool = False) -> _Fetch:
+        """The URL's completed fetch: the prefetched one (waited for: its deadline counts from
+        when its download began), or one made here."""
         with self._lock:
-            fetch = self._fetches.get(url)
+            fetch = None if again else self._fetches.get(url)
         if fetch is None:  # never prefetched (or dropped): fetch it here
             fetch = _Fetch()
             self._fetch_into(url, fetch, cancelled)
-        deadline_slices = int((self._limits.timeout + 5) / _WAIT_SLICE)
-        for _ in range(deadline_slices):
-            if fetch.done.wait(_WAIT_SLICE):
-                break
+            with self._lock:
+                self._fetches[url] = fetch
+                while len(self._fetches) > KEPT_FETCHES:
+                    self._fetches.popitem(last=False)
+        each = self._limits.timeout + 5
+        running = waited = 0.0  # behind at most KEPT_FETCHES others, each within its deadline
+        while not fetch.done.wait(_WAIT_SLICE):
             if cancelled is not None and cancelled.is_set():
                 raise UnplayableError(Reason.SOUND_UNAVAILABLE, "cancelled")
+            waited += _WAIT_SLICE
+            running += _WAIT_SLICE if fetch.begun.is_set() else 0.0
+            if running > each or waited > (KEPT_FETCHES + 1) * each:
+                raise UnplayableError(Reason.SOUND_UNAVAILABLE, "timeout: still downloading")
         if fetch.error is not None:
             raise fetch.error
-        if fetch.data is None:
-            raise UnplayableError(Reason.SOUND_UNAVAILABLE, "timeout: still downloading")
-        return fetch.data
+        return fetch
 
     def _run_blocking(self) -> None:
         while not self._stopping.is_set():
@@ -178,6 +205,7 @@ class MediaSource:
                 self._fetch_into(url, fetch, self._stopping)
 
     def _fetch_into(self, url: str, fetch: _Fetch, cancelled: threading.Event | None) -> None:
+        fetch.begun.set()
         try:
             fetch.data = fetch_bytes(
                 url,
@@ -195,3 +223,8 @@ class MediaSource:
             fetch.error = UnplayableError(Reason.SOUND_UNAVAILABLE, f"{type(err).__name__}")
         finally:
             fetch.done.set()
+
+
+def _key(data: bytes) -> str:
+    """The phrase cache's key of a sound file's samples: the digest of its bytes."""
+    return hashlib.sha256(b"media|" + data).hexdigest()

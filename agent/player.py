@@ -397,7 +397,8 @@ class Player:
                 current.error = (Reason.AUDIO_ERROR, str(err))
         with self._lock:
             self._cuts.discard(current.job)
-        self._last_sound = time.monotonic()
+        if current.frames:  # what made no sound leaves the speaker asleep
+            self._last_sound = time.monotonic()
         error = current.error
         if error is None and chunk.error is not None:
             error = (chunk.error, chunk.detail)

@@ -155,6 +155,9 @@ class Sound:
     """What to say instead when there is no such sound (the element's content)."""
     volume: float = 1.0
     """Linear gain, 0 to 1 (4 decimals), from the enclosing `prosody volume`."""
+    names_only: bool = False
+    """Only a name of `audio.media` (SSML's `<audio src>`), never a URL: a document cannot
+    make the node download."""
 
 
 Segment = Speech | Pause | Sound
@@ -416,7 +419,7 @@ class _Builder:
         if frame.sound is not None:
             fallback = self._outputs.pop().finish()
             volume = round(min(1.0, frame.style.volume), 4)
-            self._output.add_segment(Sound(frame.sound, fallback, volume))
+            self._output.add_segment(Sound(frame.sound, fallback, volume, names_only=True))
         if not self._frames:
             self._result = self._outputs[0].finish()
 

@@ -28,7 +28,7 @@ from .chimes import ChimePlan
 from .chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
 from .media import MediaError, Resampler, decode_audio
 from .media_source import MediaSource, UnplayableError
-from .messages import Event, Reason, SpeakRequest, SynthesisDone
+from .messages import Event, Reason, SpeakRequest, SynthesisDone, is_url
 from .pcm import PCM16, Chunk
 from .phrase_cache import PhraseCache, cache_key
 from .program import program
@@ -289,19 +289,25 @@ class Synthesizer:
         except SsmlError as err:  # checked on arrival; a voice's language may read otherwise
             raise UnplayableError(Reason.INVALID_SSML, str(err)) from None
         steps: list[_Step] = []
-        for segment in segments:
-            steps += self._planned(segment, request)
-        estimate = sum(
+        estimate = 0.0
+        for segment in segments:  # the cap checked as it grows: no sound past it is decoded
+            planned = self._planned(segment, request)
+            estimate += sum(self._seconds(step) for step in planned)
+            if estimate > self._max_seconds:
+                detail = f"~{estimate:.0f} s of speech, at most {self._max_seconds:g} s"
+                raise _TooLongError(detail)
+            steps += planned
+        return steps
+
+    def _seconds(self, step: _Step) -> float:
+        """How long a step plays (speech estimated from its phonemes)."""
+        if isinstance(step, _Play):
+            return len(step.pcm) / self._rate
+        return sum(
             len(clause) * SECONDS_PER_PHONEME * step.params.length_scale
-            for step in steps
-            if isinstance(step, _Say)
             for sentence in step.sentences
             for clause in sentence
         )
-        estimate += sum(len(s.pcm) / self._rate for s in steps if isinstance(s, _Play))
-        if estimate > self._max_seconds:
-            raise _TooLongError(f"~{estimate:.0f} s of speech, at most {self._max_seconds:g} s")
-        return steps
 
     def _planned(self, segment: Segment, request: SpeakRequest) -> list[_Step]:
         """One segment as steps: speech in its voice (every clause bounded), silence, or a
@@ -310,6 +316,9 @@ class Synthesizer:
             return [_Play(np.zeros(round(segment.seconds * self._rate), dtype=np.int16))]
         if isinstance(segment, Sound):
             try:
+                if segment.names_only and is_url(segment.name):
+                    detail = "SSML <audio src> takes a name of audio.media, not a URL"
+                    raise UnplayableError(Reason.UNKNOWN_SOUND, detail)
                 return [_Play(self._sound(segment.name), segment.volume)]
             except UnplayableError:
                 if not segment.fallback:

@@ -23,6 +23,7 @@ from agent.messages import (
     Priority,
     Reason,
     Rejection,
+    ReplayRequested,
     SetVolume,
     SpeakInvalid,
     SpeakReceived,
@@ -633,6 +634,29 @@ def test_an_alarm_preempts_a_timed_request_waiting_for_its_instant_which_keeps_i
     synth = next(a for a in after if isinstance(a, Synthesize))
     assert synth.request.id == "t"
     assert synth.request.at == 1004.0  # still in step with the other nodes
+
+
+def test_a_timed_alarm_cuts_in_when_it_falls_due_not_when_it_arrives() -> None:
+    d = Driver(timing=Timing(max_lead=3600, prepare=5))
+    d.speak("news", INFO)
+    d.send(UtteranceStarted("news"))
+    assert kinds(timed(d, "fire", at=1060.0, wall=1000.0, priority=ALARM)) == [
+        "accepted:fire",
+        "ack:2",
+    ]  # the news plays on
+    assert kinds(d.at(54.9).send(Tick())) == []
+    assert kinds(d.at(55.0).send(Tick())) == ["cut:news", "preempted:news", "requeued:news"]
+    synth = next(a for a in d.cut_reported("news") if isinstance(a, Synthesize))
+    assert (synth.request.id, synth.request.at) == ("fire", 1060.0)
+
+
+def test_a_replayed_timed_announcement_is_said_now() -> None:
+    d = Driver(timing=Timing(prepare=5))
+    timed(d, "t", at=1001.0, wall=1000.0)
+    d.play_out("t")
+    actions = d.at(100.0).send(ReplayRequested(Delivery(next(d._mids), 1)))
+    synth = next(a for a in actions if isinstance(a, Synthesize))
+    assert (synth.request.id, synth.request.at) == ("t~replay1", None)
 
 
 def test_a_timed_request_cut_while_playing_plays_again_when_it_can() -> None:

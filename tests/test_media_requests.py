@@ -356,6 +356,27 @@ def test_a_url_sound_after_the_text_plays_after_it(
     assert abs(sound.end - len(played)) <= MAX_LENGTH_ERROR
 
 
+def test_a_url_that_failed_is_fetched_again_by_the_next_request_and_repeats_play_it(
+    start_agent: StartAgent, tiny_voice: Path, media: dict[str, Path], server: ReleaseServer
+) -> None:
+    """A failure is not remembered (the file may be there now), and a sound played once is
+    found again by its repeat though its bytes were let go (it is in the phrase cache)."""
+    agent = url_agent(start_agent, tiny_voice)
+    url = server.url + "late.wav"
+    speak(agent, id="early", sound=url)
+    assert ended(agent, "early", "failed")["reason"] == "sound_unavailable"
+    (server.directory / "late.wav").write_bytes(media["wav_16"].read_bytes())
+    speak(agent, id="now", sound=url, repeat=2, repeat_interval=0.5)
+
+    def plays() -> int:
+        return [e["event"] for e in agent.watcher.events("now")].count("finished")
+
+    wait_until(lambda: plays() == 2, what="both plays")
+    copies = find_sounds(captured(agent), decode_reference(media["wav_16"], RATE), 2)
+    assert min(c.snr for c in copies) > MIN_SNR_DB
+    assert [path for path, _ in server.behaviour.requests] == ["late.wav", "late.wav"]
+
+
 def test_a_redirect_on_the_same_server_is_followed(
     start_agent: StartAgent, tiny_voice: Path, media: dict[str, Path], server: ReleaseServer
 ) -> None:

@@ -251,6 +251,16 @@ def test_audio_plays_a_named_sound_or_says_its_content(tiny_voice: Path, tmp_pat
         assert np.array_equal(fallback, said)
         ended, _ = ssml(rig, '<speak><audio src="missing"/></speak>')
         assert ended.error in {Reason.NO_SPEECH, Reason.UNKNOWN_SOUND}
+        # a URL is no name: its content is said, and nothing is downloaded (port 9: discard)
+        _, instead = ssml(
+            rig, '<speak><audio src="http://127.0.0.1:9/beep.wav">a beep</audio></speak>'
+        )
+        assert np.array_equal(instead, said)
+        ended, _ = ssml(rig, '<speak><audio src="http://127.0.0.1:9/beep.wav"/></speak>')
+        assert (ended.error, ended.detail) == (
+            Reason.UNKNOWN_SOUND,
+            "SSML <audio src> takes a name of audio.media, not a URL",
+        )
     finally:
         synthesizer.stop()
         player.stop()
