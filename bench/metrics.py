@@ -256,7 +256,7 @@ def paced_underruns(underruns: int, audio_seconds: float) -> Measured:
     entry = Entry(
         "paced_underruns",
         f"underruns streaming a {audio_seconds:.0f} s text to a paced device "
-        "(PulseAudio null sink, 10 ms periods)",
+        "(PulseAudio null sink, the default 20 ms periods)",
         "underruns",
         [float(underruns)],
         target=Target(0.0, at_most=True, on_ratio=False),
