@@ -327,7 +327,7 @@ class App:
             if not event.wall:  # places a request's `at` on the core's clock
                 event = replace(event, wall=time.time())
             if event.request.urls:  # downloaded while it waits: ready when its turn comes
-                self._media.prefetch(event.request.urls)
+                self._media.prefetch(event.request.urls, renew=True)
         with self._ledger.transaction():
             for action in self._core.handle(event, now):
                 self._execute(action, now, wall)

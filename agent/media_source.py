@@ -107,15 +107,17 @@ class MediaSource:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
-    def prefetch(self, urls: Sequence[str]) -> None:
-        """Start downloading these URLs (any thread; never blocks): each new request fetches
-        its URLs anew (a failure is not remembered, a changed file is played as it is now);
-        one still downloading is shared. Beyond KEPT_FETCHES waiting, a URL is fetched when
-        its announcement plays instead."""
+    def prefetch(self, urls: Sequence[str], renew: bool = False) -> None:
+        """Start downloading these URLs (any thread; never blocks). A new request renews them
+        (`renew`: a changed file is played as it is now); a play of a request (a repeat) keeps
+        what was fetched. A failure is never kept, and one still downloading is shared. Beyond
+        KEPT_FETCHES waiting, a URL is fetched when its announcement plays instead."""
         for url in urls:
             with self._lock:
                 known = self._fetches.get(url)
                 if known is not None and not known.done.is_set():
+                    continue
+                if known is not None and not renew and known.error is None:
                     continue
                 self._fetches[url] = _Fetch()
                 self._fetches.move_to_end(url)

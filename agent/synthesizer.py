@@ -167,7 +167,7 @@ class Synthesizer:
             if self._running is not None and self._running[0] == _PHRASES:
                 self._running[1].cancel()
         if self._media is not None and request.urls:
-            self._media.prefetch(request.urls)  # a repeat or a replay: already kept, or again
+            self._media.prefetch(request.urls)  # kept since its arrival (or a repeat), or again
         self._commands.put_nowait(_Job(request, job, start_at))
 
     def use_voice(self, choice: VoiceChoice) -> None:
