@@ -36,9 +36,11 @@ def write_config(
     cache_dir: Path,
     device: str = "null",
     name: str = "agent.yaml",
+    *,
+    media: dict[str, str] | None = None,
 ) -> Path:
     """The agent's config: the given broker, an ALSA PCM (`null` unless given), a cache in
-    cache_dir, the state published every second."""
+    cache_dir, the state published every second, sounds by name (`audio.media`)."""
     config = {
         "node_id": NODE_ID,
         "mqtt": {
@@ -47,7 +49,7 @@ def write_config(
             "topic_prefix": PREFIX,
             "reconnect_max": 2.0,
         },
-        "audio": {"device": device},
+        "audio": {"device": device, "media": media or {}},
         "cache": {"dir": str(cache_dir)},
         "state": {"interval": 1},
     }
@@ -125,10 +127,14 @@ class AgentUnderTest:
         if self._process.alive():
             self._process.signal(signal.SIGTERM)
 
-    def speak(self, text: str, request_id: str, timeout: float = TIMEOUT) -> SpeakTiming:
-        """Publish a JSON speak message; wait for `started` and `finished`."""
+    def speak(
+        self, text: str | None, request_id: str, timeout: float = TIMEOUT, **fields: Any
+    ) -> SpeakTiming:
+        """Publish a JSON speak message (text and other fields); wait for `started` and
+        `finished`."""
         since = self._probe.mark()
-        payload = json.dumps({"text": text, "id": request_id}).encode()
+        body = {"id": request_id, **fields} | ({} if text is None else {"text": text})
+        payload = json.dumps(body).encode()
         sent = self._probe.publish(SPEAK_TOPIC, payload)
         started = self._wait_event(request_id, "started", since)
         finished = self._wait_event(request_id, "finished", since, timeout)

@@ -17,7 +17,13 @@ from typing import Any, Final
 from bench.agent_side import AgentUnderTest
 from bench.stats import Entry, Target, percentile
 from bench.synth import ChildRun, Synth
-from bench.texts import CACHED_PHRASE, FIRST_AUDIO_KINDS, SPEED_TEXTS, uncached_unpunctuated
+from bench.texts import (
+    BENCH_SOUND,
+    CACHED_PHRASE,
+    FIRST_AUDIO_KINDS,
+    SPEED_TEXTS,
+    uncached_unpunctuated,
+)
 
 SETTLE_SECONDS: Final = 0.1
 OURS: Final = "ours"
@@ -285,6 +291,30 @@ def cached_latency(agent: AgentUnderTest, messages: int, tag: str, say: Say) -> 
         for q, bound in ((50.0, 10.0), (99.0, 30.0))
     ]
     return Measured(entries, {"phrase": CACHED_PHRASE})
+
+
+def cached_media_latency(agent: AgentUnderTest, messages: int, tag: str, say: Say) -> Measured:
+    """3b. Publish → `started` of a sound file by name (`audio.media`, decoded once and then
+    found in the phrase cache), one message at a time: the cached-phrase bounds."""
+    agent.speak(None, f"{tag}-media-warmup", sound=BENCH_SOUND)
+    samples: list[float] = []
+    for index in range(messages):
+        timing = agent.speak(None, f"{tag}-media-{index}", sound=BENCH_SOUND)
+        samples.append(timing.started * MS)
+        if (index + 1) % max(1, messages // 4) == 0:
+            say(f"cached sound latency: {index + 1}/{messages} messages")
+    entries = [
+        Entry(
+            f"cached_media_latency_p{q:g}",
+            f"sound file by name (cached after its first play), publish → started, p{q:g}",
+            "ms",
+            samples,
+            q=q,
+            target=Target(bound, at_most=True, on_ratio=False),
+        )
+        for q, bound in ((50.0, 10.0), (99.0, 30.0))
+    ]
+    return Measured(entries, {"sound": BENCH_SOUND})
 
 
 def cold_start(

@@ -39,7 +39,7 @@ from bench.metrics import Measured, Plan
 from bench.probe import Probe
 from bench.report import Panel, write_chart, write_json, write_markdown
 from bench.stats import Entry
-from bench.texts import CACHED_PHRASE, COLD_START_SENTENCE, SPEED_TEXTS, STORY
+from bench.texts import BENCH_SOUND, CACHED_PHRASE, COLD_START_SENTENCE, SPEED_TEXTS, STORY
 from harness import Broker, PulseNullSink
 
 _THREADS = 2
@@ -127,7 +127,7 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
     broker.start()
     probe = Probe(broker.host, broker.port, [EVENTS_TOPIC, STATUS_TOPIC, STATE_TOPIC])
     stack.callback(probe.close)
-    config = write_config(work, broker, cache_dir)
+    config = write_config(work, broker, cache_dir, media={BENCH_SOUND: str(_doorbell(work))})
 
     def new_agent(agent_config: Path = config, env: dict[str, str] | None = None) -> AgentUnderTest:
         agent = AgentUnderTest(agent_config, work / "agent.log", probe, env)
@@ -153,6 +153,7 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
     first = metrics.first_audio(agent, piper, plan.ttfa_trials, tag, say)
     results.append(first)
     results.append(metrics.cached_latency(agent, plan.cached_messages, tag, say))
+    results.append(metrics.cached_media_latency(agent, plan.cached_messages, tag, say))
     say("memory: the agent speaks the short, medium and long texts; piper-tts does the same")
     results.append(
         metrics.memory(agent, piper_child, [*first.details["texts"], CACHED_PHRASE], tag)
@@ -163,6 +164,21 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
         paced = write_config(work, broker, cache_dir, "paced_capture", "agent-paced.yaml")
         results.append(paced_run(work, paced, new_agent, tag, say))
     return results
+
+
+def _doorbell(work: Path) -> Path:
+    """A two-tone doorbell, 0.8 s, as a stereo 44.1 kHz FLAC: decoded, mixed and resampled on
+    its first play, then found in the phrase cache."""
+    import numpy as np  # noqa: PLC0415 - only here
+    import soundfile  # noqa: PLC0415
+
+    rate = 44_100
+    seconds = np.arange(int(0.4 * rate)) / rate
+    tones = [0.3 * np.sin(2 * np.pi * hz * seconds) for hz in (659.3, 523.3)]
+    mono = np.concatenate(tones)
+    path = work / "doorbell.flac"
+    soundfile.write(path, np.stack([mono, mono], axis=1), rate, format="FLAC")
+    return path
 
 
 def int8_voice(model: Path, out_dir: Path, cache_dir: Path, say: Progress) -> Voice | None:
