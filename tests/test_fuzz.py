@@ -246,11 +246,16 @@ def test_a_thousand_fuzzed_messages_through_the_broker(
         watcher.publish("voice/fuzz/volume", b"1")
         watcher.publish("voice/fuzz/speak", b'{"id": "last", "text": "Still speaking."}')
         watcher.wait_event("last", "finished")
-        events = [m.json() for m in watcher.snapshot() if m.topic.endswith("/events")]
-        speak_answers = sum(1 for e in events if e["event"] in ("accepted", "rejected"))
-        # past the flood gate's burst, rejections are counted in `suppressed` summaries
-        wait_until(lambda: _suppressed(watcher) > 0, what="the flood's summary")
-        speak_answers += _suppressed(watcher)
+
+        def answers() -> int:
+            """accepted and rejected events, and those counted in `suppressed` summaries (past
+            the flood gate's burst; one summary per interval, so the last comes a little later)"""
+            events = [m.json() for m in watcher.snapshot() if m.topic.endswith("/events")]
+            answered = sum(1 for e in events if e["event"] in ("accepted", "rejected"))
+            return answered + _suppressed(watcher)
+
+        wait_until(lambda: answers() >= 1000 + 11, what="an answer to every speak payload")
+        speak_answers = answers()
         print(
             f"fuzz: 1,000 speak + 300 command payloads published; {speak_answers} accepted or "
             f"rejected events; agent alive: {process.alive()}"

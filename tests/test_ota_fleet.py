@@ -168,8 +168,13 @@ def test_a_damaged_model_the_agent_was_switching_to_is_left_at_the_next_start(
     slot_model = next((agent.capture.parent / "storage" / "ota" / node / "slots").rglob("*.onnx"))
     slot_model.write_bytes(b"damaged")
     back = start_agent(tiny_voice, node_id=node, sections=sections)
-    assert update_state(back, "first") == "rolled_back"  # reported under the offer's id
-    assert _finals(back.watcher, "first")[-1]["reason"] == "damaged"
+    # the `installed` reached before the kill may come first (from the journal's outbox)
+    wait_until(
+        lambda: "rolled_back" in [f["state"] for f in _finals(back.watcher, "first")],
+        what="rolled_back reported under the offer's id",
+    )
+    last = _finals(back.watcher, "first")[-1]
+    assert (last["state"], last["reason"]) == ("rolled_back", "damaged")
     state = speaks(back, "old-model")
     assert (state["model_sha256"], state["model_release"]) == (sha256(tiny_voice), 0)
 
