@@ -272,16 +272,42 @@ def paced_underruns(underruns: int, audio_seconds: float) -> Measured:
 
 def cached_latency(agent: AgentUnderTest, messages: int, tag: str, say: Say) -> Measured:
     """3. Publish → `started` of a phrase spoken once before, one message at a time."""
-    agent.speak(CACHED_PHRASE, f"{tag}-cached-warmup")
+    samples = _started_ms(agent, messages, say, f"{tag}-cached", text=CACHED_PHRASE)
+    entries = _cached_bounds("cached_latency", "cached phrase, publish → started", samples)
+    return Measured(entries, {"phrase": CACHED_PHRASE})
+
+
+def cached_media_latency(agent: AgentUnderTest, messages: int, tag: str, say: Say) -> Measured:
+    """3b. Publish → `started` of a sound file by name (`audio.media`, decoded once and then
+    found in the phrase cache), one message at a time: the cached-phrase bounds."""
+    samples = _started_ms(agent, messages, say, f"{tag}-media", sound=BENCH_SOUND)
+    label = "sound file by name (cached after its first play), publish → started"
+    return Measured(_cached_bounds("cached_media_latency", label, samples), {"sound": BENCH_SOUND})
+
+
+def _started_ms(
+    agent: AgentUnderTest,
+    messages: int,
+    say: Say,
+    prefix: str,
+    text: str | None = None,
+    **fields: Any,
+) -> list[float]:
+    """Publish → `started` (ms) of the same request `messages` times, after one warm-up."""
+    agent.speak(text, f"{prefix}-warmup", **fields)
     samples: list[float] = []
     for index in range(messages):
-        samples.append(agent.speak(CACHED_PHRASE, f"{tag}-cached-{index}").started * MS)
+        samples.append(agent.speak(text, f"{prefix}-{index}", **fields).started * MS)
         if (index + 1) % max(1, messages // 4) == 0:
-            say(f"cached latency: {index + 1}/{messages} messages")
-    label = "cached phrase, publish → started"
-    entries = [
+            say(f"{prefix} latency: {index + 1}/{messages} messages")
+    return samples
+
+
+def _cached_bounds(key: str, label: str, samples: list[float]) -> list[Entry]:
+    """p50 and p99 against the cached bounds (10 and 30 ms)."""
+    return [
         Entry(
-            f"cached_latency_p{q:g}",
+            f"{key}_p{q:g}",
             f"{label}, p{q:g}",
             "ms",
             samples,
@@ -290,31 +316,6 @@ def cached_latency(agent: AgentUnderTest, messages: int, tag: str, say: Say) -> 
         )
         for q, bound in ((50.0, 10.0), (99.0, 30.0))
     ]
-    return Measured(entries, {"phrase": CACHED_PHRASE})
-
-
-def cached_media_latency(agent: AgentUnderTest, messages: int, tag: str, say: Say) -> Measured:
-    """3b. Publish → `started` of a sound file by name (`audio.media`, decoded once and then
-    found in the phrase cache), one message at a time: the cached-phrase bounds."""
-    agent.speak(None, f"{tag}-media-warmup", sound=BENCH_SOUND)
-    samples: list[float] = []
-    for index in range(messages):
-        timing = agent.speak(None, f"{tag}-media-{index}", sound=BENCH_SOUND)
-        samples.append(timing.started * MS)
-        if (index + 1) % max(1, messages // 4) == 0:
-            say(f"cached sound latency: {index + 1}/{messages} messages")
-    entries = [
-        Entry(
-            f"cached_media_latency_p{q:g}",
-            f"sound file by name (cached after its first play), publish → started, p{q:g}",
-            "ms",
-            samples,
-            q=q,
-            target=Target(bound, at_most=True, on_ratio=False),
-        )
-        for q, bound in ((50.0, 10.0), (99.0, 30.0))
-    ]
-    return Measured(entries, {"sound": BENCH_SOUND})
 
 
 def cold_start(
