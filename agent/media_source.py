@@ -109,15 +109,13 @@ class MediaSource:
 
     def prefetch(self, urls: Sequence[str], renew: bool = False) -> None:
         """Start downloading these URLs (any thread; never blocks). A new request renews them
-        (`renew`: a changed file is played as it is now); a play of a request (a repeat) keeps
-        what was fetched. A failure is never kept, and one still downloading is shared. Beyond
+        (`renew`: a failure is not remembered, a changed file is played as it is now); its
+        plays (a repeat) use what its arrival fetched. One still downloading is shared. Beyond
         KEPT_FETCHES waiting, a URL is fetched when its announcement plays instead."""
         for url in urls:
             with self._lock:
                 known = self._fetches.get(url)
-                if known is not None and not known.done.is_set():
-                    continue
-                if known is not None and not renew and known.error is None:
+                if known is not None and (not renew or not known.done.is_set()):
                     continue
                 self._fetches[url] = _Fetch()
                 self._fetches.move_to_end(url)
