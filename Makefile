@@ -3,20 +3,24 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow test-clients test-fleet test-all test-install test-small test-arm64 lint bench bench-fleet soak clean
+.PHONY: setup run docs test test-slow test-clients test-fleet test-all test-install test-small test-arm64 lint bench bench-fleet soak clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.txt
 	PYTHON=$(PYTHON) bash scripts/setup.sh
 
 run: $(STAMP)  ## run the agent (starts a loopback Mosquitto if no broker answers)
 	bash scripts/run.sh
 
-test: $(STAMP)  ## every test: unit, and integration against a real Mosquitto and ALSA
-	$(VENV)/bin/pytest
+# `make test`'s workers: three on two cores (most tests wait on a broker, a device or a child);
+# TEST_WORKERS=0 runs them in one process
+TEST_WORKERS ?= 3
 
-test-slow: $(STAMP)  ## the tests marked slow (a minute or more each: real-time audio, the short soak, 1,000 fuzzed messages through the broker)
+test: $(STAMP)  ## every test: unit, and integration against a real Mosquitto and ALSA (3 workers)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS)
+
+test-slow: $(STAMP)  ## the tests marked slow (a minute or more each: real-time audio, the short soak, 1,000 fuzzed and 3,000 hostile messages through the broker)
 	$(VENV)/bin/pytest -m slow
 
 test-clients: $(STAMP)  ## real Home Assistant and rhasspy-hermes as clients (installs them in .cache/ once)
@@ -36,20 +40,24 @@ test-small: $(STAMP)  ## memory budgets held by the kernel: steady work in a 256
 test-arm64: $(STAMP)  ## install from a wheel and run on aarch64 (Debian bookworm arm64 under QEMU), compared with x86_64: docs/arm64.md
 	bash scripts/arm64/run.sh
 
+docs: $(STAMP)  ## the documentation site from docs/ into site/ (MkDocs, Material theme; strict: a broken link or anchor fails)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
-	$(VENV)/bin/ruff check agent tests scripts bench ota harness
-	$(VENV)/bin/ruff format --check agent tests scripts bench ota harness
+	$(VENV)/bin/ruff check agent tests scripts bench ota tiers harness
+	$(VENV)/bin/ruff format --check agent tests scripts bench ota tiers harness
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)  ## benchmark against piper-tts (bench/REPORT.md) and rooms: two nodes in step (bench/ROOMS.md)
+bench: $(STAMP)  ## benchmark against piper-tts (bench/REPORT.md), rooms: two nodes in step (bench/ROOMS.md), alarms beside hostile sounds and memory of waiting media (bench/TRUST.md)
 	$(VENV)/bin/python -m bench.run --out-dir bench
 	$(VENV)/bin/python -m bench.rooms --out-dir bench
+	$(VENV)/bin/python -m bench.trust --out-dir bench
 
 bench-fleet: $(STAMP)  ## the operator tool against 100-3,000 simulated nodes: bench/FLEET.md, bench/fleet.json
-	$(VENV)/bin/python -m bench.fleet --out-dir bench --save-every-change 300,1000
+	$(VENV)/bin/python -m bench.fleet_scale --out-dir bench --save-every-change 300,1000
 
 soak: $(STAMP)  ## 30 minutes under a steady mix: bench/SOAK.md, bench/soak.json
 	$(VENV)/bin/python -m tests.soak --minutes 30 --out bench
 
 clean:
-	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .run site .mypy_cache .ruff_cache .pytest_cache *.egg-info

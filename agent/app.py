@@ -1,9 +1,10 @@
-"""The composition root: builds the edges from the config, and runs the loop that hands every
-input to the room that owns it and carries out what they decide.
+"""The loop of the composition root: over the parts `assembly` built from the config, it hands
+every input to the room that owns it and carries out what they decide.
 
 Threads: paho's network thread (routes a message to one event, puts it on the inbox), the synthesis
-thread, the ALSA writer thread, the updater's thread, the media fetcher's thread, and the main
-thread running `App.serve`: the only caller of the core, the Hermes bridge and the status, and the
+thread, the ALSA writer thread, the updater's thread, the media source's fetch and decode threads
+(the decode thread drives the decoder child process: `media_decoder`), and the main thread
+running `App.serve`: the only caller of the core, the Hermes bridge and the status, and the
 only writer of the journal. Everything reaches the loop through one bounded inbox (`inbox`); the
 loop reaches the workers through their own bounded queues. Whatever goes wrong while one event is
 handled ends that event (a delivery is rejected with reason `internal` and acknowledged), not the
@@ -17,22 +18,14 @@ import os
 import random
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Final
 
-from . import allocator
-from . import version as package_version
-from .board import board
-from .chimes import ChimePlan, chime_bank
-from .clock import clock_sync
-from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
-from .core import SpeakCore, Timing
+from .assembly import InboxEvent, assemble, new_id
+from .config import AgentConfig
 from .discovery import result_message
-from .flood import FloodGate
-from .hermes_bridge import HermesBridge
-from .inbox import Inbox
+from .fact_sheet import FactSheet
 from .inputs import (
     Connected,
     HermesRequest,
@@ -42,9 +35,6 @@ from .inputs import (
     Ignored,
     OtaCommand,
 )
-from .journal import Journal
-from .ledger import Ledger
-from .media_source import FetchLimits, MediaSource
 from .messages import (
     Acknowledge,
     Action,
@@ -52,9 +42,10 @@ from .messages import (
     Cut,
     Delivery,
     Event,
+    LetGo,
     Lifecycle,
     Notify,
-    Priority,
+    Prepare,
     Reason,
     Record,
     Remember,
@@ -71,35 +62,19 @@ from .messages import (
     UtteranceEnded,
     UtteranceStarted,
 )
-from .mqtt_link import MessageHandler, MqttLink
 from .payloads import encode_event
-from .phrase_cache import PhraseCache
-from .player import IdlePolicy, PcmOpener, Player, alsa_opener, announce_role
-from .routes import Route, RoutedEvent, route_table
+from .player import PcmOpener, announce_role
 from .states import UpdatePhase, UpdateReport
-from .status import NodeFacts, Status
-from .synthesizer import Synthesizer, VoiceChoice
-from .systemd import Notifier
-from .topics import Topics
-from .updater import Updater
+from .status import NodeFacts
+from .synthesizer import VoiceChoice
 from .voice import Voice
-from .voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
-from .voices import catalog, choice_for, factory_model, ota_directory, voice_names
+from .voice_swap import SwapAsked, SwapWithdrawn
+from .voices import choice_for
 
 _LOGGER = logging.getLogger(__name__)
 
 _TICK_SECONDS: Final = 0.1
 """How often time passes for the core when nothing else happens (deadlines, repeats)."""
-REPORT_SLOTS: Final = 256
-"""Reports of the workers that can wait in the inbox (a worker waits for room beyond)."""
-QOS1_SLOTS: Final = 256
-"""QoS 1 deliveries that can wait in the inbox beyond `mqtt.receive_maximum` (more are left
-unacknowledged and sent again by the broker after a reconnect)."""
-QOS0_SLOTS: Final = 256
-"""QoS 0 deliveries that can wait in the inbox (more are dropped: QoS 0 is at most once)."""
-
-
-InboxEvent = RoutedEvent | UpdateReport | SwapAsked[Voice] | SwapWithdrawn | Connected
 
 
 class App:
@@ -113,95 +88,32 @@ class App:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self._config = config
-        environ = os.environ if environ is None else environ
-        self._topics = topics = Topics(config.mqtt.topic_prefix, config.node_id)
-        deliveries = config.mqtt.receive_maximum + QOS1_SLOTS
-        self._inbox: Inbox[InboxEvent] = Inbox(deliveries, QOS0_SLOTS, REPORT_SLOTS)
-        speak, audio, cache = config.speak, config.audio, config.cache
         self._voices = voices  # the loop's own; the synthesizer has its copy
-        rate = voices["default"].voice.sample_rate  # the device's; other voices are resampled
-        bank = chime_bank(audio.chime_files, rate)
-        timing = Timing(speak.max_lead_seconds, speak.max_late_seconds, speak.prepare_seconds)
-        self._catalog = catalog(voices, frozenset(bank), frozenset(audio.media))
-        self._core = SpeakCore(
-            speak.queue_size, speak.remembered_ids, timing=timing, catalog=self._catalog
-        )
-        opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
-        report = self._inbox.report
-        idle = IdlePolicy(audio.lead_in_ms / 1000, audio.idle_wake_s, audio.release_when_idle_s)
-        self._player = Player(opener, rate, report, audio.volume, audio.alarm_volume_floor, idle)
-        self._cache = PhraseCache(
-            resolve_cache_dir(cache, environ) / "phrases", cache.memory_bytes, cache.disk_bytes
-        )
-        by_class = {**DEFAULT_CHIMES, **audio.chimes}
-        plan = ChimePlan(
-            bank, {p: by_class[p.label] for p in Priority if by_class[p.label] != "none"}
-        )
-        limits = FetchLimits(
-            audio.max_media_bytes, audio.media_timeout_s, audio.media_stall_timeout_s
-        )
-        self._media = MediaSource(audio.media, rate, self._cache, limits)
-        self._synthesizer = Synthesizer(
-            voices,
-            self._cache,
-            (config.tts.first_chunk_phonemes, config.tts.max_chunk_phonemes),
-            self._player.put,
-            report,
-            cache.phrases,
-            plan,
-            max_seconds=speak.max_audio_seconds,
-            media=self._media,
-            after_request=allocator.trim,
-        )
-        journal, self._storage_note = Journal.open_or_renew(
-            resolve_storage_dir(config.storage, environ) / f"journal-{config.node_id}.sqlite3",
-            speak.remembered_ids,
-        )
-        self._status = Status(config, topics)
-        self._hermes = HermesBridge(config.hermes.site_id)
-        self._flood = FloodGate()
-        self._systemd = Notifier(environ)
+        parts = assemble(config, voices, open_pcm, os.environ if environ is None else environ)
+        self._topics = parts.topics
+        self._inbox = parts.inbox
+        self._catalog = parts.catalog
+        self._core = parts.core
+        self._player = parts.player
+        self._cache = parts.cache
+        self._marker = parts.marker
+        self._media = parts.media
+        self._synthesizer = parts.synthesizer
+        self._status = parts.status
+        self._hermes = parts.hermes
+        self._flood = parts.flood
+        self._systemd = parts.systemd
+        self._swaps = parts.swaps
+        self._updater = parts.updater
+        self._link = parts.link
+        self._ledger = parts.ledger
+        self._voice_names = parts.voice_names
+        self._notes = list(parts.notes)
+        """What is wrong with the files (the journal, the cache): the state's `storage`."""
         self._audio_available = True
-        self._started_at = time.monotonic()
-        self._started_wall = time.time()
-        self._board = board()
-        self._voice_names = voice_names(voices)
-        self._swaps: SwapDesk[Voice] = SwapDesk(self._inbox.report)
+        self._sheet = FactSheet(parts, voices)
         self._stopping = False
         self._failures: set[tuple[str, str]] = set()
-        self._updater: Updater[Voice] | None = None
-        cache_dir = resolve_cache_dir(cache, environ)
-        if config.ota.trusted_keys:
-            self._updater = Updater(
-                config.ota,
-                ota_directory(config),
-                factory_model(config),
-                rate,
-                config.tts.threads,
-                report,
-                lambda path: _prewarmed(Voice.load(path, config.tts.threads, cache_dir)),
-                self._swaps.ask,
-                cache_dir=cache_dir,  # the check builds the candidate there; the agent only loads
-            )
-        table = route_table(config, topics, _new_id, {n: v for v, n in self._voice_names.items()})
-        self._link = MqttLink(
-            config.mqtt,
-            client_id=f"voice-agent-{config.node_id}",
-            status_topic=topics.status,
-            handlers={topic: self._hand_off(route) for topic, route in table.routes.items()},
-            retained=table.restored,
-            on_connected=lambda: self._inbox.notice(Connected()),
-        )
-        self._ledger = Ledger(journal, self._link, topics.events)
-
-    def _hand_off(self, route: Route) -> MessageHandler:
-        """The handler on paho's thread: route the message to one event and queue it, never
-        blocking (a refused QoS 1 delivery stays unacknowledged; see `_housekeeping`)."""
-
-        def handle(topic: str, payload: bytes, delivery: Delivery) -> None:
-            self._inbox.deliver(route(topic, payload, delivery), delivery.qos)
-
-        return handle
 
     def request_stop(self) -> None:
         """Ask `serve` to return (safe from a signal handler: it only sets a flag)."""
@@ -243,6 +155,7 @@ class App:
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._media.stop()  # and one waiting for a download
             self._synthesizer.stop()
+            self._marker.close()
             self._ledger.close()
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
         return 0
@@ -323,11 +236,8 @@ class App:
         wall = None  # when its events happened: the audio writer's time for these, else now
         if isinstance(event, UtteranceStarted | UtteranceEnded) and event.wall:
             wall = event.wall
-        if isinstance(event, SpeakReceived):
-            if not event.wall:  # places a request's `at` on the core's clock
-                event = replace(event, wall=time.time())
-            if event.request.urls:  # downloaded while it waits: ready when its turn comes
-                self._media.prefetch(event.request.urls, renew=True)
+        if isinstance(event, SpeakReceived) and not event.wall:  # `at` on the core's clock
+            event = replace(event, wall=time.time())
         with self._ledger.transaction():
             for action in self._core.handle(event, now):
                 self._execute(action, now, wall)
@@ -368,7 +278,7 @@ class App:
             if isinstance(delivery, Delivery) or subject is not None:
                 ended = Lifecycle.REJECTED if isinstance(delivery, Delivery) else Lifecycle.FAILED
                 details = {"reason": str(Reason.INTERNAL), "detail": type(err).__name__}
-                self._handle_notify(Notify(subject or _new_id(), ended, details), now)
+                self._handle_notify(Notify(subject or new_id(), ended, details), now)
         finally:
             if isinstance(delivery, Delivery):
                 self._link.ack(delivery)
@@ -383,13 +293,17 @@ class App:
                 self._ledger.acknowledge(delivery)  # after the journal is synced
             case Notify():
                 self._notify(action, now, time.time() if wall is None else wall)
-            case Synthesize(request, play, job):
-                self._ledger.activated(request.id)  # a crash from here on counts (crash loops)
-                self._synthesizer.submit(request, job, start_at=request.at if play == 1 else None)
+            case Synthesize(request, play, job, start_at):
+                self._ledger.activated(request.id)  # crash loops: counted before it begins
+                self._ledger.after_sync(lambda: self._synthesizer.submit(request, job, start_at))
                 _LOGGER.debug("Synthesizing %s, play %d (job %d)", request.id, play, job)
             case Cut(_, job):
                 self._synthesizer.cancel(job)
                 self._player.cut(job)
+            case Prepare(request):  # made ready while it waits: its sounds, its recording
+                self._media.prepare(request)
+            case LetGo(request_id):
+                self._media.let_go(request_id)
             case SetVolume(volume):
                 self._player.volume = volume
             case Remember(name, value):
@@ -419,14 +333,25 @@ class App:
     # ---- around the events ------------------------------------------------------------------
 
     def _restore(self, now: float) -> None:
-        """After a restart: unsent events go out again; unfinished announcements queue again."""
-        pending, ids, fingerprints = self._ledger.unfinished()
-        if pending:
-            _LOGGER.info("Journal: %d announcements had not ended; queued again", len(pending))
+        """After a restart: the death of the previous process is counted against the
+        announcement it died on (if it died inside a step of one); unsent events go out again;
+        unfinished announcements queue again; those whose journal rows cannot be used end
+        `failed` (`damaged_journal`)."""
+        restored = self._ledger.unfinished(self._marker.last, self._marker.boot_id)
+        self._marker.clear()  # counted (once: the journal keeps the process's token)
+        if restored.pending:
+            count = len(restored.pending)
+            _LOGGER.info("Journal: %d announcements had not ended; queued again", count)
         settings = self._ledger.settings()
         with self._ledger.transaction():
-            for action in self._core.restore(pending, ids, fingerprints, now, settings):
+            for notify in restored.damaged:
+                self._execute(notify, now)
+            actions = self._core.restore(
+                restored.pending, restored.ids, restored.fingerprints, now, settings
+            )
+            for action in actions:
                 self._execute(action, now)
+        self._notes += self._ledger.notes
 
     def _housekeeping(self, now: float, next_ping: float) -> float:
         """Watchdog pings, discovery when due, the state when changed or due; next ping time."""
@@ -440,7 +365,7 @@ class App:
             count = sum(held.values())
             _LOGGER.warning("Flood: %d rejections not reported one by one: %s", count, held)
             suppressed = Notify(
-                f"flood-{_new_id()[:8]}", Lifecycle.SUPPRESSED, {"count": count, "reasons": held}
+                f"flood-{new_id()[:8]}", Lifecycle.SUPPRESSED, {"count": count, "reasons": held}
             )
             self._guarded_notify(suppressed, now)
         if self._ledger.recovered(now):
@@ -471,38 +396,7 @@ class App:
         self._link.publish(topic, payload, retain=retain)
 
     def _facts(self, now: float) -> NodeFacts:
-        voice = self._voices["default"].voice
-        stats = self._cache.stats()
-        updater = self._updater
-        return NodeFacts(
-            audio_available=self._audio_available,
-            volume=self._player.volume,
-            selected_voice=self._core.selected_voice,
-            queue_depth=self._core.queue_depth,
-            underruns=self._player.underruns,
-            model=voice.path.stem,
-            model_sha256=voice.sha256,
-            installed_version=updater.installed_version if updater else None,
-            model_release=updater.state.release if updater else 0,
-            voices=sorted(self._voices),
-            cache={
-                "hit_rate": round(stats.hit_rate, 3),
-                "hits": stats.memory_hits + stats.disk_hits,
-                "misses": stats.misses,
-                "memory_bytes": stats.memory_bytes,
-                "disk_bytes": stats.disk_bytes,
-            },
-            link_error=self._link.last_error,
-            storage_error=self._ledger.problem or self._storage_note,
-            hermes_muted=self._hermes.muted,
-            uptime_s=now - self._started_at,
-            agent_version=package_version(),
-            speaking=self._core.speaking,
-            started_at=self._started_wall,
-            voice_names=self._voice_names,
-            board=self._board,
-            clock=None if (sync := clock_sync()) is None else sync.as_json(),
-        )
+        return self._sheet.facts(now, self._audio_available, self._notes)
 
     # ---- model updates ----------------------------------------------------------------------
 
@@ -527,15 +421,6 @@ def _subject(event: InboxEvent | Tick) -> str | None:
         case SynthesisDone(request_id) | UtteranceStarted(request_id) | UtteranceEnded(request_id):
             return request_id
     return None
-
-
-def _prewarmed(voice: Voice) -> Voice:
-    voice.prewarm()
-    return voice
-
-
-def _new_id() -> str:
-    return uuid.uuid4().hex
 
 
 def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], None]) -> int:

@@ -1,6 +1,5 @@
 """The machine the node runs on, for Home Assistant's device page: its maker and model, read
 from the device tree (Raspberry Pi and other boards) or DMI (PCs), else generic names.
-Allowed imports: stdlib.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""What a node can play, for deciding on arrival: its voices (language, speakers), chimes and
-named sounds. Pure: built once by the composition root from the loaded voices and the config.
-Allowed imports: stdlib.
+"""What a node can play, for deciding on arrival: its voices (language, speakers), chimes,
+named sounds, and the hosts its sound URLs may come from. Pure: built once by the composition
+root from the loaded voices and the config.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from .egress import EgressPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +36,13 @@ def language_key(code: str) -> tuple[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class Catalog:
-    """The voices by id, the chime names and the media names of one node."""
+    """The voices by id, the chime names, the media names and the media hosts of one node."""
 
     voices: Mapping[str, VoiceFacts] = field(default_factory=lambda: {"default": VoiceFacts()})
     chimes: frozenset[str] = frozenset()
     sounds: frozenset[str] = frozenset()
+    media_hosts: EgressPolicy = field(default_factory=EgressPolicy)
+    """Where sound URLs may be fetched from (`audio.media_hosts`; empty: URL sounds are off)."""
 
     def voice_for(self, lang: str) -> str | None:
         """The voice that speaks `lang`: one of the same language and region first, then one of

@@ -2,21 +2,29 @@
 
 Every chime is made once at start, at the voice's sample rate, as 16-bit mono. Built-in tones
 have a 5 ms fade at each note's ends (no clicks) and a level near speech (peak -14 dBFS).
-Allowed imports: stdlib, numpy, `media`, `messages`, `pcm`.
+Chime files are decoded by the decoder the composition root passes (the decoder child), never
+in the agent's own process; one that cannot be decoded is left out, logged, and the classes
+that named it keep their built-in chime.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 import numpy as np
 
-from .media import decode_file
+from .media import MAX_AUDIO_BYTES, MediaError, decode_audio
 from .messages import Priority, SpeakRequest
 from .pcm import PCM16
+
+_LOGGER = logging.getLogger(__name__)
+
+Decode = Callable[[bytes, int], PCM16]
+"""A sound file's bytes to mono 16-bit PCM at a rate; raises MediaError."""
 
 _PEAK: Final = 0.2
 _EDGE_SECONDS: Final = 0.005
@@ -52,15 +60,27 @@ def render_notes(notes: tuple[Note, ...], rate: int) -> PCM16:
     return np.round(np.concatenate(parts) * 32767).astype(np.int16)
 
 
-def load_sound(path: Path, rate: int) -> PCM16:
-    """A sound file (WAV of any sample format, FLAC, Ogg, MP3) as mono 16-bit PCM at `rate`."""
-    return decode_file(path, rate).samples
+def load_sound(path: Path, rate: int, decode: Decode | None = None) -> PCM16:
+    """A sound file (WAV of any sample format, FLAC, Ogg, MP3) as mono 16-bit PCM at `rate`
+    (by `decode`; here, without one). Raises MediaError and OSError."""
+    with path.open("rb") as file:
+        data = file.read(MAX_AUDIO_BYTES + 1)  # more is refused by its size
+    if decode is None:
+        return decode_audio(data, rate).samples
+    return decode(data, rate)
 
 
-def chime_bank(files: Mapping[str, Path], rate: int) -> dict[str, PCM16]:
-    """Every chime by name: the built-ins, then the configured files (which may replace them)."""
+def chime_bank(
+    files: Mapping[str, Path], rate: int, decode: Decode | None = None
+) -> dict[str, PCM16]:
+    """Every chime by name: the built-ins, then the configured files (which may replace them;
+    one that cannot be read or decoded is left out, with an error logged)."""
     bank = {name: render_notes(notes, rate) for name, notes in BUILTIN.items()}
-    bank.update({name: load_sound(path, rate) for name, path in files.items()})
+    for name, path in files.items():
+        try:
+            bank[name] = load_sound(path, rate, decode)
+        except (MediaError, OSError) as err:
+            _LOGGER.error("Chime %r (%s) left out: %s", name, path, err)
     return bank
 
 
@@ -74,9 +94,12 @@ class ChimePlan:
     """The chime of each class that has one (`chime: true`)."""
     fallback: str = "ding"
     """The chime for `chime: true` in a class without one."""
+    defaults: Mapping[Priority, str] = field(default_factory=dict)
+    """Each class's built-in chime, if its own is missing from the bank."""
 
     def for_request(self, request: SpeakRequest) -> PCM16 | None:
-        """The samples to play before this request's speech, if any."""
+        """The samples to play before this request's speech, if any (a class whose chime was
+        left out keeps its built-in one)."""
         match request.chime:
             case False:
                 return None
@@ -86,4 +109,7 @@ class ChimePlan:
                 name = self.by_class.get(request.priority, self.fallback)
             case str(named):
                 name = named
-        return self.bank.get(name)
+        chime = self.bank.get(name)
+        if chime is None and name and not isinstance(request.chime, str):  # its file left out
+            chime = self.bank.get(self.defaults.get(request.priority, ""))
+        return chime

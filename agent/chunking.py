@@ -5,8 +5,7 @@ the first chunk to synthesize is short (early first audio) and each later chunk 
 twice the previous one: on a device that synthesizes faster than twice real time, the next chunk
 is then always ready before the current one has played. On a voice split for chunked decoding,
 each clause group's latent frames are cut the same way for the decoder (`frame_chunks`): a small
-first chunk for a request, each later one up to four times the one before. Allowed imports:
-stdlib.
+first chunk for a request, each later one up to four times the one before.
 """
 
 from __future__ import annotations

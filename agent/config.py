@@ -1,7 +1,7 @@
 """Typed, frozen configuration: read from YAML, overridden from the environment, validated at once.
 
 Every problem in a file is collected and reported together, each with its key path, so a bad
-config fails at start with one message. Allowed imports: stdlib and yaml.
+config fails at start with one message.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any, Final
 
 import yaml
 
+from .egress import entry_problem
+
 DEFAULT_CONFIG_PATH: Final = Path(__file__).resolve().parent.parent / "config" / "agent.yaml"
 """The default configuration file of a source checkout (absent from an installed wheel)."""
 SYSTEM_CONFIG_PATH: Final = Path("/etc/voice-agent/agent.yaml")
@@ -30,6 +32,8 @@ def default_config_path() -> Path | None:
     return next((p for p in (DEFAULT_CONFIG_PATH, SYSTEM_CONFIG_PATH) if p.is_file()), None)
 
 
+_SHOWN_CHARS: Final = 60
+"""How much of a bad value a problem quotes."""
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _RESERVED_NODE_IDS: Final = frozenset({"all", "group"})
 
@@ -249,6 +253,24 @@ class AudioConfig:
         10.0,
         _between(0.5, 120),
     )
+    media_hosts: tuple[str, ...] = _key(
+        "Where sound URLs may be fetched from: host names, IP addresses and networks (CIDR), "
+        "each with an optional port (`ha.local:8123`, `192.168.1.0/24`, `[fd00::/8]:8123`, "
+        "`host:*` for any port; none: 80 and 443). Loopback, link-local and the node's own "
+        "addresses only when an entry names them. Empty: URL sounds are off (rejected "
+        "url_not_allowed).",
+        (),
+        entry_problem,
+    )
+    max_queued_media_bytes: int = _key(
+        "Most bytes of sounds held for announcements that wait (bytes): recordings (Hermes "
+        "playBytes) as they came, sounds by URL as downloaded and then decoded; beyond it the "
+        "lowest-class, oldest one that holds any is rejected `queue_full`. 32 MiB fits a 512 MB "
+        "board beside the agent's ~275 MB peak; it holds 16 recordings of 2 MB, or 12 sounds of "
+        "60 s decoded at 22,050 Hz.",
+        32 * 1024 * 1024,
+        _between(1024 * 1024, 1024 * 1024 * 1024),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,6 +439,14 @@ class OtaConfig:
     device_class: str = _key(
         "This node's device class: a manifest's target must name it.", "voice-agent", _name
     )
+    hosts: tuple[str, ...] = _key(
+        "Where an offer's `manifest_url`, `base_url` and its files may be fetched from (the "
+        "release server): entries as in `audio.media_hosts`. Empty: nothing is downloaded "
+        "(an offer that needs a download fails url_not_allowed; inline manifests are still "
+        "verified).",
+        (),
+        entry_problem,
+    )
     groups: tuple[str, ...] = _key(
         "Groups whose offers this node takes, on `<prefix>/group/<group>/ota`.", (), _name
     )
@@ -568,6 +598,10 @@ def load(
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(source, [f"not valid YAML: {err}"]) from err
+    except RecursionError:
+        raise ConfigError(source, ["not valid YAML: nested too deeply"]) from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise ConfigError(source, ["not valid YAML: a number of thousands of digits"]) from None
     return from_mapping(
         {} if raw is None else raw, source, os.environ if environ is None else environ, hostname
     )
@@ -723,11 +757,11 @@ def _value(
         return None
     value = _coerce(raw, base)
     if value is None:
-        problems.append(f"{where}: expected {_expected(base)}, got {_kind(raw)} {raw!r}")
+        problems.append(f"{where}: expected {_expected(base)}, got {_kind(raw)} {_shown(raw)}")
         return None
     reason = check(value) if check else None
     if reason:
-        problems.append(f"{where}: {reason}, got {raw!r}")
+        problems.append(f"{where}: {reason}, got {_shown(raw)}")
     return value
 
 
@@ -779,13 +813,28 @@ def _coerce(raw: Any, base: Any) -> Any:
     if base is int:
         return raw if isinstance(raw, int) and not isinstance(raw, bool) else None
     if base is float:
-        ok = isinstance(raw, int | float) and not isinstance(raw, bool)
-        return float(raw) if ok else None
+        return _float(raw)
     if base is str:
         return raw if isinstance(raw, str) else None
     if base is Path:
         return Path(raw).expanduser() if isinstance(raw, str) and raw else None
     raise TypeError(f"unsupported config type {base!r}")  # a programming error, not user input
+
+
+def _float(raw: Any) -> float | None:
+    """A number as a float; None for anything else and an integer beyond any float."""
+    if not isinstance(raw, int | float) or isinstance(raw, bool):
+        return None
+    try:
+        return float(raw)
+    except OverflowError:
+        return None
+
+
+def _shown(raw: Any) -> str:
+    """A value as a problem quotes it: its repr, cut short (a value may be huge)."""
+    text = repr(raw)
+    return text if len(text) <= _SHOWN_CHARS else f"{text[:_SHOWN_CHARS]}... ({len(text)} chars)"
 
 
 def _expected(base: Any) -> str:

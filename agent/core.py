@@ -13,6 +13,11 @@ The rules:
 - The queue is bounded: when full, the lowest-class, oldest announcement is rejected with
   `queue_full` (the newcomer itself if it is the lowest), so a critical is never dropped for a
   lower one.
+- So are the bytes of media held for waiting announcements (a recording's size on arrival,
+  then what the media source reports holding: `MediaHeld`): beyond the budget, the
+  lowest-class, oldest one that holds any is rejected with `queue_full`, until it fits. The
+  core keeps no media bytes itself: an accepted request's are handed on (`Prepare`), and once
+  a request has left, the edges let go of what they hold for it (`LetGo`).
 - `ttl`: not started by then, it expires (also a repeat that has not started).
 - `repeat`: after each play the announcement waits `repeat_interval` and plays again, until the
   count runs out or, for `repeat: 0`, until acknowledged; `ack` with its id ends it at once.
@@ -23,7 +28,6 @@ The rules:
 - A voice switch (a model update) waits until nothing is synthesized or played, and nothing new
   starts meanwhile (an alarm still preempts what plays, then starts with the new voice).
 
-Allowed imports: stdlib and `messages`.
 """
 
 from __future__ import annotations
@@ -34,16 +38,23 @@ from dataclasses import dataclass, replace
 
 from .catalog import Catalog, VoiceFacts
 from .messages import (
+    FALLBACK_CACHED,
+    FALLBACK_CHIME,
+    TEXT_REPORTED,
     UNTIL_ACKNOWLEDGED,
     Acknowledge,
     AckRequested,
     Action,
+    AudioClip,
     AudioStatus,
     Cut,
     Delivery,
     Event,
+    LetGo,
     Lifecycle,
+    MediaHeld,
     Notify,
+    Prepare,
     Priority,
     Reason,
     Record,
@@ -115,6 +126,8 @@ class _Item:
     not_before: float = 0.0
     plays: int = 0
     """Plays finished so far."""
+    held: int = 0
+    """Bytes of media held for it (counted against the budget while it waits)."""
 
     @property
     def order(self) -> tuple[int, int]:
@@ -153,8 +166,14 @@ class SpeakCore:
         *,
         timing: Timing | None = None,
         catalog: Catalog | None = None,
+        media_budget: int | None = None,
     ) -> None:
         self._queue_size = queue_size
+        self._media_budget = media_budget
+        """Most bytes of media held for waiting announcements (None: no bound)."""
+        self._handed: set[str] = set()
+        """Requests whose media the edges may hold (prepared or synthesized): let go of once
+        they leave the core."""
         self._timing = timing or Timing()
         self._catalog = catalog or Catalog({v: VoiceFacts() for v in voices}, chimes)
         self._voices = frozenset(self._catalog.voices)
@@ -171,6 +190,8 @@ class SpeakCore:
         """A voice switch waiting for the current announcement to end (its token)."""
         self._last: SpeakRequest | None = None
         self._replays = 0
+        self._loops: dict[str, str] = {}
+        """Why each announcement said another way is (a crash loop), by id."""
 
     def restore(
         self,
@@ -183,13 +204,18 @@ class SpeakCore:
         """After a restart: remember recent ids; queue again what had not ended, in order.
 
         One that had started was cut by the crash: it is reported `interrupted` and plays again.
-        One during which the agent died again (`crashed`) ends `failed` with `crash_loop`. The
-        remembered settings (volume, voice) apply again.
+        One the agent died on too often (`crashed`: twice in the same step of its work) is not
+        tried again as it is: it ends `failed` with `crash_loop`, except an alarm or a critical
+        one, which is said another way (its chime, then what the phrase cache holds of it; its
+        chime alone when reading its text was the fatal step) and then ends `failed` with
+        `crash_loop`, saying how it was said and its text. The remembered settings (volume,
+        voice) apply again when they are still valid.
         """
         actions: list[Action] = []
         settings = settings or {}
-        if settings.get("voice") in self._voices:
-            self._selected_voice = settings["voice"]
+        voice = settings.get("voice")
+        if isinstance(voice, str) and self._voice_is_known(voice):
+            self._selected_voice = voice
         volume = _volume(settings.get("volume"))
         if volume is not None:
             actions.append(SetVolume(volume))
@@ -203,16 +229,31 @@ class SpeakCore:
             self._seq += 1
             ttl_left = unfinished.ttl_left
             item = _Item(request, self._seq, None if ttl_left is None else now + ttl_left)
-            if unfinished.crashed:
-                detail = "the agent died while it played, and again when it was replayed"
+            if unfinished.crashed and request.priority < Priority.ALARM:
                 actions.append(
-                    _notify(item, Lifecycle.FAILED, reason=str(Reason.CRASH_LOOP), detail=detail)
+                    _notify(
+                        item,
+                        Lifecycle.FAILED,
+                        reason=str(Reason.CRASH_LOOP),
+                        detail=_loop(unfinished),
+                    )
                 )
                 continue
+            if unfinished.crashed:  # never dropped: said another way, then reported
+                reading = (unfinished.crash_step or "phonemize").startswith("phonemize")
+                fallback = FALLBACK_CHIME if reading else FALLBACK_CACHED
+                item.request = replace(request, fallback=fallback, repeat=1, dedupe_key=None)
+                self._loops[request.id] = _loop(unfinished)
             self._enqueue(item)
             if unfinished.started:
                 actions.append(_notify(item, Lifecycle.INTERRUPTED, queue_depth=len(self._queue)))
         return [*actions, *self._expire(now), *self._next(now)]
+
+    def _voice_is_known(self, voice: str) -> bool:
+        """Whether a remembered voice (`id` or `id#speaker`) is still one of the catalog's."""
+        voice_id, hash_sign, speaker = voice.partition("#")
+        facts = self._catalog.voices.get(voice_id)
+        return facts is not None and (not hash_sign or facts.has_speaker(speaker))
 
     def discard(self, request_id: str, now: float) -> list[Action]:
         """Forget a request whose handling failed half-way (it was answered `rejected`): drop it
@@ -222,9 +263,9 @@ class SpeakCore:
         self._queue = [i for i in self._queue if i.request.id != request_id]
         active = self._active
         if active is None or active.item.request.id != request_id:
-            return []
+            return self._let_go()
         self._active = None
-        return [Cut(request_id, active.job), *self._switch_when_idle(now)]
+        return [Cut(request_id, active.job), *self._switch_when_idle(now), *self._let_go()]
 
     @property
     def speaking(self) -> bool:
@@ -241,8 +282,11 @@ class SpeakCore:
         """Announcements waiting (not the active one)."""
         return len(self._queue)
 
-    def handle(self, event: Event, now: float) -> list[Action]:  # noqa: PLR0911, PLR0912 - per kind
+    def handle(self, event: Event, now: float) -> list[Action]:
         """Decide the actions that follow from one event at time `now` (seconds)."""
+        return [*self._decide(event, now), *self._let_go()]
+
+    def _decide(self, event: Event, now: float) -> list[Action]:  # noqa: PLR0911, PLR0912 - per kind
         match event:
             case SpeakReceived(request, delivery, wall):
                 if delivery.redelivered and (
@@ -284,6 +328,8 @@ class SpeakCore:
                     return []  # already switched
                 self._swap = None
                 return [SwitchDeclined(token), *self._next(now)]
+            case MediaHeld(request_id, held):
+                return self._media_held(request_id, held)
         raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
 
     # ---- arrivals ---------------------------------------------------------------------------
@@ -305,7 +351,10 @@ class SpeakCore:
             request = replace(request, priority=replaced.request.priority)  # never lowered
         self._seq += 1
         deadline = None if request.ttl is None else now + request.ttl
-        item = _Item(request, self._seq, deadline)
+        arrived = request
+        if request.audio is not None:  # its bytes go to the edges (Prepare); the size stays
+            request = replace(request, audio=AudioClip(b""))
+        item = _Item(request, self._seq, deadline, held=arrived.media_bytes)
         if request.at is not None:  # made ready `prepare` before its start: not before
             item.not_before = now + (request.at - wall) - self._timing.prepare
         actions: list[Action] = []
@@ -320,7 +369,10 @@ class SpeakCore:
         self._seen.add(request.id)  # only accepted ids are remembered
         if delivery.fingerprint:
             self._fingerprints.add(delivery.fingerprint)
-        actions.append(Record(request, delivery.fingerprint))
+        actions.append(Record(arrived, delivery.fingerprint))
+        if arrived.has_media:
+            self._handed.add(request.id)
+            actions.append(Prepare(arrived))
         details: dict[str, object] = {"queue_depth": len(self._queue)}
         if request.unknown_fields:
             details["unknown_fields"] = list(request.unknown_fields)
@@ -377,7 +429,11 @@ class SpeakCore:
             return Rejection(request.id, Reason.UNKNOWN_VOICE, detail, "ssml", priority)
         for name in ("sound", "sound_after"):
             sound = getattr(request, name)
-            if sound is not None and not is_url(sound) and sound not in self._catalog.sounds:
+            if sound is not None and is_url(sound):
+                problem = self._catalog.media_hosts.url_problem(sound)
+                if problem is not None:
+                    return Rejection(request.id, Reason.URL_NOT_ALLOWED, problem, name, priority)
+            elif sound is not None and sound not in self._catalog.sounds:
                 known = ", ".join(sorted(self._catalog.sounds)) or "none configured"
                 detail = f"{sound!r} is none of audio.media: {known}"
                 return Rejection(request.id, Reason.UNKNOWN_SOUND, detail, name, priority)
@@ -416,7 +472,46 @@ class SpeakCore:
                 return actions
             self._queue.remove(victim)
         self._enqueue(item)
+        return [*actions, *self._bounded_bytes()]
+
+    def _bounded_bytes(self) -> list[Action]:
+        """Within the media budget: the lowest-class, oldest waiting announcement that holds
+        media is refused until the rest fits (so a higher class never goes for a lower one)."""
+        budget, actions = self._media_budget, list[Action]()
+        if budget is None:
+            return actions
+        while (held := sum(i.held for i in self._queue)) > budget:
+            victim = min(
+                (i for i in self._queue if i.held), key=lambda i: (i.request.priority, i.seq)
+            )
+            full = (
+                f"{held} bytes of sounds held for waiting announcements, at most {budget}; "
+                "dropped the lowest, oldest"
+            )
+            actions.append(_rejected(_rejection(victim, Reason.QUEUE_FULL, full)))
+            self._queue.remove(victim)
         return actions
+
+    def _media_held(self, request_id: str, held: int) -> list[Action]:
+        """The edges hold this much for a request now: within the budget, if it waits."""
+        active = self._active
+        if active is not None and active.item.request.id == request_id:
+            active.item.held = held  # playing: counted again if it comes back to wait
+            return []
+        item = next((i for i in self._queue if i.request.id == request_id), None)
+        if item is None:
+            return []  # gone: its bytes are let go
+        item.held = held
+        return self._bounded_bytes()
+
+    def _let_go(self) -> list[Action]:
+        """LetGo for every request handed to the edges that has left the core."""
+        here = {i.request.id for i in self._queue}
+        if self._active is not None:
+            here.add(self._active.item.request.id)
+        gone = sorted(self._handed - here)
+        self._handed -= set(gone)
+        return [LetGo(request_id) for request_id in gone]
 
     def _is_active(self, request_id: str, job: int) -> bool:
         active = self._active
@@ -532,7 +627,10 @@ class SpeakCore:
         self._queue.remove(ready)
         self._jobs += 1
         self._active = _Active(ready, self._jobs)
-        return [*actions, Synthesize(ready.request, ready.plays + 1, self._jobs)]
+        self._handed.add(ready.request.id)  # its sounds may be made at its turn
+        play = ready.plays + 1
+        start_at = ready.request.at if play == 1 else None  # a repeat plays when its turn comes
+        return [*actions, Synthesize(ready.request, play, self._jobs, start_at)]
 
     # ---- playback ---------------------------------------------------------------------------
 
@@ -554,8 +652,15 @@ class SpeakCore:
         if active.cut:
             return []  # its last event went out when it was cut
         item = active.item
+        if item.request.fallback is not None and event.error is None:  # said another way
+            detail = self._loops.pop(item.request.id, "the agent died on it") + ": said another way"
+            said = {"fallback": item.request.fallback, "text": item.request.text[:TEXT_REPORTED]}
+            crash_loop = str(Reason.CRASH_LOOP)
+            failed = _notify(item, Lifecycle.FAILED, reason=crash_loop, detail=detail, **said)
+            return [replace(failed, details={**failed.details, **event.info})]
         if event.error is not None:
-            refused = event.error == Reason.TOO_LONG and not active.started  # nothing was heard
+            # nothing was heard of one refused by its size (speech estimated, a sound's header)
+            refused = event.error in (Reason.TOO_LONG, Reason.TOO_LARGE) and not active.started
             ended = Lifecycle.REJECTED if refused else Lifecycle.FAILED
             return [_notify(item, ended, reason=str(event.error), detail=event.detail)]
         item.plays += 1
@@ -597,13 +702,22 @@ class SpeakCore:
         return [SwitchVoice(token), *self._next(now)]
 
 
-def _volume(text: str | None) -> float | None:
-    """A remembered volume, if it is one."""
+def _volume(text: object) -> float | None:
+    """A remembered volume, if it is one (text of a number from 0 to 1)."""
+    if not isinstance(text, str):
+        return None
     try:
-        volume = float(text) if text is not None else None
+        volume = float(text)
     except ValueError:
         return None
-    return volume if volume is not None and 0.0 <= volume <= 1.0 else None
+    return volume if 0.0 <= volume <= 1.0 else None  # NaN is neither
+
+
+def _loop(unfinished: Unfinished) -> str:
+    """The detail of a `crash_loop`: where the agent died."""
+    if unfinished.crash_step is None:
+        return "the agent died each time it played, too many times in a row"
+    return f"the agent died twice in the same step of its work ({unfinished.crash_step})"
 
 
 def _past(deadline: float | None, now: float) -> bool:

@@ -6,7 +6,7 @@ using only keys the Home Assistant MQTT documentation gives for that entity type
 the retained state JSON. Entities follow Home Assistant's conventions: settings in the `config`
 category, telemetry in `diagnostic`, the controls people use on the device page uncategorised;
 an icon on each. Requires Home Assistant 2024.12 or newer (the `event` entity with
-`event_types`, the update entity's `update_percentage`). Allowed imports: stdlib, `topics`.
+`event_types`, the update entity's `update_percentage`).
 """
 
 from __future__ import annotations

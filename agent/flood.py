@@ -1,5 +1,5 @@
 """Floods stay cheap: per interval, the first few of a kind of report go out one by one and the
-rest are counted for one summary. Pure: time is given. Allowed imports: stdlib.
+rest are counted for one summary. Pure: time is given.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ With `--cache-dir` (the agent's model cache) the candidate's split parts are bui
 child processes, as at any first load) and both models are loaded from it, one after the other,
 the first released before the second: the agent then loads the candidate from the cache
 without building anything, and this process holds one voice at a time (docs/memory.md).
-Allowed imports: stdlib, numpy, `sessions`, `voice`.
+The candidate and its `.onnx.json` must be regular files, not links (a slot holds only what
+the updater linked there from its verified downloads): a link is a problem, never followed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import gc
 import json
 import resource
+import stat
 import sys
 import time
 from pathlib import Path
@@ -72,6 +74,22 @@ def measure(
     return voice.sample_rate, compute, audio_seconds, problems
 
 
+def not_regular(model: Path) -> list[str]:
+    """The candidate's files that are links or not regular files (lstat: never followed)."""
+    problems = []
+    for path in (model, Path(f"{model}.json")):
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            problems.append(f"{path.name} is missing")
+            continue
+        if stat.S_ISLNK(mode):
+            problems.append(f"{path.name} is a symbolic link (refused, not followed)")
+        elif not stat.S_ISREG(mode):
+            problems.append(f"{path.name} is not a regular file")
+    return problems
+
+
 def main() -> int:
     """Check MODEL; print {"ok": ..., "problems": [...], ...}."""
     parser = argparse.ArgumentParser(description="Health check of a voice model.")
@@ -88,6 +106,10 @@ def main() -> int:
     if args.memory_mb is not None:  # set here, not by the parent: it has threads (no preexec)
         limit = args.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    linked = not_regular(args.model)
+    if linked:
+        print(json.dumps({"ok": False, "problems": linked}))
+        return 1
     rate, compute, audio, problems = measure(args.model, args.threads, args.cache_dir)
     gc.collect()  # the candidate's sessions are gone before the reference loads
     if args.rate is not None and rate != args.rate:

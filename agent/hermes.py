@@ -1,20 +1,20 @@
 """The Hermes protocol (Rhasspy, Node-RED): its messages to requests and its replies. Pure.
 
 JSON keys are camelCase as in rhasspy-hermes. A message for another site id is ignored (None).
-Allowed imports: stdlib, `messages`, `payloads`, `states`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from .messages import AudioClip, Reason, Rejection, SpeakRequest
 from .payloads import LANGUAGE as _LANGUAGE
-from .payloads import SpeakLimits, finish_request, parse_json_object
+from .payloads import SpeakLimits, finish_request, got, number_in, parse_json_object, too_deep
 from .states import HermesKind
 
 SAY: Final = "hermes/tts/say"
@@ -64,31 +64,38 @@ def parse_say(
     loose = obj if not isinstance(obj, Rejection) else _loose_object(payload)
     if loose.get("siteId", "default") != site_id:
         return None
-    context = HermesContext(HermesKind.SAY, loose.get("id"), site_id, loose.get("sessionId"))
+    context = HermesContext(
+        HermesKind.SAY, echoed(loose.get("id")), site_id, echoed(loose.get("sessionId"))
+    )
     request_id = f"hermes-{new_id()[:16]}"
     if isinstance(obj, Rejection):
         return Rejection(request_id, obj.reason, obj.detail, obj.field), context
     text = obj.get("text")
     if not isinstance(text, str):
         return Rejection(request_id, Reason.INVALID_FIELD, "expected a string", "text"), context
-    volume = obj.get("volume")
-    volume = 1.0 if volume is None else volume
-    if isinstance(volume, bool) or not isinstance(volume, int | float) or not 0 <= volume <= 1:
-        problem = Rejection(
-            request_id, Reason.INVALID_FIELD, "expected a number from 0 to 1", "volume"
-        )
-        return problem, context
+    raw = obj.get("volume")
+    volume = 1.0 if raw is None else number_in(raw, 0.0, 1.0)
+    if volume is None:
+        detail = f"expected a number from 0 to 1, got {got(raw)}"
+        return Rejection(request_id, Reason.INVALID_FIELD, detail, "volume"), context
     lang = obj.get("lang")
     lang = lang if isinstance(lang, str) and _LANGUAGE.fullmatch(lang) else None
-    request = SpeakRequest(request_id, text, volume=float(volume), lang=lang)
+    request = SpeakRequest(request_id, text, volume=volume, lang=lang)
     return finish_request(request, limits), context
 
 
+MAX_LOOSE_BYTES: Final = 1 << 20
+"""A say too big to be served is still read for its site and ids up to this size."""
+
+
 def _loose_object(payload: bytes) -> dict[str, Any]:
-    """The payload as a JSON object, however bad its content (for its site and ids only)."""
+    """The payload as a JSON object, however bad its content (for its site and ids only);
+    nothing of it when it nests too deep, whether or not the decoder got through."""
+    if len(payload) > MAX_LOOSE_BYTES:
+        return {}
     with contextlib.suppress(ValueError, RecursionError):
         obj = json.loads(payload.decode("utf-8", "replace").removeprefix("\ufeff"))
-        if isinstance(obj, dict):
+        if isinstance(obj, dict) and not too_deep(obj):
             return obj
     return {}
 
@@ -117,10 +124,12 @@ def parse_set_volume(payload: bytes, site_id: str) -> float | Rejection | None:
         return None
     if obj.get("siteId", "default") != site_id:
         return None
-    volume = obj.get("volume")
-    if isinstance(volume, bool) or not isinstance(volume, int | float) or not 0 <= volume <= 1:
-        return Rejection("setVolume", Reason.INVALID_FIELD, "expected 0 to 1", "volume")
-    return float(volume)
+    raw = obj.get("volume")
+    volume = number_in(raw, 0.0, 1.0)
+    if volume is None:
+        detail = f"expected a number from 0 to 1, got {got(raw)}"
+        return Rejection("setVolume", Reason.INVALID_FIELD, detail, "volume")
+    return volume
 
 
 def parse_site(payload: bytes, site_id: str) -> bool:
@@ -150,11 +159,21 @@ def error(context: HermesContext, message: str) -> Reply:
 
 
 def parse_get_voices(payload: bytes, site_id: str) -> dict[str, Any] | None:
-    """A getVoices request for this site (its JSON object), or None."""
+    """A getVoices request for this site (its JSON object, its `id` as `echoed` makes it), or
+    None."""
     obj = parse_json_object(payload, 4096, lambda: "")
     if isinstance(obj, Rejection) or obj.get("siteId", "default") != site_id:
         return None
-    return obj
+    return {**obj, "id": echoed(obj.get("id"))}
+
+
+def echoed(value: object) -> object:
+    """A correlation value (`id`, `sessionId`) as a reply echoes it: a JSON scalar as it came
+    (a string, a finite number, a boolean, null); anything else (an object, an array, NaN, an
+    infinity, which strict JSON cannot carry) as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value if isinstance(value, str | int | float | bool) else None
 
 
 def voices_reply(request_id: object, site_id: str, voices: Mapping[str, str]) -> Reply:

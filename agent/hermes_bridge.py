@@ -3,8 +3,7 @@
 It owns the reply contexts of the requests in flight, the audio toggle, and the replies. It is
 fed by the same events as everything else (a Hermes request, the lifecycle event that ended it,
 a toggle) and answers with replies to publish and, for a request to serve, the event the core
-schedules. Pure: one thread (the app loop) calls it. Allowed imports: stdlib, `hermes`,
-`inputs`, `messages`.
+schedules. Pure: one thread (the app loop) calls it.
 """
 
 from __future__ import annotations

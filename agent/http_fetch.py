@@ -1,23 +1,30 @@
 """Bounded HTTP(S) downloads: media files, OTA manifests, model files.
 
-One GET (plus same-origin redirects), its body streamed to a sink in blocks. Bounded in every
-way a server can abuse: size (a Content-Length over the cap is refused before the body, and the
-body is cut off at the cap whatever the headers said), time (an overall deadline, and a stall
-timeout while no byte arrives), redirects (to the same scheme, host and port only, at most N).
+One GET (plus redirects), its body streamed to a sink in blocks. Where it may go is an egress
+policy's (`egress.EgressPolicy`): the URL's host as written, then every address actually
+connected to (the name is resolved once per connection, each address checked before it is
+connected to, so DNS cannot rebind it; every redirect hop is checked again; the node's own
+addresses are told by `is_own_address`). A URL with credentials is refused (they are never
+sent); a path or query outside ASCII is percent-encoded. Bounded in every way a server can
+abuse: size (a Content-Length over the cap is refused before the body, and the body is cut off
+at the cap whatever the headers said), time (an overall deadline, and a stall timeout while no
+byte arrives), redirects (to a URL the policy allows, never from https to http, at most N).
 Every socket wait is at most POLL seconds, and between waits the cancel event, the deadline and
 the stall clock are checked, so a cancel takes effect within POLL from the connection attempt
 on: connecting, the TLS handshake, headers and body alike (name resolution, the system's, is the
 one step that cannot be cut short). No retries (callers use tenacity), no proxies, no cookies,
-no content decoding. Errors carry a reason code and a detail that never shows the URL's
-credentials or query. Allowed imports: stdlib.
+no content decoding. Nothing a server sends reaches an error: not its status line's reason,
+not a banner, not a header (a redirect's Location included). An error's text (`str`) is its
+coarse public code (`Failure`) and the URL without credentials or query; `detail` says the
+precise cause for a debug log (a refused connection, a timeout, the HTTP status).
 """
 
 from __future__ import annotations
 
-import base64
 import errno
 import http.client
 import io
+import ipaddress
 import os
 import select
 import socket
@@ -26,9 +33,12 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Final, cast
+
+from .egress import EgressPolicy, IPAddress, mapped, special_class
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -48,13 +58,16 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 
 class FetchReason(StrEnum):
-    """Why a fetch failed."""
+    """Why a fetch failed, precisely (for the program's decisions and the debug log)."""
 
     BAD_SCHEME = "bad_scheme"
     """Not an http or https URL."""
     BAD_URL = "bad_url"
+    NOT_ALLOWED = "not_allowed"
+    """The egress policy refuses the URL, an address it resolved to, or a redirect's target;
+    or the URL carries credentials."""
     REDIRECT_REFUSED = "redirect_refused"
-    """To another scheme, host or port, or more than the redirects allowed."""
+    """More redirects than allowed, or one without a usable Location."""
     TOO_LARGE = "too_large"
     TIMEOUT = "timeout"
     """The overall deadline passed."""
@@ -75,15 +88,85 @@ class FetchReason(StrEnum):
     """The connection ended before the length the server announced."""
 
 
-class FetchError(Exception):
-    """A fetch that failed, with a reason code and a detail safe to log and publish."""
+class Failure(StrEnum):
+    """Why a fetch failed, as a publisher may learn it: coarse, so that a failure maps no port
+    (refused, filtered and no route are all `unreachable`)."""
 
-    def __init__(self, reason: FetchReason, detail: str, status: int | None = None) -> None:
-        super().__init__(f"{reason}: {detail}")
+    REFUSED_BY_POLICY = "refused_by_policy"
+    """The egress policy refused it (the URL, an address it resolved to, a redirect)."""
+    BAD_URL = "bad_url"
+    UNREACHABLE = "unreachable"
+    """No HTTP answer: resolution, connection, TLS, not HTTP, or no answer in time."""
+    HTTP_ERROR = "http_error"
+    """An answer the fetch cannot use: a status other than 200/206, a bad range, redirects."""
+    TOO_LARGE = "too_large"
+    TIMEOUT = "timeout"
+    """An answer whose body did not come in time."""
+    INCOMPLETE = "incomplete"
+    """An answer whose body ended early."""
+    CANCELLED = "cancelled"
+
+
+_FAILURES: Final = {
+    FetchReason.BAD_SCHEME: Failure.BAD_URL,
+    FetchReason.BAD_URL: Failure.BAD_URL,
+    FetchReason.NOT_ALLOWED: Failure.REFUSED_BY_POLICY,
+    FetchReason.REDIRECT_REFUSED: Failure.HTTP_ERROR,
+    FetchReason.TOO_LARGE: Failure.TOO_LARGE,
+    FetchReason.TIMEOUT: Failure.TIMEOUT,
+    FetchReason.STALLED: Failure.TIMEOUT,
+    FetchReason.CANCELLED: Failure.CANCELLED,
+    FetchReason.HTTP_ERROR: Failure.HTTP_ERROR,
+    FetchReason.RANGE_UNSUPPORTED: Failure.HTTP_ERROR,
+    FetchReason.CONNECTION_FAILED: Failure.UNREACHABLE,
+    FetchReason.TLS_ERROR: Failure.UNREACHABLE,
+    FetchReason.BAD_RESPONSE: Failure.UNREACHABLE,
+    FetchReason.INCOMPLETE: Failure.INCOMPLETE,
+}
+
+
+class FetchError(Exception):
+    """A fetch that failed. Its text (`str`, `summary`) is safe to publish: the coarse code
+    (`failure`), the HTTP status for `http_error`, and the URL without credentials or query;
+    `detail`, the precise cause, is for the debug log (it holds nothing a server sent, nor the
+    URL's secrets)."""
+
+    def __init__(
+        self,
+        reason: FetchReason,
+        detail: str,
+        status: int | None = None,
+        *,
+        url: str = "",
+        answered: bool = True,
+    ) -> None:
         self.reason = reason
         self.detail = detail
         self.status = status
         """The HTTP status, for `http_error`."""
+        self.url = url
+        """The URL asked for, redacted (`redact`)."""
+        self.answered = answered
+        """Whether the server had answered (a status line) when it failed."""
+        super().__init__(self.summary)
+
+    @property
+    def failure(self) -> Failure:
+        """The coarse code: a timeout before any answer is `unreachable`."""
+        if self.reason in {FetchReason.TIMEOUT, FetchReason.STALLED} and not self.answered:
+            return Failure.UNREACHABLE
+        return _FAILURES[self.reason]
+
+    @property
+    def summary(self) -> str:
+        """`<code>[ <status>]: <redacted URL>`, safe to publish."""
+        code = str(self.failure)
+        if self.failure is Failure.HTTP_ERROR and self.status is not None:
+            code += f" {self.status}"
+        return f"{code}: {self.url}" if self.url else code
+
+    def __str__(self) -> str:
+        return self.summary
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +191,7 @@ def fetch(
     url: str,
     sink: Callable[[bytes], object],
     *,
+    policy: EgressPolicy,
     max_bytes: int,
     timeout: float = DEFAULT_TIMEOUT,
     stall_timeout: float = DEFAULT_STALL_TIMEOUT,
@@ -117,30 +201,34 @@ def fetch(
     headers: Mapping[str, str] | None = None,
     ssl_context: ssl.SSLContext | None = None,
 ) -> FetchResult:
-    """GET `url` and hand its body to `sink`, block by block, at most `max_bytes` in all.
+    """GET `url`, where `policy` allows it, and hand its body to `sink`, block by block, at
+    most `max_bytes` in all.
 
     `start` > 0 asks for the bytes from that offset on (HTTP Range) and requires a 206 answer
-    starting there. Credentials in the URL (`https://user:pass@host/`) are sent as Basic
-    authentication, also after a redirect (always to the same origin). `ssl_context` defaults
-    to the system's trusted certificates. Raises FetchError; what the sink raises goes through
-    unchanged.
+    starting there. A URL with credentials (`https://user:pass@host/`) is refused: nothing is
+    sent. `ssl_context` defaults to the system's trusted certificates. Raises FetchError; what
+    the sink raises goes through unchanged.
     """
     if max_bytes < 0 or start < 0 or max_redirects < 0:
         raise ValueError("max_bytes, start and max_redirects must not be negative")
     safe_url = redact(url)
-    secrets = _secrets(url)
     guard = _Guard(timeout, stall_timeout, cancel)
     try:
-        target = _Target.parse(url)
-        return _fetch(target, sink, max_bytes, guard, start, max_redirects, headers, ssl_context)
+        target = _Target.parse(url, policy)
+        return _fetch(
+            target, sink, max_bytes, guard, start, max_redirects, headers, ssl_context, policy
+        )
     except FetchError as err:
-        detail = _scrub(f"{safe_url}: {err.detail}", secrets)
-        raise FetchError(err.reason, detail, err.status) from None
+        detail = _scrub(err.detail, _secrets(url))
+        raise FetchError(
+            err.reason, detail, err.status, url=safe_url, answered=guard.answered
+        ) from None
 
 
 def fetch_bytes(
     url: str,
     *,
+    policy: EgressPolicy,
     max_bytes: int,
     timeout: float = DEFAULT_TIMEOUT,
     stall_timeout: float = DEFAULT_STALL_TIMEOUT,
@@ -148,11 +236,14 @@ def fetch_bytes(
     headers: Mapping[str, str] | None = None,
     ssl_context: ssl.SSLContext | None = None,
 ) -> bytes:
-    """The body of `url` in memory (for small files: manifests, sounds). Raises FetchError."""
-    parts: list[bytes] = []
+    """The body of `url` in memory (for small files: manifests, sounds). Raises FetchError.
+    Gathered in a BytesIO, whose value is handed over without a copy: a join of the blocks
+    would hold the body twice (measured: 32 MiB at the peak for 16 MiB, 16 with BytesIO)."""
+    body = io.BytesIO()
     fetch(
         url,
-        parts.append,
+        body.write,
+        policy=policy,
         max_bytes=max_bytes,
         timeout=timeout,
         stall_timeout=stall_timeout,
@@ -160,11 +251,12 @@ def fetch_bytes(
         headers=headers,
         ssl_context=ssl_context,
     )
-    return b"".join(parts)
+    return body.getvalue()
 
 
 def redact(url: str) -> str:
-    """The URL without its credentials, and its query (which may carry a token) as `?...`."""
+    """The URL without its credentials and fragment, and its query (which may carry a token)
+    as `?...`; a URL that cannot be read as `(invalid URL)`."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
@@ -172,6 +264,38 @@ def redact(url: str) -> str:
     netloc = parts.netloc.rpartition("@")[2]
     query = "?..." if parts.query else ""
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")) + query
+
+
+def is_own_address(address: IPAddress) -> bool:
+    """Whether a connection to `address` would reach this machine: the route to it leaves from
+    the address itself, or a socket may be bound to it (unless the system lets any address be
+    bound: `ip_nonlocal_bind`). No packet is sent."""
+    address = mapped(address)
+    family = socket.AF_INET if address.version == 4 else socket.AF_INET6
+    text = str(address)
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((text, 9))  # UDP: chooses the route, sends nothing
+            if mapped(ipaddress.ip_address(probe.getsockname()[0])) == address:
+                return True
+    except (OSError, ValueError):
+        pass
+    if _binds_any_address(address.version):
+        return False
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((text, 0))
+    except OSError:
+        return False
+    return True
+
+
+def _binds_any_address(version: int) -> bool:
+    """Whether the system lets a socket bind to an address it does not have."""
+    try:
+        return Path(f"/proc/sys/net/ipv{version}/ip_nonlocal_bind").read_text().strip() != "0"
+    except OSError:
+        return False
 
 
 # ---- internals ----------------------------------------------------------------------------
@@ -188,6 +312,8 @@ class _Guard:
         self._deadline = now + timeout
         self._last_byte = now
         self._cancel = cancel
+        self.answered = False
+        """A status line came: later timeouts are the body's."""
 
     def check(self) -> None:
         """Raise if the fetch is cancelled, late or stalled."""
@@ -210,17 +336,24 @@ class _Guard:
         return max(0.001, min(POLL, self._deadline - now, stall_left))
 
 
+_PATH_SAFE: Final = "/%!$&'()*+,;=:@"
+"""Kept as they are in a path (RFC 3986 pchar and `/`, with escapes already made); anything
+else, a non-ASCII letter included, is percent-encoded (as UTF-8)."""
+_QUERY_SAFE: Final = _PATH_SAFE + "?"
+
+
 @dataclass(frozen=True, slots=True)
 class _Target:
     scheme: str
     host: str
+    """As written (ASCII: an international name in its IDNA form), brackets removed."""
     port: int
     path: str
-    """Path and query, as sent in the request line."""
-    authorization: str | None
+    """Path and query, percent-encoded, as sent in the request line."""
 
     @classmethod
-    def parse(cls, url: str) -> _Target:
+    def parse(cls, url: str, policy: EgressPolicy) -> _Target:
+        """The target of `url`, if `policy` allows its host and port as written."""
         try:
             parts = urllib.parse.urlsplit(url)
             port = parts.port
@@ -229,21 +362,22 @@ class _Target:
         scheme = parts.scheme.lower()
         if scheme not in _DEFAULT_PORTS:
             raise FetchError(FetchReason.BAD_SCHEME, f"{scheme or 'no'} scheme: http or https only")
+        if "@" in parts.netloc:
+            raise FetchError(FetchReason.NOT_ALLOWED, "credentials in a URL are never sent")
         if not parts.hostname:
             raise FetchError(FetchReason.BAD_URL, "no host")
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        authorization = None
-        if parts.username is not None or parts.password is not None:
-            user = urllib.parse.unquote(parts.username or "")
-            password = urllib.parse.unquote(parts.password or "")
-            token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
-            authorization = f"Basic {token}"
+        try:
+            host = parts.hostname.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise FetchError(FetchReason.BAD_URL, "not a valid host name") from None
         port = port or _DEFAULT_PORTS[scheme]
-        return cls(scheme, parts.hostname, port, path, authorization)
-
-    @property
-    def origin(self) -> tuple[str, str, int]:
-        return self.scheme, self.host, self.port
+        problem = policy.host_problem(host, port)
+        if problem is not None:
+            raise FetchError(FetchReason.NOT_ALLOWED, problem)
+        path = urllib.parse.quote(parts.path or "/", safe=_PATH_SAFE)
+        if parts.query:
+            path += "?" + urllib.parse.quote(parts.query, safe=_QUERY_SAFE)
+        return cls(scheme, host, port, path)
 
     @property
     def url(self) -> str:
@@ -260,15 +394,24 @@ def _fetch(  # noqa: PLR0917 - the public function's arguments, checked
     max_redirects: int,
     headers: Mapping[str, str] | None,
     ssl_context: ssl.SSLContext | None,
+    policy: EgressPolicy,
 ) -> FetchResult:
     current = target
     for redirects in range(max_redirects + 1):
-        connection = _Connection(current, guard, ssl_context)
+        connection = _Connection(current, guard, ssl_context, policy)
         response = None
         try:
-            response = connection.get(current, start, headers)
+            try:
+                response = connection.get(current, start, headers)
+            except FetchError as err:
+                if redirects:  # the host came from a Location: keep it out of the detail
+                    reason = f"redirect {redirects}: {err.reason}"
+                    raise FetchError(err.reason, reason, err.status) from None
+                raise
+            guard.answered = True
             if response.status in _REDIRECTS:
-                current = _redirect(target, current, response, redirects, max_redirects)
+                current = _redirect(current, response, redirects, max_redirects, policy)
+                guard.answered = False  # the next hop has not answered yet
                 continue
             received = _check(response, start, max_bytes)
             received.stream(sink, max_bytes, guard)
@@ -288,28 +431,29 @@ def _fetch(  # noqa: PLR0917 - the public function's arguments, checked
 
 
 def _redirect(
-    origin: _Target,
     current: _Target,
     response: http.client.HTTPResponse,
     redirects: int,
     max_redirects: int,
+    policy: EgressPolicy,
 ) -> _Target:
+    """The next hop: a URL the policy allows (its addresses are checked when connecting), never
+    from https down to http. Nothing of the Location goes into an error."""
     location = response.getheader("Location")
     if not location:
-        raise FetchError(FetchReason.BAD_RESPONSE, f"HTTP {response.status} without a Location")
-    absolute = urllib.parse.urljoin(current.url, location.strip())
-    try:
-        following = _Target.parse(absolute)
-    except FetchError as err:
-        detail = f"redirect to {redact(absolute)}: {err.detail}"
-        raise FetchError(FetchReason.REDIRECT_REFUSED, detail) from None
-    if following.origin != origin.origin:
-        detail = f"redirect to another scheme, host or port: {redact(absolute)}"
-        raise FetchError(FetchReason.REDIRECT_REFUSED, detail)
+        raise FetchError(FetchReason.REDIRECT_REFUSED, f"HTTP {response.status} without a Location")
     if redirects >= max_redirects:
-        detail = f"more than {max_redirects} redirects (the last to {redact(absolute)})"
-        raise FetchError(FetchReason.REDIRECT_REFUSED, detail)
-    return replace(following, authorization=origin.authorization)
+        raise FetchError(FetchReason.REDIRECT_REFUSED, f"more than {max_redirects} redirects")
+    try:
+        absolute = urllib.parse.urljoin(current.url, location.strip())
+        following = _Target.parse(absolute, policy)
+    except (FetchError, ValueError) as err:
+        why = "not allowed" if isinstance(err, FetchError) else "not a URL"
+        what = err.reason if isinstance(err, FetchError) else FetchReason.BAD_URL
+        raise FetchError(FetchReason.NOT_ALLOWED, f"a redirect to a URL {why} ({what})") from None
+    if current.scheme == "https" and following.scheme != "https":
+        raise FetchError(FetchReason.NOT_ALLOWED, "a redirect from https to http")
+    return following
 
 
 @dataclass(slots=True)
@@ -352,8 +496,7 @@ def _check(response: http.client.HTTPResponse, start: int, max_bytes: int) -> _B
     """The response's status and length against what was asked: its body, ready to read."""
     status = response.status
     if status not in {200, 206}:
-        detail = f"HTTP {status} {response.reason}".strip()
-        raise FetchError(FetchReason.HTTP_ERROR, detail, status)
+        raise FetchError(FetchReason.HTTP_ERROR, f"HTTP {status}", status)  # never its reason
     length = response.length  # Content-Length, None when chunked or delimited by the close
     total = length
     if start or status == 206:
@@ -374,7 +517,7 @@ def _content_range_total(value: str, start: int) -> int | None:
     first, _, rest = spec.partition("-")
     _, _, total = rest.partition("/")
     if unit != "bytes" or not first.isdigit() or int(first) != start:
-        detail = f"asked for bytes from {start}, got Content-Range {value[:80]!r}"
+        detail = f"asked for bytes from {start}, got a Content-Range that starts elsewhere"
         raise FetchError(FetchReason.RANGE_UNSUPPORTED, detail)
     return int(total) if total.isdigit() else None
 
@@ -382,15 +525,22 @@ def _content_range_total(value: str, start: int) -> int | None:
 class _Connection(http.client.HTTPConnection):
     """One HTTP/1.1 connection whose socket waits are sliced by the guard."""
 
-    def __init__(self, target: _Target, guard: _Guard, context: ssl.SSLContext | None) -> None:
+    def __init__(
+        self,
+        target: _Target,
+        guard: _Guard,
+        context: ssl.SSLContext | None,
+        policy: EgressPolicy,
+    ) -> None:
         super().__init__(target.host, target.port)
         self.default_port = _DEFAULT_PORTS[target.scheme]  # for the Host header
         self._scheme = target.scheme
         self._guard = guard
         self._context = context
+        self._policy = policy
 
     def connect(self) -> None:
-        sock = _connect(self.host, self.port, self._guard)
+        sock = _connect(self.host, self.port, self._guard, self._policy)
         try:
             if self._scheme == "https":
                 sock = _handshake(sock, self.host, self._context, self._guard)
@@ -408,8 +558,6 @@ class _Connection(http.client.HTTPConnection):
             self.putheader("User-Agent", USER_AGENT)
             if start:
                 self.putheader("Range", f"bytes={start}-")
-            if target.authorization:
-                self.putheader("Authorization", target.authorization)
             for name, value in (headers or {}).items():
                 self.putheader(name, value)
             self.endheaders()
@@ -491,14 +639,20 @@ class _GuardedReader(io.RawIOBase):
         super().close()
 
 
-def _connect(host: str, port: int, guard: _Guard) -> socket.socket:
-    """A TCP connection, attempted address by address, waiting POLL at a time."""
+def _connect(host: str, port: int, guard: _Guard, policy: EgressPolicy) -> socket.socket:
+    """A TCP connection, attempted address by address, waiting POLL at a time: the name is
+    resolved once, and only addresses the policy allows are connected to."""
     try:
         addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as err:
         raise FetchError(FetchReason.CONNECTION_FAILED, f"cannot resolve {host}: {err}") from None
     problem: OSError | None = None
+    refusal: str | None = None
     for family, kind, protocol, _, address in addresses:
+        refused = _refusal(host, str(address[0]), port, policy)
+        if refused is not None:
+            refusal = refusal or refused
+            continue
         sock = socket.socket(family, kind, protocol)
         try:
             _connect_one(sock, address, guard)
@@ -510,8 +664,20 @@ def _connect(host: str, port: int, guard: _Guard) -> socket.socket:
             sock.close()
             raise
         return sock
+    if problem is None and refusal is not None:  # no address was allowed
+        raise FetchError(FetchReason.NOT_ALLOWED, refusal)
     detail = f"cannot connect to port {port}: {_describe(problem) if problem else 'no address'}"
     raise FetchError(FetchReason.CONNECTION_FAILED, detail)
+
+
+def _refusal(host: str, text: str, port: int, policy: EgressPolicy) -> str | None:
+    """Why the policy refuses a resolved address, or None."""
+    try:
+        address = mapped(ipaddress.ip_address(text))
+    except ValueError:
+        return f"{host} resolved to something that is no IP address"
+    own = special_class(address) is None and is_own_address(address)
+    return policy.address_problem(host, address, port, own=own)
 
 
 def _connect_one(sock: socket.socket, address: tuple[object, ...], guard: _Guard) -> None:
@@ -558,11 +724,15 @@ def _handshake(
 
 
 def _describe(err: BaseException) -> str:
+    """What went wrong, in the words of this machine's libraries, never the server's: an
+    `http.client` error (which may quote a status line or header) is named by its type."""
     if isinstance(err, ssl.SSLCertVerificationError):
         return f"certificate: {err.verify_message}"
+    if isinstance(err, ssl.SSLError):
+        return f"TLS: {err.reason or type(err).__name__}"
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
-    return (str(err) or type(err).__name__)[:200]
+    return type(err).__name__
 
 
 def _secrets(url: str) -> list[str]:

@@ -13,7 +13,6 @@ Four budgets share one FIFO, so that no kind of input can crowd out another:
   second one would say the same).
 - Reports of the agent's own workers (`report`: synthesis, audio, updater): never dropped; a
   worker waits while the budget is full (the loop drains it; the loop itself never reports).
-Allowed imports: stdlib.
 """
 
 from __future__ import annotations

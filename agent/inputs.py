@@ -2,8 +2,7 @@
 birth, Hermes requests, OTA commands, and deliveries that only need acknowledging. Pure data.
 
 Every input is one event on the one bounded inbox (`inbox`); the route table (`routes`) makes
-them from MQTT messages on paho's thread, the edges' workers report theirs. Allowed imports:
-stdlib, `hermes`, `messages`.
+them from MQTT messages on paho's thread, the edges' workers report theirs.
 """
 
 from __future__ import annotations

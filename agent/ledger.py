@@ -11,30 +11,60 @@ serving: the ledger goes volatile. Events go out at once (not kept); a message w
 announcement could not be recorded is not acknowledged (the broker keeps it: it comes again
 after a reconnect, and a crash meanwhile loses nothing); other messages are acknowledged. A
 small write is tried every PROBE_SECONDS; when one succeeds the journal is used again and the
-messages it held back are asked for again. Used by the app loop only. Allowed imports: stdlib,
-`journal`, `messages`, `states`.
+messages it held back are asked for again.
+
+The crash-loop breaker: a message whose content kills the agent (a clause on which the model
+runs out of memory, a text espeak-ng crashes on, a sound whose decoding segfaults) must not kill
+it at every start, but a death that is not the message's doing (a power cut, a kill from
+outside, the OOM killer picking the agent for another reason) must not cost the message. So a
+death counts against an announcement only when it happened inside a step of its work (see
+`step_marker`), and only deaths in the *same* step, one after the other, add up:
+SAME_STEP_DEATHS of them and it is not tried again as it is. Deaths outside any step (while its
+audio plays, between steps, idle, while starting) and across a restart of the machine never
+count; a play that ends normally forgets them. A bound of DEATHS_IN_A_ROW deaths in a row while
+it was the active announcement, wherever they happened, ends a loop that moves from step to
+step. Used by the app loop only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Final, Protocol
+from dataclasses import dataclass, field
+from typing import Final, Protocol, TypeVar
 
-from .journal import KEPT, Journal
-from .messages import FINAL_EVENTS, Delivery, Lifecycle, Notify, SpeakRequest, Unfinished
+from .journal import BOOT_SETTING, KEPT, Damaged, Journal, Pending
+from .messages import (
+    FINAL_EVENTS,
+    TEXT_REPORTED,
+    Delivery,
+    Lifecycle,
+    Notify,
+    Reason,
+    SpeakRequest,
+    Unfinished,
+)
 from .states import FINAL_PHASES, EntryState
+from .step_marker import Death
 
 _LOGGER = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
-CRASHES_ALLOWED: Final = 1
-"""Times an announcement is tried again after the agent died while synthesizing or playing it;
-the next time it ends `failed` with reason `crash_loop` (a message that kills the agent must not
-kill it at every start)."""
+SAME_STEP_DEATHS: Final = 2
+"""Deaths of the agent in a row inside the same step of an announcement's work that make it a
+poison: it is then not tried again as it is (`crash_loop`; an alarm is said another way). Two:
+a message that kills the agent is tried once more (the first death may have been a kill from
+outside that happened to fall in that step), never a third time."""
+DEATHS_IN_A_ROW: Final = 5
+"""Deaths in a row while an announcement was the active one, wherever in its work they fell,
+that end it all the same (a fault that moves from step to step). Five: at systemd's restart
+every 2 s and a start of a few seconds, the node is stuck at most about half a minute, and
+random kills (the fault tests make three) never reach it."""
 PROBE_SECONDS: Final = 5.0
 """While the journal cannot be written, how often a small write is tried."""
 
@@ -61,6 +91,7 @@ class Ledger:
         self._events_topic = events_topic
         self._outbox: dict[int, int] = {}  # publish mid -> outbox key
         self._unsent: list[Delivery | tuple[int | None, bytes]] = []
+        self._after: list[Callable[[], object]] = []
         self._recorded = False  # the open transaction recorded an announcement
         self._refused = False  # a write of the open transaction was refused
         self.problem: str | None = None
@@ -74,7 +105,7 @@ class Ledger:
         """Journal writes at once with one sync; then what they made safe goes out. Nothing goes
         out if the block raises (the writes are rolled back). A write the disk refuses rolls
         the journal's part back and makes the ledger volatile (see the module); the block
-        carries on."""
+        carries on. Work handed to `after_sync` runs at the end, whatever happened."""
         self._recorded = self._refused = False
         try:
             if self.problem is None and self._begun():
@@ -86,9 +117,15 @@ class Ledger:
                 self._end()
             else:
                 yield
-        except BaseException:
+            self._send()
+        finally:
             self._unsent.clear()
-            raise
+            after, self._after = self._after, []
+            for work in after:
+                work()
+
+    def _send(self) -> None:
+        """The acknowledgements and events the transaction made safe, in order."""
         hold = self.problem is not None and self._recorded
         for item in self._unsent:
             if isinstance(item, Delivery):
@@ -101,7 +138,13 @@ class Ledger:
                 mid = self._broker.publish(self._events_topic, payload)
                 if key is not None and self.problem is None:
                     self._outbox[mid] = key
-        self._unsent.clear()
+
+    def after_sync(self, work: Callable[[], object]) -> None:
+        """Run `work` once the transaction is synced (or over, should it fail): a synthesis
+        begins only once its activation is on disk, so that a death in its first step always
+        finds its announcement in the journal (a message that kills the agent within the
+        commit's milliseconds would otherwise never be counted, and come back forever)."""
+        self._after.append(work)
 
     def _begun(self) -> bool:
         try:
@@ -157,34 +200,82 @@ class Ledger:
         self._write(lambda: self._journal.remember(name, value))
 
     def settings(self) -> dict[str, str]:
-        """The settings kept (none if the journal cannot be read)."""
+        """The settings kept (none if the journal cannot be read; one that cannot be used is
+        left out and noted)."""
         try:
             return self._journal.settings()
         except sqlite3.Error as err:
             _LOGGER.error("The kept settings cannot be read: %s", err)
             return {}
 
+    @property
+    def notes(self) -> list[str]:
+        """Problems met reading the journal back (rows set aside), for the state."""
+        return self._journal.notes
+
     def activated(self, request_id: str) -> None:
-        """Its synthesis begins: counted in the journal (see `CRASHES_ALLOWED`)."""
+        """Its synthesis begins: counted in the journal (see `DEATHS_IN_A_ROW`)."""
         self._write(lambda: self._journal.activated(request_id))
 
-    def unfinished(self) -> tuple[list[Unfinished], list[str], list[str]]:
-        """After a restart: publish again what the broker never acknowledged; return the
-        announcements that had not ended, and the recent ids and payload digests."""
-        for key, topic, payload in self._journal.outbox_pending():
+    def unfinished(self, death: Death | None = None, boot_id: str = "") -> Restored:
+        """After a restart: count the previous process's death against the announcement it
+        died on, if it died inside a step of one (`death`, from the step marker) and the
+        machine did not restart since (`boot_id`); publish again what the broker never
+        acknowledged; return what had not ended, what cannot be read, and the recent ids and
+        payload digests."""
+        self._count_death(death, boot_id)
+        unsent: list[tuple[int, str, bytes]] = self._read(
+            "unsent events", self._journal.outbox_pending, []
+        )
+        for key, topic, payload in unsent:
+            if topic != self._events_topic:  # the outbox only ever holds this node's events
+                self._write(functools.partial(self._journal.drop_unsent, key, topic[:64]))
+                continue
             self._outbox[self._broker.publish(topic, payload)] = key
         wall = time.time()
-        pending = [
-            Unfinished(
-                p.request,
-                None if p.request.ttl is None else p.request.ttl - (wall - p.received),
-                p.started,
-                crashed=p.begun >= CRASHES_ALLOWED + 1,
+        nothing: tuple[list[Pending], list[Damaged]] = ([], [])
+        pending, damaged = self._read("announcements", self._journal.recover, nothing)
+        restored = Restored(damaged=[_damaged_event(d) for d in damaged if d.id is not None])
+        for p in pending:
+            poison = p.crashes >= SAME_STEP_DEATHS
+            ttl_left = None if p.request.ttl is None else p.request.ttl - (wall - p.received)
+            crashed = poison or p.begun >= DEATHS_IN_A_ROW
+            step = p.crash_step if poison else None
+            restored.pending.append(Unfinished(p.request, ttl_left, p.started, crashed, step))
+        no_ids: tuple[list[str], list[str]] = ([], [])
+        restored.ids, restored.fingerprints = self._read(
+            "recent ids", self._journal.remembered, no_ids
+        )
+        return restored
+
+    def _count_death(self, death: Death | None, boot_id: str) -> None:
+        no_settings: dict[str, str] = {}
+        settings = self._read("settings", self._journal.settings, no_settings)
+        before = settings.get(BOOT_SETTING)
+        if boot_id and before and before != boot_id:
+            _LOGGER.info("The machine restarted since the last start: no death counts before it")
+            self._write(self._journal.machine_restarted)
+        if boot_id and before != boot_id:
+            self._write(lambda: self._journal.remember(BOOT_SETTING, boot_id))
+        if death is None:
+            return
+        if not death.same_boot:
+            _LOGGER.info(
+                "The machine restarted while %s was in step %r: not counted", death.id, death.step
             )
-            for p in self._journal.pending()
-        ]
-        ids, fingerprints = self._journal.remembered()
-        return pending, ids, fingerprints
+            return
+        _LOGGER.warning("The agent died in step %r of %s; counted against it", death.step, death.id)
+        self._write(lambda: self._journal.died_in(death.id, death.step, death.token))
+
+    def _read(self, what: str, read: Callable[[], _T], nothing: _T) -> _T:
+        """A read of the journal at start; one the file refuses (damage SQLite finds only now)
+        is logged and noted, and the start goes on without it."""
+        try:
+            return read()
+        except sqlite3.Error as err:
+            _LOGGER.error("The journal's %s cannot be read: %s", what, err)
+            self._journal.notes.append(f"{what} unreadable: {err}")
+            return nothing
 
     def settle(self) -> None:
         """Forget the events the broker acknowledged."""
@@ -231,6 +322,31 @@ class Ledger:
         if self.problem is None:
             _LOGGER.error("The journal cannot be written (%s): serving without it", err)
         self.problem = f"journal: {err}"
+
+
+@dataclass(slots=True)
+class Restored:
+    """What a restart finds in the journal."""
+
+    pending: list[Unfinished] = field(default_factory=list)
+    """Announcements that had not ended, oldest first."""
+    damaged: list[Notify] = field(default_factory=list)
+    """The `failed` events of announcements whose rows cannot be used (`damaged_journal`)."""
+    ids: list[str] = field(default_factory=list)
+    fingerprints: list[str] = field(default_factory=list)
+
+
+def _damaged_event(damaged: Damaged) -> Notify:
+    assert damaged.id is not None  # noqa: S101 - only rows with a usable id have an event
+    details: dict[str, object] = {
+        "reason": str(Reason.DAMAGED_JOURNAL),
+        "detail": f"its journal entry cannot be used: {damaged.problem}",
+    }
+    if damaged.priority is not None:
+        details["priority"] = damaged.priority.label
+    if damaged.text is not None:
+        details["text"] = damaged.text[:TEXT_REPORTED]
+    return Notify(damaged.id, Lifecycle.FAILED, details)
 
 
 def outbox_rank(notify: Notify) -> int:

@@ -3,7 +3,6 @@
 A manifest is JSON, signed with Ed25519 over its exact bytes; the signed envelope carries those
 bytes (base64) and one or more signatures. Verification comes first, before a single field is
 trusted or a model byte downloaded. File names are plain names that cannot leave a directory.
-Allowed imports: stdlib, cryptography.
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ _SHA256: Final = re.compile(r"[0-9a-f]{64}")
 MAX_ENVELOPE_BYTES: Final = 65536
 MAX_RELEASE_JUMP: Final = 1_000_000
 """A release may not jump further than this past the installed one (fast-forward attacks)."""
+MAX_NUMBER: Final = 2**53 - 1
+"""The largest release number, length or count read: every JSON reader holds it exactly."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +132,7 @@ def _signed(envelope: bytes, trusted: Mapping[str, Ed25519PublicKey]) -> bytes |
         signatures = outer["signatures"]
         if not isinstance(signatures, list):
             raise TypeError("signatures is not a list")
-    except (ValueError, KeyError, TypeError, binascii.Error) as err:
+    except (ValueError, KeyError, TypeError, binascii.Error, RecursionError) as err:
         return Refusal("malformed", f"not a signed envelope: {err}"[:200])
     if not signatures:
         return Refusal("unsigned", "the manifest carries no signature")
@@ -169,7 +170,7 @@ def _parse_revocation(data: bytes) -> Revocation | Refusal:
             min_release=_int(body.get("min_release", 0), "min_release"),
             revoked=frozenset(_int(r, "revoked[]") for r in revoked),
         )
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, RecursionError, OverflowError) as err:
         return Refusal("malformed", f"revocation: {err}"[:200])
 
 
@@ -190,7 +191,7 @@ def _parse(data: bytes) -> Manifest | Refusal:
             notes=str(body.get("notes", ""))[:255],
             files=files,
         )
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, RecursionError, OverflowError) as err:
         return Refusal("malformed", f"manifest: {err}"[:200])
     names = [f.path for f in files]
     models = [n for n in names if n.endswith(".onnx")]
@@ -201,18 +202,34 @@ def _parse(data: bytes) -> Manifest | Refusal:
 
 def _file(raw: Any) -> FileEntry:
     path = raw["path"]
-    if not isinstance(path, str) or not _FILE_NAME.fullmatch(path) or ".." in path:
+    if not plain_name(path):
         raise ValueError(f"file name {path!r} is not a plain name")
     sha = raw["sha256"]
-    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+    if not is_sha256(sha):
         raise ValueError(f"{path}: sha256 is not 64 lowercase hex digits")
     return FileEntry(path, _int(raw["length"], f"{path}.length"), sha)
 
 
+def plain_name(raw: object) -> bool:
+    """Whether this is a file name a release may use: a plain name that cannot leave a
+    directory (letters, digits, `.`, `_`, `-`; no `..`)."""
+    return isinstance(raw, str) and bool(_FILE_NAME.fullmatch(raw)) and ".." not in raw
+
+
+def is_sha256(raw: object) -> bool:
+    """Whether this is a sha256 as manifests write it: 64 lowercase hex digits."""
+    return isinstance(raw, str) and bool(_SHA256.fullmatch(raw))
+
+
+def whole_number(raw: object) -> bool:
+    """Whether this is a whole number 0..MAX_NUMBER (not a bool, not a float)."""
+    return isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw <= MAX_NUMBER
+
+
 def _int(raw: Any, name: str) -> int:
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        raise ValueError(f"{name}: expected a whole number >= 0")
-    return raw
+    if not whole_number(raw):
+        raise ValueError(f"{name}: expected a whole number 0..{MAX_NUMBER}")
+    return int(raw)
 
 
 def _text(raw: Any, name: str) -> str:

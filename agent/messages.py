@@ -1,6 +1,6 @@
 """Domain messages: what edges tell the core (events) and what the core asks of edges (actions).
 
-Pure data, no behaviour. Allowed imports: stdlib.
+Pure data, no behaviour.
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ class Reason(StrEnum):
     NO_SPEECH = "no_speech"
     AUDIO_ERROR = "audio_error"
     UNSUPPORTED_AUDIO = "unsupported_audio"
-    """A sound file that is no audio the agent can decode (or longer than a minute)."""
+    """A sound file that is no audio the agent can decode (damaged, or a format, channel count
+    or sample rate it does not read), or whose decoder died on it."""
     AT_TOO_FAR = "at_too_far"
     """Its `at` is further ahead than `speak.max_lead_seconds`."""
     AT_PASSED = "at_passed"
@@ -74,7 +75,12 @@ class Reason(StrEnum):
     UNKNOWN_SOUND = "unknown_sound"
     """A `sound` that is no name of `audio.media`."""
     SOUND_UNAVAILABLE = "sound_unavailable"
-    """A sound that could not be had: its URL failed (the detail says how) or its file is gone."""
+    """A sound that could not be had: its URL failed (the detail starts with a coarse code:
+    refused_by_policy, unreachable, http_error, too_large, timeout, incomplete) or its file is
+    gone."""
+    URL_NOT_ALLOWED = "url_not_allowed"
+    """A sound URL that `audio.media_hosts` does not allow (its host or port), or that carries
+    credentials: refused on arrival, nothing is fetched."""
     UNKNOWN_SPEAKER = "unknown_speaker"
     """A `speaker` the voice does not have."""
     UNKNOWN_LANGUAGE = "unknown_language"
@@ -82,9 +88,16 @@ class Reason(StrEnum):
     INVALID_SSML = "invalid_ssml"
     """SSML that is malformed, hostile or too big (the detail gives line and column)."""
     TOO_LONG = "too_long"
-    """Its speech would last longer than `speak.max_audio_seconds`."""
+    """Its speech would last longer than `speak.max_audio_seconds`, or a sound longer than a
+    minute (from its header, or as it decodes)."""
+    TOO_LARGE = "too_large"
+    """A sound with more to decode than the agent does for one (over `audio.max_media_bytes`,
+    a sample rate over 192 kHz, over 24 M samples of all its channels, or beyond the decoder's
+    time or memory)."""
     CRASH_LOOP = "crash_loop"
-    """The agent died twice while this announcement was being synthesized or played."""
+    """The agent died twice in the same step of this announcement's work (see `ledger`)."""
+    DAMAGED_JOURNAL = "damaged_journal"
+    """Its journal row, read back after a restart, cannot be used (a damaged card, an edit)."""
     INTERNAL = "internal"
     """The agent failed while handling the message (a bug: logged with its traceback)."""
 
@@ -106,6 +119,15 @@ class Priority(IntEnum):
 
 UNTIL_ACKNOWLEDGED = 0
 """`repeat` value: play again and again until an `ack` (or `stop`, or the `ttl`) ends it."""
+FALLBACK_CACHED: Final = "chime_and_cached_phrase"
+"""An alarm the agent died on, said another way: its chime, then the sentences of it that the
+phrase cache holds (nothing synthesized, no sound decoded)."""
+FALLBACK_CHIME: Final = "chime"
+"""An alarm the agent died on while reading its text (or too often): its chime only."""
+FALLBACKS: Final = frozenset({FALLBACK_CACHED, FALLBACK_CHIME})
+TEXT_REPORTED: Final = 500
+"""Characters of an announcement's text reported in the event that ends it unspoken (a crash
+loop, a damaged journal entry)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +147,8 @@ class Delivery:
 @dataclass(frozen=True, slots=True)
 class AudioClip:
     """Recorded audio to play instead of speech (Hermes playBytes): a sound file's bytes (WAV
-    of any sample format, FLAC, Ogg, MP3), decoded and resampled when its turn comes."""
+    of any sample format, FLAC, Ogg, MP3), decoded and resampled once the core accepted it.
+    The core keeps none of them: it hands them on with `Prepare`."""
 
     data: bytes
 
@@ -175,11 +198,24 @@ class SpeakRequest:
     """A sound played before the text: a name of `audio.media`, or an http(s) URL."""
     sound_after: str | None = None
     """A sound played after the text."""
+    fallback: str | None = None
+    """Said another way (FALLBACK_CACHED, FALLBACK_CHIME): an alarm or critical announcement
+    the agent died on (`crash_loop`); never set by a payload."""
 
     @property
     def urls(self) -> tuple[str, ...]:
         """The sounds it names by URL (fetched before it plays)."""
         return tuple(s for s in (self.sound, self.sound_after) if s and is_url(s))
+
+    @property
+    def media_bytes(self) -> int:
+        """Bytes of media it brings with it (a recording's), held for it while it waits."""
+        return 0 if self.audio is None else len(self.audio.data)
+
+    @property
+    def has_media(self) -> bool:
+        """Whether it plays a sound (by name or URL) or a recording, made ready on arrival."""
+        return bool(self.audio is not None or self.sound or self.sound_after)
 
     @property
     def interrupts(self) -> bool:
@@ -217,7 +253,10 @@ class Unfinished:
     started: bool
     """It was playing when the agent stopped."""
     crashed: bool = False
-    """The agent died while it was synthesized or played, twice: it is not tried again."""
+    """The agent died twice in one step of its work (or too often in a row): it is not tried
+    again as it is."""
+    crash_step: str | None = None
+    """The step it died in (None: no one step, or not known)."""
 
 
 # ---- events: edges -> core -------------------------------------------------------------
@@ -334,6 +373,15 @@ class UtteranceEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class MediaHeld:
+    """The media source now holds this many bytes for this request (downloaded, read, or
+    decoded: what it keeps until the request plays and ends)."""
+
+    id: str
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class SwapRequested:
     """A new default voice is ready: switch to it once nothing is synthesized or played."""
 
@@ -362,6 +410,7 @@ Event = (
     | UtteranceEnded
     | SwapRequested
     | SwapCancelled
+    | MediaHeld
 )
 
 
@@ -402,6 +451,24 @@ class Synthesize:
     job: int = 0
     """This activation's token: every report and cut about it carries it, so a late report or
     cut of an earlier play or of a preempted run never touches a later one."""
+    start_at: float | None = None
+    """The wall-clock instant (Unix seconds) its first sample plays: the request's `at`, for
+    its first play only (a repeat plays when its turn comes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Prepare:
+    """Make ready what this accepted request plays: download and decode its sounds, decode its
+    recording (the request as it came, with its bytes)."""
+
+    request: SpeakRequest
+
+
+@dataclass(frozen=True, slots=True)
+class LetGo:
+    """This request has left the core (it ended): drop whatever is held for it."""
+
+    id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,4 +519,6 @@ Action = (
     | SwitchVoice
     | SwitchDeclined
     | Remember
+    | Prepare
+    | LetGo
 )

@@ -3,7 +3,6 @@
 Its own thread runs paho's network loop; callbacks only translate and hand off to the handlers
 given at construction, and never let an exception reach paho. Connecting (TCP connect and
 CONNACK) is retried with full-jitter exponential backoff by tenacity, first connect included.
-Allowed imports: stdlib, paho, tenacity, `config`, `messages`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """MQTT payloads to domain messages and back: speak, stop, ack and volume in; events out.
 
 Pure functions: no I/O, no clock (timestamps and fresh ids are passed in). Every input gets a
-result or a `Rejection` with a reason; nothing raises. Allowed imports: stdlib, `messages`,
-`ssml`, `text`.
+result or a `Rejection` with a reason; nothing raises.
 """
 
 from __future__ import annotations
@@ -23,26 +22,69 @@ MAX_ID_CHARS: Final = 128
 BOM: Final = "\ufeff"
 _LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 _PRIORITIES: Final = {p.label: p for p in Priority}
+MAX_JSON_DEPTH: Final = 32
+"""Nesting a JSON payload may have (arrays and objects): no message needs more than a few levels;
+deeper is `invalid_json` (Python's decoder would otherwise recurse into the thousands)."""
+MAX_NUMBER_DIGITS: Final = 1000
+"""Digits of a JSON integer read exactly; a longer one is out of every range (it is read as
+infinity, never converted: no field's range comes near, and Python's int conversion is
+quadratic)."""
+LAST_INSTANT: Final = 253402300799.0
+"""9999-12-31T23:59:59Z in Unix seconds: the last instant ISO 8601 (and `datetime`) can name."""
 
 Check = Callable[[object], tuple[object, str | None]]
 """Validates one JSON value: (converted value, None) or (None, what was expected)."""
 
 
+def number_in(value: object, low: float, high: float) -> float | None:
+    """The one conversion of a number read from a payload: a JSON number from `low` to `high`
+    as a float, else None. An integer of any size is compared exactly before anything converts
+    it (no OverflowError); NaN and infinities are out of range; a boolean or a string of digits
+    is no number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return float(value) + 0.0 if low <= value <= high else None  # + 0.0: -0 is 0
+
+
+def whole_number_in(value: object, low: int, high: int) -> int | None:
+    """A JSON integer from `low` to `high` (any size compared exactly; no boolean), else None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if low <= value <= high else None
+
+
+def got(value: object) -> str:
+    """What a payload held instead of what was expected, in a few words (never the value of a
+    string, nor the digits of a huge number)."""
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, float) and math.isfinite(value) and abs(value) < 1e15:
+            return f"{value:g}"
+        if isinstance(value, int) and abs(value) < 10**15:
+            return str(value)
+        return "a number out of range"
+    return _kind(value)
+
+
 def _number(low: float, high: float) -> Check:
     def check(value: object) -> tuple[object, str | None]:
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if number and math.isfinite(value) and low <= value <= high:  # type: ignore[arg-type, operator]
-            return float(value), None  # type: ignore[arg-type]
-        return None, f"expected a number from {low:g} to {high:g}"
+        number = number_in(value, low, high)
+        if number is not None:
+            return number, None
+        return None, f"expected a number from {low:g} to {high:g}, got {got(value)}"
 
     return check
 
 
 def _integer(low: int, high: int) -> Check:
     def check(value: object) -> tuple[object, str | None]:
-        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-            return value, None
-        return None, f"expected a whole number from {low} to {high}"
+        number = whole_number_in(value, low, high)
+        if number is not None:
+            return number, None
+        return None, f"expected a whole number from {low} to {high}, got {got(value)}"
 
     return check
 
@@ -57,12 +99,14 @@ def _name(max_chars: int) -> Check:
 
 
 def _instant(value: object) -> tuple[object, str | None]:
-    """A wall-clock instant: ISO 8601 with a time zone (UTC), or Unix seconds; as Unix seconds."""
+    """A wall-clock instant: ISO 8601 with a time zone (UTC), or Unix seconds (more than 0, at
+    most LAST_INSTANT); as Unix seconds."""
     expected = "expected an ISO 8601 time with its zone (UTC) or Unix seconds"
-    if isinstance(value, bool):
-        return None, expected
-    if isinstance(value, int | float):
-        return (float(value), None) if math.isfinite(value) and value > 0 else (None, expected)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = number_in(value, 0.0, LAST_INSTANT)
+        if seconds is not None and seconds > 0:
+            return seconds, None
+        return None, f"{expected} up to the year 9999, got {got(value)}"
     if not isinstance(value, str) or len(value) > 64:
         return None, expected
     try:
@@ -71,7 +115,7 @@ def _instant(value: object) -> tuple[object, str | None]:
         return None, expected
     if moment.tzinfo is None:
         return None, expected
-    return moment.timestamp(), None
+    return moment.timestamp(), None  # years 1 to 9999, any offset: no overflow
 
 
 def _boolean(value: object) -> tuple[object, str | None]:
@@ -110,8 +154,9 @@ def _sound(value: object) -> tuple[object, str | None]:
 
 
 def _speaker(value: object) -> tuple[object, str | None]:
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 9999:
-        return str(value), None
+    number = whole_number_in(value, 0, 9999)
+    if number is not None:
+        return str(number), None
     named, problem = _name(64)(value)
     return (named, None) if problem is None else (None, "expected a speaker name or number")
 
@@ -255,15 +300,36 @@ def parse_volume(payload: bytes, new_id: Callable[[], str]) -> float | Rejection
     if isinstance(decoded, dict):
         raw: object = decoded.get("volume")
     else:
-        try:
-            raw = float(decoded.strip())
-        except ValueError:
-            raw = decoded
+        text = decoded.strip()
+        if not _DECIMAL.fullmatch(text):
+            expected = "expected a number from 0 to 1 as text (digits and a point, such as 0.6)"
+            return Rejection(new_id(), Reason.INVALID_FIELD, expected, "volume")
+        raw = float(text)
     value, problem = _number(0.0, 1.0)(raw)
     if problem is not None:
         return Rejection(new_id(), Reason.INVALID_FIELD, problem, "volume")
     assert isinstance(value, float)  # noqa: S101 - _number converts to float
     return value
+
+
+_DECIMAL: Final = re.compile(r"[+-]?(?:\d{1,64}(?:\.\d{0,64})?|\.\d{1,64})", re.ASCII)
+"""A number as plain text: ASCII digits, a point; no exponent, `nan`, `inf` or `1_0` (which
+Python's `float` would all read)."""
+MAX_VOICE_CHARS: Final = 256
+
+
+def parse_voice(payload: bytes, new_id: Callable[[], str]) -> str | Rejection:
+    """A voice to select: its id (`id#speaker` for a speaker), or the name Home Assistant's
+    select shows: plain UTF-8 text of 1-MAX_VOICE_CHARS printable characters."""
+    decoded = _decode(payload, 4096, new_id, json_objects=False)
+    if isinstance(decoded, Rejection):
+        return replace(decoded, id="select-voice")
+    assert isinstance(decoded, str)  # noqa: S101 - json_objects=False gives text
+    chosen = decoded.strip()
+    if 0 < len(chosen) <= MAX_VOICE_CHARS and chosen.isprintable():
+        return chosen
+    expected = f"expected a voice id or name of 1-{MAX_VOICE_CHARS} printable characters"
+    return Rejection("select-voice", Reason.INVALID_FIELD, expected, "voice")
 
 
 def parse_json_object(
@@ -290,15 +356,91 @@ def _decode(
         return Rejection(new_id(), Reason.INVALID_UTF8, f"invalid UTF-8 at byte {err.start}")
     if not json_objects or not text.lstrip().startswith("{"):
         return text
-    try:
-        obj: dict[str, Any] = json.loads(text)  # text starting with '{' that parses is an object
-    except (ValueError, RecursionError) as err:
-        detail = f"not a valid JSON object: {err}"[:200].encode("ascii", "replace").decode()
-        return Rejection(new_id(), Reason.INVALID_JSON, detail)
-    where = _surrogate(obj)
-    if where is not None:  # a JSON escape of half a UTF-16 pair: no character, no text
-        return Rejection(new_id(), Reason.INVALID_UTF8, f"a lone surrogate escape in {where}")
+    obj = load_json(text)
+    if isinstance(obj, JsonProblem):
+        return Rejection(new_id(), obj.reason, obj.detail)
+    assert isinstance(obj, dict)  # noqa: S101 - text starting with '{' that parses is an object
     return obj
+
+
+@dataclass(frozen=True, slots=True)
+class JsonProblem:
+    """Why a text is no JSON the agent reads: `invalid_json` (syntax, duplicate keys, too deep)
+    or `invalid_utf8` (a lone surrogate escape)."""
+
+    reason: Reason
+    detail: str
+
+
+def load_json(text: str) -> object:
+    """The one JSON decoder of every topic: Python's `json`, with what it lets through closed.
+    A key twice in one object (readers would disagree on which counts), nesting deeper than
+    MAX_JSON_DEPTH (also where the decoder itself would run out of stack), and an escape of
+    half a UTF-16 pair (`\\ud800`: no character) are problems; an integer of more than
+    MAX_NUMBER_DIGITS digits reads as infinity. NaN and infinities come through as floats:
+    `number_in` refuses them."""
+    try:
+        value = json.loads(text, object_pairs_hook=_unique_keys, parse_int=_integer_literal)
+    except RecursionError:
+        return JsonProblem(Reason.INVALID_JSON, f"nested deeper than {MAX_JSON_DEPTH} levels")
+    except ValueError as err:  # JSONDecodeError, or a duplicate key
+        detail = f"not valid JSON: {err}"[:200].encode("ascii", "backslashreplace").decode()
+        return JsonProblem(Reason.INVALID_JSON, detail)
+    return _inspected(value)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"the key {key[:40]!a} is given twice")
+        obj[key] = value
+    return obj
+
+
+def _integer_literal(digits: str) -> int | float:
+    if len(digits.lstrip("-")) > MAX_NUMBER_DIGITS:
+        return -math.inf if digits.startswith("-") else math.inf
+    return int(digits)
+
+
+def too_deep(value: object) -> bool:
+    """Whether a decoded value nests deeper than MAX_JSON_DEPTH (found without recursion).
+    Whether Python's decoder itself got that deep depends on the caller's stack: a reader must
+    not let that decide (the hostile flood in CI: a Hermes say read as another site's in the
+    agent, as ours in the test's oracle)."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack += [(child, depth + 1) for child in children]
+    return False
+
+
+def _inspected(value: object) -> object:
+    """The decoded value, or the problem with it: too deep (`too_deep`), or a lone surrogate
+    (in a key or a string, named by the top-level field it is under), found without recursion."""
+    if too_deep(value):
+        return JsonProblem(Reason.INVALID_JSON, f"nested deeper than {MAX_JSON_DEPTH} levels")
+    stack: list[tuple[object, str]] = [(value, "the payload")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if _LONE_SURROGATE.search(item):
+                return JsonProblem(Reason.INVALID_UTF8, f"a lone surrogate escape in {where}")
+        elif isinstance(item, list):
+            stack += [(child, where) for child in reversed(item)]
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                if _LONE_SURROGATE.search(key):
+                    problem = f"a lone surrogate escape in a key of {where}"
+                    return JsonProblem(Reason.INVALID_UTF8, problem)
+                stack.append((child, f"field {key[:40]!r}" if item is value else where))
+    return value
 
 
 def _request_id(obj: dict[str, Any], new_id: Callable[[], str]) -> str | Rejection:
@@ -318,26 +460,6 @@ def valid_id(value: object) -> bool:
     """Whether a value may be an id: a string of 1-MAX_ID_CHARS printable characters (any kind
     of message: speak, ack, Hermes, OTA). Numbers are not ids: `5` and `"5"` would collide."""
     return isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isprintable()
-
-
-def _surrogate(value: object, where: str = "the payload") -> str | None:
-    """Where a lone surrogate is in a parsed JSON value (a key or a string), if anywhere."""
-    if isinstance(value, str):
-        return where if _LONE_SURROGATE.search(value) else None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            name = key if not _LONE_SURROGATE.search(key) else None
-            if name is None:
-                return f"a field name of {where}"
-            found = _surrogate(item, f"field {name!r}" if where == "the payload" else where)
-            if found is not None:
-                return found
-    if isinstance(value, list):
-        for item in value:
-            found = _surrogate(item, where)
-            if found is not None:
-                return found
-    return None
 
 
 def finish_request(request: SpeakRequest, limits: SpeakLimits) -> SpeakRequest | Rejection:
@@ -378,6 +500,7 @@ def _kind(value: object) -> str:
         bool: "a boolean",
         int: "a number",
         float: "a number",
+        str: "a string",
         list: "an array",
         dict: "an object",
         type(None): "null",

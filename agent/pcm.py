@@ -1,6 +1,6 @@
 """Audio as it travels from synthesis to the device: 16-bit PCM chunks of one announcement.
 
-Pure data. Allowed imports: stdlib, numpy, `messages`.
+Pure data.
 """
 
 from __future__ import annotations

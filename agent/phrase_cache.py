@@ -6,8 +6,11 @@ the voice's phonemizer). A new model therefore never finds old entries, with no 
 code. Both tiers are bounded in bytes and drop the least recently used entry first, but never a
 pinned one (the configured phrases: requests cannot push the alarm texts out). Disk
 entries are written atomically (temporary file, then rename) and carry their length and sha256,
-so a truncated or corrupt entry is detected, dropped and synthesized again. Used from one
-thread (the synthesis thread); `stats` may be read from any. Allowed imports: stdlib, numpy.
+so a truncated or corrupt entry is detected, dropped and synthesized again. The directory and
+every entry are opened without following symbolic links (`nofollow`): a link planted in the
+cache is refused and reported, never read through, written through or deleted through; a
+cache directory that is itself a link leaves the cache in memory only (`problem`). Used from
+one thread (the synthesis thread); `stats` may be read from any.
 """
 
 from __future__ import annotations
@@ -17,20 +20,20 @@ import hashlib
 import logging
 import os
 import struct
-import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import numpy as np
-import numpy.typing as npt
+
+from . import nofollow
+from .pcm import PCM16
 
 _LOGGER = logging.getLogger(__name__)
 
-PCM16 = npt.NDArray[np.int16]
 _MAGIC: Final = b"VAPCM\x00\x01\x00"
 _HEADER: Final = struct.Struct("<8sII32s")  # magic, sample rate, samples, sha256 of samples
 _SUFFIX: Final = ".pcm"
@@ -65,6 +68,8 @@ class CacheStats:
     memory_bytes: int
     disk_bytes: int
     disk_entries: int
+    refused: int = 0
+    """Symbolic links (or other non-files) found in the cache and refused."""
 
     @property
     def hit_rate(self) -> float:
@@ -77,7 +82,6 @@ class PhraseCache:
     """Two tiers of sentence audio: an LRU in memory and an LRU directory on disk."""
 
     def __init__(self, directory: Path | None, memory_bytes: int, disk_bytes: int) -> None:
-        self._dir = directory
         self._memory_limit = memory_bytes
         self._disk_limit = disk_bytes if directory is not None else 0
         self._memory: OrderedDict[str, PCM16] = OrderedDict()
@@ -87,11 +91,20 @@ class PhraseCache:
         self._pinned: set[str] = set()
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
-            ("memory_hits", "disk_hits", "misses", "stores", "evictions", "corrupt"), 0
+            ("memory_hits", "disk_hits", "misses", "stores", "evictions", "corrupt", "refused"), 0
         )
-        if self._dir is not None and self._disk_limit > 0:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            self._index_disk()
+        self.problem: str | None = None
+        """Why the disk tier is off although configured (its directory was refused)."""
+        self._fd: int | None = None
+        if directory is not None and self._disk_limit > 0:
+            try:
+                self._fd = _open_cache_directory(directory)
+            except OSError as err:
+                self.problem = f"phrase cache: {err}; kept in memory only"
+                _LOGGER.warning("Phrase cache: %s; kept in memory only", err)
+                self._disk_limit = 0
+            else:
+                self._index_disk()
 
     def get(self, key: str, sample_rate: int, *, count: bool = True) -> PCM16 | None:
         """The audio stored under key (checked against its digest), or None.
@@ -125,7 +138,7 @@ class PhraseCache:
         if pinned:
             self.pin(key)
         self._remember(key, pcm)
-        if self._dir is not None and 0 < _HEADER.size + pcm.nbytes <= self._disk_limit:
+        if self._fd is not None and 0 < _HEADER.size + pcm.nbytes <= self._disk_limit:
             self._write(key, pcm, sample_rate)
         with self._lock:
             self._counts["stores"] += 1
@@ -164,20 +177,34 @@ class PhraseCache:
 
     # ---- disk tier --------------------------------------------------------------------------
 
-    def _path(self, key: str) -> Path:
-        assert self._dir is not None  # noqa: S101 - only called with a directory
-        return self._dir / key[:2] / f"{key}{_SUFFIX}"
+    @contextlib.contextmanager
+    def _folder(self, key: str, *, create: bool = False) -> Iterator[int]:
+        """The open subdirectory of a key's entry (no link followed)."""
+        assert self._fd is not None  # noqa: S101 - only called with a directory
+        fd = nofollow.open_subdirectory(self._fd, key[:2], create=create)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _refused(self, what: str, err: OSError) -> None:
+        with self._lock:
+            self._counts["refused"] += 1
+        _LOGGER.warning("Phrase cache: %s refused: %s", what, err)
 
     def _index_disk(self) -> None:
-        assert self._dir is not None  # noqa: S101 - only called with a directory
-        for partial in self._dir.glob("*/*.partial"):  # left by a crash mid-write
-            with contextlib.suppress(OSError):
-                partial.unlink()
+        assert self._fd is not None  # noqa: S101 - only called with a directory
         entries = []
-        for path in self._dir.glob(f"*/*{_SUFFIX}"):
-            with contextlib.suppress(OSError):
-                stat = path.stat()
-                entries.append((stat.st_mtime_ns, path.stem, stat.st_size))
+        with os.scandir(self._fd) as folders:
+            for folder in folders:
+                if not folder.is_dir(follow_symlinks=False):
+                    if folder.is_symlink():
+                        self._refused(folder.name, nofollow.SymlinkRefusedError(folder.name))
+                    continue
+                try:
+                    entries += self._index_folder(folder.name)
+                except OSError as err:
+                    self._refused(folder.name, err)
         for _, key, size in sorted(entries):
             self._disk[key] = size
             self._disk_bytes += size
@@ -186,44 +213,68 @@ class PhraseCache:
             "Phrase cache on disk: %d entries, %.1f MB", len(self._disk), self._disk_bytes / 1e6
         )
 
+    def _index_folder(self, name: str) -> list[tuple[int, str, int]]:
+        """The entries of one subdirectory (modification time, key, size); what a crash left
+        mid-write is removed, a link is refused."""
+        assert self._fd is not None  # noqa: S101 - only called with a directory
+        entries = []
+        fd = nofollow.open_subdirectory(self._fd, name, create=False)
+        try:
+            with os.scandir(fd) as files:
+                for entry in files:
+                    if entry.name.endswith(".partial"):  # left by a crash mid-write
+                        nofollow.unlink(fd, entry.name)
+                    elif not entry.is_file(follow_symlinks=False):
+                        self._refused(f"{name}/{entry.name}", OSError("not a regular file"))
+                    elif entry.name.endswith(_SUFFIX):
+                        stat = entry.stat(follow_symlinks=False)
+                        key = entry.name.removesuffix(_SUFFIX)
+                        if key[:2] == name:
+                            entries.append((stat.st_mtime_ns, key, stat.st_size))
+        finally:
+            os.close(fd)
+        return entries
+
     def _read(self, key: str, sample_rate: int) -> PCM16 | None:
         with self._lock:
             if key not in self._disk:
                 return None
-        path = self._path(key)
+        name = f"{key}{_SUFFIX}"
+        data = b""
         try:
-            data = path.read_bytes()
-        except OSError:
-            data = b""
-        pcm = _decode(data, sample_rate)
+            with self._folder(key) as folder:
+                try:
+                    data = nofollow.read_file(folder, name, self._disk_limit)
+                except nofollow.SymlinkRefusedError as err:
+                    self._refused(name, err)
+                    nofollow.unlink(folder, name)  # the link itself, never its target
+                except OSError:
+                    pass
+                pcm = _decode(data, sample_rate)
+                if pcm is None:
+                    nofollow.unlink(folder, name)
+                else:
+                    with contextlib.suppress(OSError):  # recency survives a restart
+                        os.utime(name, dir_fd=folder, follow_symlinks=False)
+        except OSError as err:  # its subdirectory is gone or refused
+            self._refused(key[:2], err)
+            pcm = None
         with self._lock:
             if pcm is None:
                 _LOGGER.warning("Phrase cache entry %s is corrupt or truncated; dropped", key)
                 self._counts["corrupt"] += 1
                 self._forget_disk(key)
-                with contextlib.suppress(OSError):
-                    path.unlink()
                 return None
             self._disk.move_to_end(key)
-        with contextlib.suppress(OSError):
-            os.utime(path)  # recency survives a restart
         return pcm
 
     def _write(self, key: str, pcm: PCM16, sample_rate: int) -> None:
-        path = self._path(key)
         data = _encode(pcm, sample_rate)
-        tmp: str | None = None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            os.replace(tmp, path)
+            with self._folder(key, create=True) as folder:
+                nofollow.write_file_atomic(folder, f"{key}{_SUFFIX}", data)
         except OSError as err:
             _LOGGER.warning("Phrase cache entry %s not written: %s", key, err)
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             return
         with self._lock:
             self._forget_disk(key)
@@ -246,8 +297,18 @@ class PhraseCache:
                     return  # only pinned entries left
                 self._disk_bytes -= self._disk.pop(key)
                 self._counts["evictions"] += 1
-            with contextlib.suppress(OSError):
-                self._path(key).unlink()
+            with contextlib.suppress(OSError), self._folder(key) as folder:
+                nofollow.unlink(folder, f"{key}{_SUFFIX}")
+
+
+def _open_cache_directory(directory: Path) -> int:
+    """The cache's directory, open: neither it nor its parent (the agent's cache root) may be a
+    symbolic link."""
+    root = nofollow.open_directory(directory.parent)
+    try:
+        return nofollow.open_subdirectory(root, directory.name)
+    finally:
+        os.close(root)
 
 
 def _encode(pcm: PCM16, sample_rate: int) -> bytes:

@@ -7,8 +7,7 @@ volume (requested x global, with the alarm floor) and notices a cut, which it tu
 one-period fade to silence. The PCM is drained at the end of each announcement, so `finished`
 means played. An underrun is recovered and counted; a device that fails or cannot be opened is
 closed and opened again with backoff (tenacity), reported as unavailable meanwhile; the
-announcement it broke fails with `audio_error`, later ones wait. Allowed imports: stdlib,
-numpy, tenacity, alsaaudio, `messages`, `pcm`, `volume`.
+announcement it broke fails with `audio_error`, later ones wait.
 """
 
 from __future__ import annotations
@@ -150,7 +149,7 @@ class Player:
         self._lock = threading.Lock()
         self._cuts: set[int] = set()
         self._wakeup = threading.Event()
-        self._volume = volume
+        self._volume = float(volume) if _valid_volume(volume) else 1.0
         self._floor = floor
         self._available: bool | None = None
         self.underruns = 0
@@ -165,7 +164,12 @@ class Player:
 
     @volume.setter
     def volume(self, value: float) -> None:
-        self._volume = value  # read by the writer at each period: applies at once
+        """Set the global volume; anything but a number from 0 to 1 is refused (logged) and the
+        volume stays as it was, so the writer never meets it."""
+        if not _valid_volume(value):
+            _LOGGER.warning("Volume %.40r refused: expected a number from 0 to 1", value)
+            return
+        self._volume = float(value)  # read by the writer at each period: applies at once
 
     def cut(self, job: int) -> None:
         """Fade out this activation at the next period boundary and drop the rest of it."""
@@ -487,3 +491,11 @@ def announce_role(device: str, role: str | None, environ: MutableMapping[str, st
         return
     environ.setdefault("PULSE_PROP", f"media.role={role}")
     environ.setdefault("PIPEWIRE_PROPS", f"{{ media.role = {role} }}")
+
+
+def _valid_volume(value: object) -> bool:
+    """A number from 0 to 1 (not a boolean, not NaN; an integer of any size is compared
+    exactly)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return 0 <= value <= 1  # NaN compares false

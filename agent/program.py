@@ -2,7 +2,6 @@
 
 Pure: the request's fields become `ssml` segments (speech, pauses, sounds), with the request's
 voice, speaker, rate and volume applied to every piece of speech that does not name its own.
-Allowed imports: stdlib, `messages`, `ssml`.
 """
 
 from __future__ import annotations
@@ -47,12 +46,6 @@ def named_voices(request: SpeakRequest) -> frozenset[str]:
     if not request.ssml:
         return frozenset()
     return frozenset(_voices(parse_ssml(request.text)))
-
-
-def named_sounds(request: SpeakRequest) -> frozenset[str]:
-    """The sounds a request names by name or URL (`sound`, `sound_after`; SSML `<audio>` has
-    its fallback and is not counted)."""
-    return frozenset(s for s in (request.sound, request.sound_after) if s)
 
 
 def _voices(segments: tuple[Segment, ...]) -> list[str]:

@@ -1,8 +1,7 @@
 """The route table: which topics the agent subscribes to, and how each message becomes one event.
 
 Pure: a route parses a payload into an event (or the reason it cannot be served) and touches
-nothing else; the app runs it on paho's network thread and puts the event on the inbox. Allowed
-imports: stdlib, `config`, `hermes`, `inputs`, `manifest`, `messages`, `payloads`, `topics`.
+nothing else; the app runs it on paho's network thread and puts the event on the inbox.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from .payloads import (
     parse_say,
     parse_speak,
     parse_stop,
+    parse_voice,
     parse_volume,
     valid_id,
 )
@@ -94,7 +94,7 @@ def route_table(
         topics.ack: _checked(parse_ack, AckRequested, new_id),
         topics.volume: _checked(parse_volume, VolumeRequested, new_id),
         topics.replay: lambda _t, _p, delivery: ReplayRequested(delivery),
-        topics.voice: _voice(voice_names or {}),
+        topics.voice: _voice(voice_names or {}, new_id),
     }
     for group in config.speak.groups:  # a group's messages are the node's own
         routes[topics.group(group, "speak")] = routes[topics.speak]
@@ -161,11 +161,13 @@ def _plain(limits: SpeakLimits, new_id: NewId) -> Route:
     return route
 
 
-def _voice(names: Mapping[str, str]) -> Route:
+def _voice(names: Mapping[str, str], new_id: NewId) -> Route:
     """A voice id, or the name Home Assistant's select shows for it."""
 
     def route(_topic: str, payload: bytes, delivery: Delivery) -> RoutedEvent:
-        chosen = payload.decode("utf-8", errors="replace").strip()
+        chosen = parse_voice(payload, new_id)
+        if isinstance(chosen, Rejection):
+            return SpeakInvalid(chosen, delivery)
         return VoiceSelected(names.get(chosen, chosen), delivery)
 
     return route

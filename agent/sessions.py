@@ -7,11 +7,13 @@ memory-maps when it loads the model: clean page cache, shared by every process t
 same file (the agent and a health check), instead of a private copy (docs/memory.md). A `.seal`
 beside them records each file's size and sha256, so a damaged or mixed-up copy is found before
 it is run and built again. Copies are written in a work directory and moved into place, never
-overwritten in place (another process may have the old weights mapped).
+overwritten in place (another process may have the old weights mapped). The cache's files are
+opened without following symbolic links (`nofollow`): a cache directory that is a link is not
+used (`usable_cache_dir`: the model is optimized in a temporary directory instead), a link in
+place of a cached file is refused and removed (the copy is built again).
 
 onnxruntime is imported by the functions that make sessions, not with this module: the build's
 graph steps (`split_graph`) use its names without the runtime (35 MB less at their peak).
-Allowed imports: stdlib, numpy, onnxruntime.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
+
+from . import nofollow
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -116,6 +120,21 @@ def session_options(
     return options
 
 
+def usable_cache_dir(cache_dir: Path | None) -> Path | None:
+    """`cache_dir` when it and its `models` directory are directories of their own (made if
+    missing), else None: one that is a symbolic link (or cannot be made) is refused, with a
+    warning, and the caller works without a cache."""
+    if cache_dir is None:
+        return None
+    try:
+        nofollow.check_directory(cache_dir)
+        nofollow.check_directory(cache_dir / "models")
+    except OSError as err:
+        _LOGGER.warning("Model cache not used: %s", err)
+        return None
+    return cache_dir
+
+
 def model_digest(path: Path, cache_dir: Path | None) -> str:
     """The sha256 of a model file, remembered in cache_dir while the file is unchanged.
 
@@ -127,8 +146,8 @@ def model_digest(path: Path, cache_dir: Path | None) -> str:
     if cache_dir is not None:
         ident = f"{path.resolve()}|{_identity(path)}"
         memo = cache_dir / "models" / f"digest-{hashlib.sha256(ident.encode()).hexdigest()[:32]}"
-        with contextlib.suppress(OSError):
-            remembered = memo.read_text(encoding="ascii").strip()
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            remembered = _read(memo, 256).decode("ascii").strip()
             if _SHA256.fullmatch(remembered):
                 return remembered
     digest = _sha256_of(path)
@@ -138,27 +157,38 @@ def model_digest(path: Path, cache_dir: Path | None) -> str:
     return digest
 
 
-def _identity(path: Path) -> str:
-    """What changes whenever a file is written, replaced or restored: size, inode, times."""
-    stat = path.stat()
+def _identity(path: Path, *, follow: bool = True) -> str:
+    """What changes whenever a file is written, replaced or restored: size, inode, times (of a
+    link itself, not its target, unless `follow`)."""
+    stat = os.stat(path, follow_symlinks=follow)
     return f"{stat.st_size}|{stat.st_ino}|{stat.st_mtime_ns}|{stat.st_ctime_ns}"
 
 
-def _sha256_of(path: Path) -> str:
-    with path.open("rb") as data:
+def _sha256_of(path: Path, *, follow: bool = True) -> str:
+    """The digest of a file (a symbolic link refused unless `follow`: the model the operator
+    names may be one, a cached copy may not)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if follow else nofollow.open_file(path)
+    with os.fdopen(fd, "rb") as data:
         return hashlib.file_digest(data, "sha256").hexdigest()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".partial")
+def _read(path: Path, max_bytes: int) -> bytes:
+    """A small cached file (no symbolic link followed, neither it nor its directory)."""
+    folder = nofollow.open_directory(path.parent, create=False)
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
+        return nofollow.read_file(folder, path.name, max_bytes)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        os.close(folder)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write a cache file whole or not at all (its directory made if missing; neither it nor
+    the file followed if a symbolic link: SymlinkRefusedError)."""
+    folder = nofollow.open_directory(path.parent)
+    try:
+        nofollow.write_file_atomic(folder, path.name, data)
+    finally:
+        os.close(folder)
 
 
 def peak_rss_mb() -> float | None:
@@ -201,10 +231,10 @@ def work_directory(parent: Path | None) -> Iterator[Path]:
         with tempfile.TemporaryDirectory(prefix="voice-agent-build-") as temporary:
             yield Path(temporary)
         return
-    parent.mkdir(parents=True, exist_ok=True)
+    nofollow.check_directory(parent)  # a link: refused (SymlinkRefusedError)
     for stale in parent.glob(f"{_WORK_PREFIX}*"):
-        with contextlib.suppress(OSError):
-            if time.time() - stale.stat().st_mtime > STALE_WORK_SECONDS:
+        with contextlib.suppress(OSError):  # rmtree refuses a link, and follows none inside
+            if time.time() - stale.lstat().st_mtime > STALE_WORK_SECONDS:
                 shutil.rmtree(stale)
     work = Path(tempfile.mkdtemp(prefix=_WORK_PREFIX, dir=parent))
     try:
@@ -264,13 +294,14 @@ def install_optimized(built: Path, cached: Path) -> None:
     first and the graph last, so a reader never finds the new graph beside old weights."""
     if built.name != cached.name:
         raise ValueError(f"{built.name} must keep its name: its weights file is named after it")
+    nofollow.check_directory(cached.parent, create=False)  # never moved through a link
     files = [path for path in (built, _weights(built)) if path.is_file()]
-    digests = {path.name: _sha256_of(path) for path in files}
+    digests = {path.name: _sha256_of(path, follow=False) for path in files}
     _seal_path(cached).unlink(missing_ok=True)
     for path in reversed(files):
         os.replace(path, cached.parent / path.name)
     seal = [
-        {"name": name, "sha256": digest, "identity": _identity(cached.parent / name)}
+        {"name": name, "sha256": digest, "identity": _identity(cached.parent / name, follow=False)}
         for name, digest in digests.items()
     ]
     write_atomic(_seal_path(cached), json.dumps({"files": seal}).encode())
@@ -301,7 +332,19 @@ def load_optimized(model: Path, threads: int, part: bool = False) -> ort.Inferen
 def cached_session(cached: Path, threads: int, part: bool = False) -> ort.InferenceSession | None:
     """A cached optimized model, loaded with no further optimization; None if absent or
     damaged (a file missing, changed or not loading; a damaged copy is removed, so it is built
-    again)."""
+    again; a symbolic link among them, or as their directory, is refused)."""
+    try:
+        nofollow.check_directory(cached.parent, create=False)
+    except OSError as err:
+        _LOGGER.warning("Optimized model %s not used: %s", cached.name, err)
+        return None
+    links = [p for p in (cached, _weights(cached), _seal_path(cached)) if p.is_symlink()]
+    if links:
+        _LOGGER.warning(
+            "Optimized model %s: %s is a symbolic link: refused, rebuilt", cached, links[0].name
+        )
+        remove_optimized(cached)  # the links themselves, never their targets
+        return None
     if not cached.is_file():
         return None
     if not _seal_path(cached).exists():  # an older version's copy (weights inside): replaced
@@ -319,27 +362,40 @@ def cached_session(cached: Path, threads: int, part: bool = False) -> ort.Infere
     return None
 
 
+def _current_identity(folder: Path, name: str, digest: str, sealed: str) -> str:
+    """A sealed file's identity now, after "|" (hashed when it is not the sealed one); or what
+    is wrong with it (a link, missing, another content)."""
+    path = folder / name
+    if "/" in name or name in ("", ".", "..") or path.is_symlink():
+        return f"{name!r} is no file of its own"
+    try:
+        current = _identity(path, follow=False)
+        if current != sealed and _sha256_of(path, follow=False) != digest:
+            return f"{name} is not the file it was built as"
+    except FileNotFoundError:
+        return f"{name} is missing"
+    except OSError as err:
+        return f"{name}: {err}"
+    return f"|{current}"
+
+
 def _seal_problem(cached: Path) -> str | None:
     """What is wrong with a cached model's files against its seal, or None. A file whose
     identity (size, inode, times) is still the sealed one is taken as sealed; another is
     hashed (e.g. a restored backup), and its new identity kept when the hash matches."""
     try:
-        seal = json.loads(_seal_path(cached).read_text(encoding="utf-8"))
+        seal = json.loads(_read(_seal_path(cached), 65536))
         entries = [(str(e["name"]), str(e["sha256"]), str(e["identity"])) for e in seal["files"]]
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
         return "its seal is unreadable"
     if cached.name not in {name for name, _, _ in entries}:
         return "its seal does not cover it"
     renewed = []
     for name, digest, sealed in entries:
-        path = cached.parent / name
-        try:
-            current = _identity(path)
-        except OSError:
-            return f"{name} is missing"
-        if current != sealed and _sha256_of(path) != digest:
-            return f"{name} is not the file it was built as"
-        renewed.append({"name": name, "sha256": digest, "identity": current})
+        current = _current_identity(cached.parent, name, digest, sealed)
+        if not current.startswith("|"):
+            return current
+        renewed.append({"name": name, "sha256": digest, "identity": current[1:]})
     if renewed != seal["files"]:
         with contextlib.suppress(OSError):
             write_atomic(_seal_path(cached), json.dumps({"files": renewed}).encode())

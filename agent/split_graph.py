@@ -2,8 +2,7 @@
 decoder, and the parts extracted as models of their own. The only module that imports `onnx`,
 and only in the build's child processes (`decoder_parts` runs `python -m agent.split_graph`):
 the whole model is parsed once, to move its weights into a data file, and every later step
-handles the graph without them. Allowed imports: stdlib, onnx, `sessions` (which does not load
-onnxruntime for the names used here).
+handles the graph without them.
 """
 
 from __future__ import annotations

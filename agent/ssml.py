@@ -8,7 +8,7 @@ declarations and external references forbidden, and the work is bounded (documen
 depth, elements, attributes), so hostile input fails fast with bounded memory. Text inside the
 document goes through `text.clean_text` like plain text, so espeak never interprets SSML or raw
 `[[ phonemes ]]` itself. Every problem raises one `SsmlError` (reason `invalid_ssml`) with a
-position. Allowed imports: stdlib, defusedxml, num2words, `text`.
+position.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 journal holds of an announcement, which kind of Hermes request a reply answers. Pure data.
 
 The operator's tools (`ota/`) import this module, not the updater, so they never load ONNX
-Runtime. Allowed imports: stdlib.
+Runtime.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 Pure: the app gives it facts and times and publishes what it returns; one thread (the app loop)
 calls it. The state is published on every change (gathered for `MIN_INTERVAL`) and at least every
 `state.interval` seconds; discovery at every connect and, spread out, after Home Assistant's
-birth. Allowed imports: stdlib, `config`, `discovery`, `messages`, `states`, `telemetry`, `topics`.
+birth.
 """
 
 from __future__ import annotations

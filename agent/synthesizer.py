@@ -7,28 +7,37 @@ growing, each handed to the player as soon as it is decoded). The whole sentence
 Between requests it renders the configured phrases into the cache; requests always go first.
 The player's bounded buffer throttles it. A cut aborts the running inference and stops the
 request between chunks. Its commands (a request, a new default voice) come through one bounded
-queue, in order. Allowed imports: stdlib, numpy, `chimes`, `chunking`, `media`, `messages`, `pcm`,
-`phrase_cache`, `text`, `voice`.
+queue, in order. It never decodes a sound file or downloads one: the media source makes them
+ready from their request's arrival, and this thread only waits for them, a cut ending the wait
+at once (so it is free for the request that cut in). Each piece of a request's work its content
+could make fatal in this process (reading its text, an inference) runs inside a step of the
+step marker (`Steps`: the crash-loop breaker); a decode runs in the decoder child, whose death
+is a refused sound, not the agent's. An alarm the agent died on is said another way
+(`SpeakRequest.fallback`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import queue
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import astuple, dataclass, replace
-from typing import Final
+from typing import Final, Protocol
 
 import numpy as np
 
 from .chimes import ChimePlan
 from .chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
-from .media import MediaError, Resampler, decode_audio
+from .media import Resampler
 from .media_source import MediaSource, UnplayableError
-from .messages import Event, Reason, SpeakRequest, SynthesisDone, is_url
+from .messages import FALLBACK_CACHED, Event, Reason, SpeakRequest, SynthesisDone, is_url
 from .pcm import PCM16, Chunk
 from .phrase_cache import PhraseCache, cache_key
 from .program import program
@@ -71,6 +80,18 @@ class VoiceChoice:
 
 _PHRASES: Final = -1
 """The job token of phrase rendering: a request arriving aborts it (it is done again later)."""
+
+
+class Steps(Protocol):
+    """The step marker (`step_marker.StepMarker`): marks a piece of a request's work."""
+
+    def step(self, request_id: str, step: str) -> AbstractContextManager[None]:
+        """Mark the work inside as `step` of request `request_id`."""
+
+
+class _NoSteps:
+    def step(self, request_id: str, step: str) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +147,7 @@ class Synthesizer:
         max_seconds: float = 120.0,
         media: MediaSource | None = None,
         after_request: Callable[[], object] | None = None,
+        steps: Steps | None = None,
     ) -> None:
         self._voices = dict(voices)  # this thread's own: a switch arrives as a command
         self._rate = voices["default"].voice.sample_rate
@@ -133,6 +155,7 @@ class Synthesizer:
         self._media = media
         self._after_request = after_request
         """Called on this thread after each request (the allocator gives memory back)."""
+        self._marker: Steps = steps or _NoSteps()
         self._job_cancel = threading.Event()
         """Set when the request being synthesized is cut (ends a wait for its sounds)."""
         self._cache = cache
@@ -166,8 +189,6 @@ class Synthesizer:
             self._cancelled = {token for token in self._cancelled if token >= job}
             if self._running is not None and self._running[0] == _PHRASES:
                 self._running[1].cancel()
-        if self._media is not None and request.urls:
-            self._media.prefetch(request.urls)  # kept since its arrival (or a repeat), or again
         self._commands.put_nowait(_Job(request, job, start_at))
 
     def use_voice(self, choice: VoiceChoice) -> None:
@@ -185,6 +206,8 @@ class Synthesizer:
             self._job_cancel.set()  # a wait for a sound ends; the worker clears it per request
             if self._running is not None and self._running[0] == job:
                 self._running[1].cancel()
+        if self._media is not None:
+            self._media.wake()  # a wait for a sound being downloaded or decoded ends now
 
     def stop(self) -> None:
         """Stop after the current chunk."""
@@ -230,6 +253,9 @@ class Synthesizer:
             if request.audio is not None:  # recorded audio (Hermes playBytes): no synthesis
                 self._clip_blocking(job, end)
                 return
+            if request.fallback is not None:  # an alarm the agent died on: said another way
+                self._fallback_blocking(job, end)
+                return
             steps = self._steps(request)  # sounds fetched and decoded before the first sample
             chime = self._chimes.for_request(request)
             if chime is not None:
@@ -268,16 +294,62 @@ class Synthesizer:
     def _clip_blocking(self, job: _Job, end: Chunk) -> None:
         """Recorded audio (Hermes playBytes), after the request's chime."""
         assert job.request.audio is not None  # noqa: S101 - checked by the caller
+        if self._media is None:
+            raise UnplayableError(Reason.UNSUPPORTED_AUDIO, "no decoder")
+        try:
+            sound = self._media.clip(job.request.id, self._job_cancel)  # decoded since arrival
+        except UnplayableError:
+            if self._job_cancel.is_set():
+                raise _CancelledError from None
+            raise
         chime = self._chimes.for_request(job.request)
         if chime is not None:
             self._emit_or_cancel(job, chime)
-        try:
-            sound = decode_audio(job.request.audio.data, self._rate)
-        except MediaError as err:
-            self._put(replace(end, error=Reason.UNSUPPORTED_AUDIO, detail=str(err)))
-            return
-        self._emit_or_cancel(job, sound.samples)
+        self._emit_or_cancel(job, sound)
         self._put(replace(end, info={"audio_clip": True}))
+
+    def _fallback_blocking(self, job: _Job, end: Chunk) -> None:
+        """A request the agent died on, said another way: its chime (its class's, else the
+        default one), then, for FALLBACK_CACHED, each of its sentences the phrase cache holds;
+        nothing is synthesized, no sound decoded, no step marked (what killed the agent is not
+        done again)."""
+        request = job.request
+        chimed = replace(request, chime=request.chime if isinstance(request.chime, str) else True)
+        chime = self._chimes.for_request(chimed)
+        if chime is not None:
+            self._emit_or_cancel(job, chime)
+        sentences = cached = 0
+        if request.fallback == FALLBACK_CACHED:
+            for say in self._steps_to_say(request):
+                for sentence in say.sentences:
+                    sentences += 1
+                    pcm = self._cache.get(self._key(say.choice, say.params, sentence), self._rate)
+                    if pcm is not None:
+                        cached += 1
+                        self._emit_or_cancel(job, _gained(pcm, say.gain))
+        info = {"fallback": request.fallback, "sentences": sentences, "cached_sentences": cached}
+        self._put(replace(end, info=info))
+
+    def _steps_to_say(self, request: SpeakRequest) -> list[_Say]:
+        """A request's speech, read into sentences (no sound is fetched or decoded)."""
+        choice = self._voices[request.voice or "default"]
+        try:
+            segments = program(request, choice.id, choice.voice.info.language or "en")
+        except SsmlError:
+            return []
+        says: list[_Say] = []
+        for segment in segments:
+            if not isinstance(segment, Pause | Sound):
+                with contextlib.suppress(UnplayableError):
+                    says += [s for s in self._planned(segment, request) if isinstance(s, _Say)]
+        return says
+
+    def _step(self, request: SpeakRequest, kind: str, subject: str) -> AbstractContextManager[None]:
+        """A step of the step marker for this request's work on `subject` (none for a request
+        said another way)."""
+        if request.fallback is not None:
+            return contextlib.nullcontext()
+        return self._marker.step(request.id, f"{kind} {_digest(subject)}")
 
     def _steps(self, request: SpeakRequest) -> list[_Step]:
         """What the request plays after its chime: speech planned (refused before a sound when
@@ -319,7 +391,7 @@ class Synthesizer:
                 if segment.names_only and is_url(segment.name):
                     detail = "SSML <audio src> takes a name of audio.media, not a URL"
                     raise UnplayableError(Reason.UNKNOWN_SOUND, detail)
-                return [_Play(self._sound(segment.name), segment.volume)]
+                return [_Play(self._sound(segment.name, request), segment.volume)]
             except UnplayableError:
                 if not segment.fallback:
                     raise
@@ -336,14 +408,15 @@ class Synthesizer:
                 params = replace(params, speaker=choice.voice.speaker_id(segment.speaker))
             except ValueError as err:
                 raise UnplayableError(Reason.UNKNOWN_SPEAKER, str(err)) from None
-        sentences = [self._bounded(s) for s in choice.voice.sentences(segment.text)]
+        with self._step(request, "phonemize", segment.text):
+            sentences = [self._bounded(s) for s in choice.voice.sentences(segment.text)]
         return [_Say(choice, params, sentences, segment.volume)]
 
-    def _sound(self, name: str) -> PCM16:
+    def _sound(self, name: str, request: SpeakRequest) -> PCM16:
         if self._media is None:
             raise UnplayableError(Reason.UNKNOWN_SOUND, "no sounds configured")
         try:
-            return self._media.get(name, self._job_cancel)
+            return self._media.get(request.id, request.priority, name, self._job_cancel)
         except UnplayableError:
             if self._job_cancel.is_set():
                 raise _CancelledError from None
@@ -374,7 +447,8 @@ class Synthesizer:
             groups = group_clauses([len(clause) for clause in sentence], budget, self._max_chunk)
             for index, group in enumerate(groups):
                 ids = voice.ids(sentence[group.start : group.stop])
-                chunks = self._streamed(job.token, voice.stream, ids, params, plan)
+                step = (job.request.id, f"infer {_digest(key, ids)}")
+                chunks = self._streamed(job.token, voice.stream, ids, params, plan, step=step)
                 if resample is not None:
                     chunks = _resampled(chunks, resample, last=index == len(groups) - 1)
                 for audio in chunks:
@@ -406,9 +480,11 @@ class Synthesizer:
         ids: list[int],
         params: SynthesisParams,
         plan: FramePlan,
+        *,
+        step: tuple[str, str] | None = None,
     ) -> Iterator[Audio]:
         """A voice's stream that `cancel(token)` (or, for phrases, a request) can abort; the time
-        spent in it is counted."""
+        spent in it is counted, and marked as `step` (request id, step) of the step marker."""
         cancellation = Cancellation()
         with self._lock:
             if token in self._cancelled or self._stopping.is_set():
@@ -419,7 +495,8 @@ class Synthesizer:
             while True:
                 began = time.perf_counter()
                 try:
-                    audio = next(chunks)
+                    with self._marked(step):
+                        audio = next(chunks)
                 except StopIteration:
                     return
                 except StreamCancelledError:
@@ -431,6 +508,9 @@ class Synthesizer:
             chunks.close()
             with self._lock:
                 self._running = None
+
+    def _marked(self, step: tuple[str, str] | None) -> AbstractContextManager[None]:
+        return contextlib.nullcontext() if step is None else self._marker.step(*step)
 
     def _emit_or_cancel(self, job: _Job, pcm: PCM16) -> None:
         with self._lock:
@@ -494,6 +574,14 @@ class Synthesizer:
                 self._phrase_counts["cached"],
                 time.monotonic() - started,
             )
+
+
+def _digest(text: str, ids: Sequence[int] = ()) -> str:
+    """A short name of what a step works on (the same content, the same name at every try):
+    a few microseconds for a clause group's ids."""
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass"))
+    digest.update(array("q", ids).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _gained(pcm: PCM16, gain: float) -> PCM16:

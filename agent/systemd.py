@@ -1,7 +1,7 @@
 """systemd's notify protocol: READY, STOPPING, STATUS and watchdog pings over $NOTIFY_SOCKET.
 
 About twenty lines of stdlib `socket`; without $NOTIFY_SOCKET every call does nothing, so the
-agent runs unchanged outside systemd. Failures are logged, never raised. Allowed imports: stdlib.
+agent runs unchanged outside systemd. Failures are logged, never raised.
 """
 
 from __future__ import annotations

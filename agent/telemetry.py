@@ -1,7 +1,7 @@
 """What the retained state reports: counters and the latest measurements. Pure (times are given).
 
 Fed with every lifecycle event the core decides; read into the state JSON that Home Assistant's
-sensors use. Allowed imports: stdlib, `messages`.
+sensors use.
 """
 
 from __future__ import annotations

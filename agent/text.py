@@ -1,4 +1,4 @@
-"""The text front end: what may reach the phonemizer. Pure. Allowed imports: stdlib.
+"""The text front end: what may reach the phonemizer. Pure.
 
 Markup is not interpreted (the agent speaks plain text), so tags are removed rather than read
 aloud; piper's `[[ phonemes ]]` escape is neutralized so message text can never inject raw

@@ -1,4 +1,4 @@
-"""The MQTT topic names of one node. Pure. Allowed imports: stdlib."""
+"""The MQTT topic names of one node. Pure."""
 
 from __future__ import annotations
 

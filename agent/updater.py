@@ -14,31 +14,32 @@ never past the manifest length, with bounded retries and a stall timeout; then h
 the inactive slot, checked in a subprocess (memory and time limited), loaded and prewarmed here,
 and only then switched to, between announcements. A switch not yet confirmed by a successful
 start is rolled back after `ota.max_start_attempts` starts. Every step can be repeated.
-Allowed imports: stdlib, tenacity, cryptography, `config`, `manifest`, `states` (the model
-loader is given: the updater never loads ONNX Runtime itself).
+Every point that picks a model (a start, a rollback, a revocation of the active release, a
+model that does not load) picks only a slot whose release is not revoked and whose files still
+have the digests they were installed with; the configured model otherwise. Every file below
+the OTA directory is opened through `update_store`, which never follows a link. The model
+loader is given: the updater never loads ONNX Runtime itself. The model a start begins with is
+`model_at_start`'s to choose.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import queue
 import shutil
 import signal
+import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Generic, TypeVar
@@ -47,10 +48,23 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from . import manifest as manifests
+from . import update_store as store
 from .config import OtaConfig
+from .egress import EgressPolicy
 from .http_fetch import FetchError, FetchReason, fetch, fetch_bytes
 from .manifest import FileEntry, Manifest, Refusal
+from .model_at_start import recovered_state
 from .states import FINAL_PHASES, UpdatePhase, UpdateReport
+from .update_store import (
+    Pending,
+    UnsafeFileError,
+    UpdateState,
+    on_factory,
+    rolled_back,
+    save_state,
+    slot_problem,
+    without_previous,
+)
 
 _LOGGER = logging.getLogger(__name__)
 M = TypeVar("M")
@@ -70,47 +84,6 @@ CHECK_ENVIRONMENT: Final = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "
 """glibc settings of the health check (and the build processes it starts) unless the agent's
 environment sets them: the agent's own (`allocator`, set there with mallopt, which a child does
 not inherit). Measured: the check's peak 181 MB with them, 227 without (docs/memory.md)."""
-
-
-@dataclass(slots=True)
-class Pending:
-    slot: str
-    release: int
-    version: str
-    attempts: int = 0
-    offer: str = "start"
-    """The offer that installed it: results reached after a restart are reported under it."""
-
-
-@dataclass(slots=True)
-class UpdateState:
-    """What `state.json` holds."""
-
-    release: int = 0
-    version: str | None = None
-    active: str | None = None
-    model: str | None = None
-    previous: str | None = None
-    previous_release: int = 0
-    previous_version: str | None = None
-    previous_model: str | None = None
-    pending: Pending | None = None
-    reports: list[dict[str, Any]] = field(default_factory=list)
-    """Results reached before they could be published (delivered after the next start)."""
-    model_sha256: str | None = None
-    """The active slot's model digest, from its manifest: checked at every start."""
-    previous_model_sha256: str | None = None
-    revocation: dict[str, Any] | None = None
-    """The newest verified revocation (`issued`, `min_release`, `revoked`), honoured before
-    every install and at every start."""
-
-    def revoked(self, release: int) -> bool:
-        """Whether the stored revocation withdraws this release."""
-        if self.revocation is None or release <= 0:
-            return False
-        return release < int(self.revocation["min_release"]) or release in set(
-            self.revocation["revoked"]
-        )
 
 
 class _Cancelled(Exception):  # noqa: N818 - control flow, not an error
@@ -149,6 +122,7 @@ class Updater(Generic[M]):
         cache_dir: Path | None = None,
     ) -> None:
         self._config = config
+        self._hosts = EgressPolicy.parse(config.hosts, "ota.hosts")
         self._cache_dir = cache_dir
         """The model cache `load` uses: the health check builds the candidate's parts there, so
         `load` finds them (None: the check builds in a temporary directory, `load` again)."""
@@ -171,7 +145,7 @@ class Updater(Generic[M]):
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run_blocking, name="updater", daemon=True)
         self._running: str | None = None
-        self.state = load_state(directory)
+        self.state = recovered_state(directory)
 
     # ---- start-up -----------------------------------------------------------------------------
 
@@ -180,12 +154,13 @@ class Updater(Generic[M]):
         return self._model_of(self.state)
 
     def started(self) -> None:
-        """The agent is up with the active model: confirm a pending switch."""
+        """The agent is up with the active model: confirm a pending switch; deliver the
+        results kept for after the start."""
         if self.state.pending is not None:
             fault_point("commit")
             pending = self.state.pending
             self.state = replace(self.state, pending=None)
-            save_state(self._dir, self.state)
+            self._save()
             self._report(
                 UpdateReport(
                     pending.offer,
@@ -198,7 +173,14 @@ class Updater(Generic[M]):
             self._report(UpdateReport(**{**earlier, "state": UpdatePhase(earlier["state"])}))
         if self.state.reports:
             self.state = replace(self.state, reports=[])
+            self._save()
+
+    def _save(self) -> None:
+        """Persist the state at start; a disk that refuses is said, never a failed start."""
+        try:
             save_state(self._dir, self.state)
+        except OSError as err:
+            _LOGGER.error("The update state could not be saved: %s", err)
 
     @property
     def installed_version(self) -> str | None:
@@ -215,25 +197,70 @@ class Updater(Generic[M]):
     def _clean_up(self) -> None:
         """Slots neither active nor previous (an install that never switched) and temporary
         state files go; staged downloads stay a while, so offering the release again resumes
-        them, but not for ever (STAGING_MAX_AGE, STAGING_MAX_FILES)."""
-        for leftover in self._dir.glob("*.partial"):
-            leftover.unlink(missing_ok=True)
-        staged = sorted(
-            (p for p in (self._dir / "staging").glob("*") if p.is_file()),
-            key=lambda p: p.stat().st_mtime,
-            reverse=True,
-        )
-        now = time.time()
-        for rank, path in enumerate(staged):
-            if rank >= STAGING_MAX_FILES or now - path.stat().st_mtime > STAGING_MAX_AGE:
-                _LOGGER.info("Removing the staged download %s of a release never installed", path)
-                path.unlink(missing_ok=True)
+        them, but not for ever (STAGING_MAX_AGE, STAGING_MAX_FILES). A link or a special file
+        where the updater keeps its own is removed (never followed) and reported `noted`,
+        `unsafe_file`."""
+        unsafe: list[str] = []
+        try:
+            if self._dir.is_dir():
+                self._clean_up_root(unsafe)
+                self._clean_up_staging(unsafe)
+                self._clean_up_slots(unsafe)
+        except OSError as err:
+            _LOGGER.error("Cleaning up %s failed: %s", self._dir, err)
+        for what in unsafe:
+            _LOGGER.error("Removed %s (never followed)", what)
+            detail = f"{what}: removed, never followed"
+            self._report(
+                UpdateReport("start", UpdatePhase.NOTED, reason="unsafe_file", detail=detail)
+            )
+
+    def _clean_up_root(self, unsafe: list[str]) -> None:
+        with store.directory(self._dir) as root:
+            for name, info in store.entries(root):
+                if name.endswith(".partial"):
+                    store.remove(root, name)
+                elif name in {"staging", "slots"} and not stat.S_ISDIR(info.st_mode):
+                    unsafe.append(f"{name} was {store.kind_of(info)}")
+                    store.remove(root, name)
+
+    def _clean_up_staging(self, unsafe: list[str]) -> None:
+        if not (self._dir / "staging").is_dir():
+            return
+        with store.directory(self._dir, "staging") as staging:
+            staged: list[tuple[float, str]] = []
+            for name, info in store.entries(staging):
+                if stat.S_ISREG(info.st_mode):
+                    staged.append((info.st_mtime, name))
+                else:
+                    unsafe.append(f"staging/{name} was {store.kind_of(info)}")
+                    store.remove(staging, name)
+            now = time.time()
+            for rank, (mtime, name) in enumerate(sorted(staged, reverse=True)):
+                if rank >= STAGING_MAX_FILES or now - mtime > STAGING_MAX_AGE:
+                    _LOGGER.info(
+                        "Removing the staged download %s of a release never installed", name
+                    )
+                    store.remove(staging, name)
+
+    def _clean_up_slots(self, unsafe: list[str]) -> None:
+        if not (self._dir / "slots").is_dir():
+            return
         keep = {self.state.active, self.state.previous}
-        slots = self._dir / "slots"
-        for slot in slots.iterdir() if slots.is_dir() else ():
-            if slot.name not in keep:
-                _LOGGER.info("Removing the unused slot %s", slot)
-                shutil.rmtree(slot, ignore_errors=True)
+        with store.directory(self._dir, "slots") as slots:
+            for name, info in store.entries(slots):
+                if name not in keep:
+                    _LOGGER.info("Removing the unused slot %s", name)
+                    store.remove(slots, name)
+                elif not stat.S_ISDIR(info.st_mode):
+                    unsafe.append(f"slots/{name} was {store.kind_of(info)}")
+                    store.remove(slots, name)
+                else:
+                    with store.directory(self._dir, "slots", name) as slot:
+                        for inner, kind in store.entries(slot):
+                            if not stat.S_ISREG(kind.st_mode):
+                                unsafe.append(f"slots/{name}/{inner} was {store.kind_of(kind)}")
+                                store.remove(slot, inner)
 
     def stop(self) -> None:
         """Stop: an update in progress is cancelled (what was downloaded stays for a resume)."""
@@ -284,8 +311,15 @@ class Updater(Generic[M]):
                     self._update_blocking(offer_id, body)
             except _Cancelled:
                 self._report(UpdateReport(offer_id, UpdatePhase.CANCELLED))
-            except UpdateError as err:
-                _LOGGER.error("Update %s failed: %s", offer_id, err)
+            except UnsafeFileError as err:  # a link planted where the updater keeps its files
+                _LOGGER.error("Update %s refused a file: %s", offer_id, err.strerror)
+                self._report(
+                    UpdateReport(
+                        offer_id, UpdatePhase.FAILED, reason="unsafe_file", detail=str(err.strerror)
+                    )
+                )
+            except UpdateError as err:  # refused or failed, and said so in its event
+                _LOGGER.warning("Update %s failed: %s", offer_id, err)
                 self._report(
                     UpdateReport(offer_id, UpdatePhase.FAILED, reason=err.reason, detail=err.detail)
                 )
@@ -326,6 +360,8 @@ class Updater(Generic[M]):
         base = body.get("base_url")
         if not isinstance(base, str) or urllib.parse.urlsplit(base).scheme not in ("http", "https"):
             raise UpdateError("malformed", "base_url: expected an http(s) URL")
+        if (problem := self._hosts.url_problem(base)) is not None:
+            raise UpdateError("url_not_allowed", f"base_url: {problem}")
         staged = self._download_blocking(offer_id, release, base)
         fault_point("verify")
         slot = self._install_blocking(offer_id, release, staged)
@@ -342,6 +378,8 @@ class Updater(Generic[M]):
             url = str(body["manifest_url"])
             if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
                 raise UpdateError("malformed", "manifest_url: expected an http(s) URL")
+            if (problem := self._hosts.url_problem(url)) is not None:
+                raise UpdateError("url_not_allowed", f"manifest_url: {problem}")
             data = self._fetch_small(url)
         else:
             raise UpdateError("malformed", "expected `manifest` or `manifest_url`")
@@ -354,6 +392,7 @@ class Updater(Generic[M]):
         try:
             return fetch_bytes(
                 url,
+                policy=self._hosts,
                 max_bytes=manifests.MAX_ENVELOPE_BYTES + 1,
                 timeout=self._config.download_timeout,
                 stall_timeout=self._config.download_timeout,
@@ -362,13 +401,14 @@ class Updater(Generic[M]):
         except FetchError as err:
             if err.reason == FetchReason.CANCELLED:
                 raise _Cancelled from None
-            raise UpdateError("download_failed", f"manifest: {err.reason}: {err.detail}") from None
+            _LOGGER.debug("The manifest could not be fetched: %s (%s)", err, err.detail)
+            raise UpdateError("download_failed", f"manifest: {err}") from None
 
     # ---- download -----------------------------------------------------------------------------
 
     def _download_blocking(self, offer_id: str, release: Manifest, base: str) -> dict[str, Path]:
         staging = self._dir / "staging"
-        staging.mkdir(parents=True, exist_ok=True)
+        store.make_directory(self._dir, "staging")  # never a link
         free = shutil.disk_usage(staging).free
         if free < release.total_bytes + _SPARE_BYTES:
             raise UpdateError("no_space", f"{free} bytes free, {release.total_bytes} needed")
@@ -402,7 +442,7 @@ class Updater(Generic[M]):
         self, url: str, staging: Path, entry: FileEntry, progress: Callable[[int], None]
     ) -> Path:
         final = staging / entry.sha256
-        if final.is_file() and _sha256_of(final) == entry.sha256:
+        if self._staged_digest(entry.sha256) == entry.sha256:
             return final
         part = staging / f"{entry.sha256}.part"
         retrying = Retrying(
@@ -419,12 +459,13 @@ class Updater(Generic[M]):
         except FetchError as err:
             if err.reason == FetchReason.CANCELLED:
                 raise _Cancelled from None
+            _LOGGER.debug("%s could not be fetched: %s (%s)", entry.path, err, err.detail)
             if err.reason == FetchReason.RANGE_UNSUPPORTED:
-                raise UpdateError("no_range_support", err.detail) from None
+                raise UpdateError("no_range_support", str(err)) from None
             if err.reason == FetchReason.TOO_LARGE:  # it says it is longer than the manifest
-                raise UpdateError("checksum_mismatch", f"{entry.path}: {err.detail}") from None
-            raise UpdateError("download_failed", f"{err.reason}: {err.detail}") from None
-        if _sha256_of(part) != entry.sha256:
+                raise UpdateError("checksum_mismatch", f"{entry.path}: {err}") from None
+            raise UpdateError("download_failed", str(err)) from None
+        if store.sha256_of(self._dir, ("staging", part.name)) != entry.sha256:
             part.unlink(missing_ok=True)
             raise UpdateError(
                 "checksum_mismatch", f"{entry.path}: sha256 differs from the manifest"
@@ -438,7 +479,7 @@ class Updater(Generic[M]):
         """Fetch the rest of one file into its `.part` (resumed from what is there), never past
         the manifest's length, within `ota.download_deadline`; a cancel is seen within a
         second, even from a server that sends a byte now and then."""
-        have = part.stat().st_size if part.is_file() else 0
+        have = store.file_size(self._dir, ("staging", part.name)) or 0  # never through a link
         if have > entry.length:
             part.unlink()
             have = 0
@@ -446,7 +487,7 @@ class Updater(Generic[M]):
             return  # complete before a restart: only its hash is left to check
         got = [have]
 
-        with part.open("ab") as out:
+        with store.open_append(self._dir, ("staging", part.name)) as out:
 
             def write(block: bytes) -> None:
                 out.write(block)
@@ -458,6 +499,7 @@ class Updater(Generic[M]):
                 fetch(
                     url,
                     write,
+                    policy=self._hosts,
                     max_bytes=entry.length - have,  # never past the manifest's length
                     timeout=self._config.download_deadline,
                     stall_timeout=self._config.download_timeout,
@@ -480,6 +522,13 @@ class Updater(Generic[M]):
                 FetchReason.INCOMPLETE, f"{entry.path}: {got[0]} of {entry.length} bytes"
             )
 
+    def _staged_digest(self, name: str) -> str | None:
+        """The sha256 of a complete staged download, None if there is none."""
+        try:
+            return store.sha256_of(self._dir, ("staging", name))
+        except FileNotFoundError:
+            return None
+
     def _sleep(self, seconds: float) -> None:
         if self._cancel.wait(seconds):
             raise _Cancelled
@@ -492,12 +541,24 @@ class Updater(Generic[M]):
         if self.state.previous == slot:  # about to be overwritten: no longer a rollback target
             self.state = without_previous(self.state)
             save_state(self._dir, self.state)
-        target = self._dir / "slots" / slot
-        shutil.rmtree(target, ignore_errors=True)
-        target.mkdir(parents=True)
-        for name, source in staged.items():
-            os.link(source, target / name)
-        _fsync_dir(target)
+        store.make_directory(self._dir, "slots")
+        with (
+            store.directory(self._dir, "staging") as staging,
+            store.directory(self._dir, "slots") as slots,
+        ):
+            store.remove(slots, slot)  # what was there, a link included (never followed)
+            os.mkdir(slot, 0o755, dir_fd=slots)
+            with store.directory(self._dir, "slots", slot) as target:
+                for name, source in staged.items():
+                    os.link(
+                        source.name,
+                        name,
+                        src_dir_fd=staging,
+                        dst_dir_fd=target,
+                        follow_symlinks=False,
+                    )
+                os.fsync(target)
+            os.fsync(slots)
         fault_point("install")
         return slot
 
@@ -519,6 +580,10 @@ class Updater(Generic[M]):
             raise UpdateError("health_check", "; ".join(str(p) for p in problems)[:300])
         if self._cancel.is_set():
             raise _Cancelled
+        files = {entry.path: entry.sha256 for entry in release.files}
+        problem = store.files_problem(self._dir, slot, files)  # what is loaded is what was verified
+        if problem is not None:
+            raise UpdateError("checksum_mismatch", problem)
         return self._load(model)  # as a start loads it: from the parts the check left in the cache
 
     def _run_check(self, command: list[str]) -> tuple[int, str, str]:
@@ -567,15 +632,16 @@ class Updater(Generic[M]):
             previous_model=old.model,
             model_sha256=release.model.sha256,
             previous_model_sha256=old.model_sha256,
+            files={entry.path: entry.sha256 for entry in release.files},
+            previous_files=old.files,
             pending=Pending(slot, release.release, release.version, offer=offer_id),
         )
         fault_point("switch")
         save_state(self._dir, new)  # the pointer: from here a restart starts with the new model
         self.state = new
         if not self._swap(voice):  # in this process, between two announcements
-            self.state = rolled_back(
-                self.state, "the running agent could not switch", keep_other=False
-            )
+            _LOGGER.warning("Back to release %d: the agent could not switch", old.release)
+            self.state = rolled_back(self.state, keep_other=False)
             save_state(self._dir, self.state)
             raise UpdateError("switch_failed", "the running agent could not take the new model")
         fault_point("commit")
@@ -589,19 +655,28 @@ class Updater(Generic[M]):
         self._clean_staging(release)
 
     def _rollback_blocking(self, offer_id: str) -> None:
+        """Back to the rollback target: a slot only if its release is not revoked and its files
+        still have the digests they were installed with (else refused with `revoked` or
+        `damaged`, and the model speaking goes on); the configured model when the slot left
+        behind is no target."""
         if self.state.previous is None and self.state.active is None:
             raise UpdateError("nothing_to_roll_back", "the factory model is active")
         fault_point("rollback")
-        target = rolled_back(self.state, "rollback requested")
-        model = self._model_of(target)
+        target = rolled_back(self.state)
+        problem = slot_problem(self._dir, target)
+        if problem is not None:
+            reason, detail = problem
+            raise UpdateError(
+                reason,
+                f"the rollback target, release {target.release}: {detail}; release "
+                f"{self.state.release} goes on speaking",
+            )
+        _LOGGER.warning("Rolling back from release %d to %d", self.state.release, target.release)
         try:  # loaded first: the pointer moves only to a model that loads
-            voice = self._load(model)
+            voice = self._load(self._model_of(target))
         except Exception as err:
             raise UpdateError("switch_failed", f"the previous model does not load: {err}") from err
-        self.state = target
-        save_state(self._dir, self.state)
-        if not self._swap(voice):
-            raise UpdateError("switch_failed", "the running agent could not take the model")
+        self._switch_to(target, voice)
         self._report(
             UpdateReport(
                 offer_id,
@@ -611,10 +686,21 @@ class Updater(Generic[M]):
             )
         )
 
+    def _switch_to(self, target: UpdateState, voice: M) -> None:
+        """Move the pointer to `target` and the running agent to its loaded model; the pointer
+        moves back if the agent cannot switch."""
+        before = self.state
+        self.state = target
+        save_state(self._dir, self.state)
+        if not self._swap(voice):
+            self.state = before
+            save_state(self._dir, self.state)
+            raise UpdateError("switch_failed", "the running agent could not take the model")
+
     def _revoke_blocking(self, offer_id: str, envelope: object) -> None:
         """A signed revocation: kept if newer than the one known; the active release, if it
-        is revoked, is left at once for the previous one (if not revoked too) or the configured
-        model."""
+        is revoked, is left at once for the previous one (if that one is not revoked too, its
+        files still have their digests and it loads) or the configured model."""
         if not self._trusted:
             raise UpdateError("no_trusted_keys", "ota.trusted_keys is empty")
         if not isinstance(envelope, dict):
@@ -625,7 +711,7 @@ class Updater(Generic[M]):
         if revocation.device_class != self._config.device_class:
             raise UpdateError("wrong_target", f"for {revocation.device_class}")
         known = self.state.revocation
-        if known is not None and revocation.issued.isoformat() <= str(known["issued"]):
+        if known is not None and revocation.issued <= datetime.fromisoformat(known["issued"]):
             _LOGGER.debug("Revocation %s is not newer than the one kept", offer_id)
             return  # the retained one, read again at every connect
         stored = {
@@ -639,21 +725,33 @@ class Updater(Generic[M]):
             self._report(UpdateReport(offer_id, UpdatePhase.NOTED, release=self.state.release))
             return
         revoked = self.state.release
-        target = rolled_back(self.state, f"release {revoked} revoked", keep_other=False)
-        if self.state.previous is None or _unusable(self._dir, target) is not None:
-            target = without_previous(
-                replace(
-                    self.state, release=0, version=None, active=None, model=None, model_sha256=None
-                )
-            )
-        voice = self._load(self._model_of(target))  # loaded first, as a rollback does
-        self.state = target
-        save_state(self._dir, self.state)
-        if not self._swap(voice):
-            raise UpdateError("switch_failed", "the running agent could not take the model")
+        detail = f"release {revoked} was revoked"
+        target = on_factory(self.state)
+        if self.state.previous is not None:
+            back = rolled_back(self.state, keep_other=False)
+            problem = slot_problem(self._dir, back)
+            if problem is None:
+                target = back
+            else:
+                detail += f"; not release {back.release}: {problem[1]}"
+        try:  # loaded first, as a rollback does
+            voice = self._load(self._model_of(target))
+        except Exception as err:
+            if target.active is None:
+                raise
+            _LOGGER.exception("Release %d does not load", target.release)
+            detail += f"; not release {target.release}: it does not load ({err})"
+            target = on_factory(self.state)
+            voice = self._load(self._factory)
+        _LOGGER.warning("Leaving the revoked release %d for %d", revoked, target.release)
+        self._switch_to(target, voice)
         self._report(
             UpdateReport(
-                offer_id, UpdatePhase.ROLLED_BACK, reason="revoked", release=self.state.release
+                offer_id,
+                UpdatePhase.ROLLED_BACK,
+                reason="revoked",
+                detail=detail[:300],
+                release=self.state.release,
             )
         )
 
@@ -663,161 +761,16 @@ class Updater(Generic[M]):
         return self._dir / "slots" / state.active / state.model
 
     def _clean_staging(self, release: Manifest) -> None:
-        for entry in release.files:
-            (self._dir / "staging" / entry.sha256).unlink(missing_ok=True)
+        """The installed release's staged files go (the slot holds them now)."""
+        try:
+            with store.directory(self._dir, "staging") as staging:
+                for entry in release.files:
+                    store.remove(staging, entry.sha256)
+        except OSError as err:  # installed all the same; the next start cleans up
+            _LOGGER.error("The staged files of release %d stay: %s", release.release, err)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-def start_model(config: OtaConfig, directory: Path, factory: Path) -> Path:
-    """At start, before the voices load: the model to start with. A switch not yet confirmed
-    counts this start; after `max_start_attempts` starts it is rolled back. The active slot's
-    model is checked against its digest and the stored revocation: a damaged or revoked one is
-    left for the previous verified slot, or the configured model (`rolled_back`, reason
-    `damaged` or `revoked`)."""
-    state = load_state(directory)
-    if state.pending is not None:
-        state.pending.attempts += 1
-        if state.pending.attempts > config.max_start_attempts:
-            failed = state.pending
-            state = rolled_back(
-                state,
-                f"{failed.attempts - 1} starts with release {failed.release}",
-                keep_other=False,
-            )
-            report = UpdateReport(
-                failed.offer, UpdatePhase.ROLLED_BACK, reason="start_failed", release=failed.release
-            )
-            state.reports.append(asdict(report))
-        save_state(directory, state)
-    problem = _unusable(directory, state)
-    if problem is not None:
-        reason, detail = problem
-        state = _fallen_back(directory, state, reason, detail)
-    if state.active is None or state.model is None:
-        return factory
-    return directory / "slots" / state.active / state.model
-
-
-def fall_back(directory: Path, factory: Path, detail: str) -> Path:
-    """The active slot's model did not load: leave it as `damaged` (see `start_model`); the
-    model to load instead."""
-    state = _fallen_back(directory, load_state(directory), "damaged", detail)
-    if state.active is None or state.model is None:
-        return factory
-    return directory / "slots" / state.active / state.model
-
-
-def _unusable(directory: Path, state: UpdateState) -> tuple[str, str] | None:
-    """Why the active slot cannot be used, if it cannot (reason, detail)."""
-    if state.active is None or state.model is None:
-        return None
-    if state.revoked(state.release):
-        return "revoked", f"release {state.release} was revoked"
-    model = directory / "slots" / state.active / state.model
-    if not model.is_file():
-        return "damaged", f"{model.name} is missing"
-    if state.model_sha256 is not None and _sha256_of(model) != state.model_sha256:
-        return "damaged", f"{model.name} no longer has the digest it was installed with"
-    return None
-
-
-def _fallen_back(directory: Path, state: UpdateState, reason: str, detail: str) -> UpdateState:
-    """The state moved off an unusable active slot: to the previous one if that one is usable
-    (never back), else to the configured model; the report kept for after the start."""
-    _LOGGER.error("Release %d cannot be used (%s): %s", state.release, reason, detail)
-    failed = state.release
-    offer = state.pending.offer if state.pending is not None else "start"
-    back = rolled_back(state, detail, keep_other=False) if state.previous is not None else None
-    if back is None or _unusable(directory, back) is not None:
-        back = without_previous(
-            replace(state, release=0, version=None, active=None, model=None, model_sha256=None)
-        )
-    back.reports.append(
-        asdict(
-            UpdateReport(
-                offer, UpdatePhase.ROLLED_BACK, reason=reason, detail=detail, release=failed
-            )
-        )
-    )
-    save_state(directory, back)
-    return back
-
-
-def rolled_back(state: UpdateState, why: str, *, keep_other: bool = True) -> UpdateState:
-    """The state with the previous slot active again. With `keep_other` the slot left becomes
-    the previous one (a second rollback returns to it); without, it is no rollback target (it
-    was never confirmed: failed starts, a refused switch)."""
-    _LOGGER.warning("Rolling back to release %d: %s", state.previous_release, why)
-    back = replace(
-        state,
-        release=state.previous_release,
-        version=state.previous_version,
-        active=state.previous,
-        model=state.previous_model,
-        model_sha256=state.previous_model_sha256,
-        previous=state.active,
-        previous_release=state.release,
-        previous_version=state.version,
-        previous_model=state.model,
-        previous_model_sha256=state.model_sha256,
-        pending=None,
-    )
-    return back if keep_other else without_previous(back)
-
-
-def without_previous(state: UpdateState) -> UpdateState:
-    """The state with no rollback target."""
-    return replace(
-        state,
-        previous=None,
-        previous_release=0,
-        previous_version=None,
-        previous_model=None,
-        previous_model_sha256=None,
-    )
-
-
-def load_state(directory: Path) -> UpdateState:
-    """The persisted state (a fresh one when there is none)."""
-    path = directory / "state.json"
-    try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-        pending = body.pop("pending", None)
-        known = {f.name for f in fields(UpdateState)}
-        body = {k: v for k, v in body.items() if k in known}  # a newer version's keys go
-        return UpdateState(**body, pending=Pending(**pending) if pending else None)
-    except FileNotFoundError:
-        return UpdateState()
-    except (ValueError, TypeError) as err:  # written atomically, so only by hand or a bad disk
-        _LOGGER.error("%s is unreadable (%s): starting with the factory model", path, err)
-        return UpdateState()
-
-
-def save_state(directory: Path, state: UpdateState) -> None:
-    """Write the state atomically and durably: temporary file, fsync, rename, fsync of the dir."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".partial")
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump(asdict(state), out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, directory / "state.json")
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256_of(path: Path) -> str:
-    with path.open("rb") as data:
-        return hashlib.file_digest(data, "sha256").hexdigest()
 
 
 _RETRIED: Final = frozenset(
@@ -833,6 +786,8 @@ _RETRIED: Final = frozenset(
 
 
 def _worth_retrying(err: BaseException) -> bool:
+    if isinstance(err, UnsafeFileError):  # a planted link stays where it is: no second try
+        return False
     if isinstance(err, FetchError):
         server_error = err.reason == FetchReason.HTTP_ERROR and (err.status or 0) >= 500
         return err.reason in _RETRIED or server_error

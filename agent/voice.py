@@ -8,8 +8,7 @@ flow head and one small decoder chunk instead of after the whole model. A voice 
 not split runs whole (logged once at load). `Voice.stream` is the one way audio comes out:
 phoneme ids in, float chunks out, honouring a `Cancellation` from another thread. Not
 thread-safe otherwise: one synthesis thread uses a voice (the espeak-ng library behind the
-phonemizer is global state). Allowed imports: stdlib, numpy, onnxruntime, piper, `chunking`,
-`decoder_parts`, `sessions`.
+phonemizer is global state).
 """
 
 from __future__ import annotations
@@ -32,10 +31,18 @@ from piper.phoneme_ids import phonemes_to_ids
 from piper.phonemize_espeak import ESPEAK_DATA_DIR, _merge_known_vowel_clusters
 
 from .chunking import FIRST_FRAMES, FRAME_GROWTH, MAX_FRAMES, frame_chunks
-from .decoder_parts import Parts, decode_frames, encode, split_parts, with_context
-from .sessions import SPEAKER_INPUT, graph_feed, model_digest, takes, whole_session
+from .decoder_build import split_parts
+from .decoder_parts import Parts, decode_frames, encode, with_context
+from .pcm import PCM16
+from .sessions import (
+    SPEAKER_INPUT,
+    graph_feed,
+    model_digest,
+    takes,
+    usable_cache_dir,
+    whole_session,
+)
 
-PCM16 = npt.NDArray[np.int16]
 Audio = npt.NDArray[np.float32]
 _MAX_INT16: Final = 32767.0
 _PREWARM_TEXT: Final = "Ready."
@@ -209,6 +216,7 @@ class Voice:
             raise ValueError(
                 f"{config_path}: phoneme_type {config.phoneme_type.value!r} unsupported"
             )
+        cache_dir = usable_cache_dir(cache_dir)  # a cache that is a symbolic link: none
         digest = model_digest(model_path, cache_dir)
         parts = None
         if split:

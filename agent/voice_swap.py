@@ -4,7 +4,7 @@ The updater has a new voice loaded and checked; it asks for the switch and waits
 through the inbox like every input; the core decides when (once nothing plays: `SwapRequested`
 then `SwitchVoice`), the loop switches and answers. If nothing went quiet within the wait, the
 updater withdraws the ask through the inbox too, and the loop answers either way: switched (it
-got there first) or declined. One answer per ask, no lock. Allowed imports: stdlib.
+got there first) or declined. One answer per ask, no lock.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Loading the configured voices: the default one (from its update slot when a model update is
 installed), the others by id, each prewarmed with its synthesis parameters. Part of the
-composition: it joins the voice edge and the updater's start-up. Allowed imports: stdlib,
-`catalog`, `config`, `synthesizer`, `updater`, `voice`.
+composition: it joins the voice edge and the choice of model at start.
 """
 
 from __future__ import annotations
@@ -16,9 +15,10 @@ from pathlib import Path
 from . import allocator
 from .catalog import Catalog, VoiceFacts
 from .config import AgentConfig, resolve_cache_dir, resolve_storage_dir
+from .egress import EgressPolicy
+from .model_at_start import fall_back, start_model
 from .sessions import use_memory_arena
 from .synthesizer import VoiceChoice
-from .updater import fall_back, start_model
 from .voice import SynthesisParams, Voice, bundled_voice, seed_random
 
 _LOGGER = logging.getLogger(__name__)
@@ -73,23 +73,31 @@ def choice_for(config: AgentConfig, voice_id: str, voice: Voice) -> VoiceChoice:
 
 def load_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
     """Every configured voice, loaded and prewarmed; the default one from its update slot when a
-    model update is installed (see `updater.start_model`)."""
+    model update is installed (see `model_at_start.start_model`)."""
     use_memory_arena(not config.tts.low_memory)  # before the first session is made
     if config.tts.low_memory:
         allocator.return_large_blocks()
     factory = default = factory_model(config)
     if config.ota.trusted_keys:
         default = start_model(config.ota, ota_directory(config), factory)
-    try:
-        chosen = load_voice(config, "default", default)
-    except Exception as err:
-        if default == factory:
-            raise  # the configured model itself: nothing to fall back to
-        _LOGGER.exception("The installed model %s does not load", default)
-        chosen = load_voice(config, "default", fall_back(ota_directory(config), factory, str(err)))
-    voices = {"default": chosen}
+    voices = {"default": _load_default(config, default, factory)}
     voices |= {vid: load_voice(config, vid) for vid in config.tts.voices}
     return voices
+
+
+def _load_default(config: AgentConfig, model: Path, factory: Path) -> VoiceChoice:
+    """The default voice from `model`; an installed model that does not load is left (see
+    `model_at_start.fall_back`) for the previous slot, then the configured model, each tried
+    once."""
+    for _ in range(3):  # the active slot, the previous one, the configured model
+        try:
+            return load_voice(config, "default", model)
+        except Exception as err:
+            if model == factory:
+                raise  # the configured model itself: nothing to fall back to
+            _LOGGER.exception("The installed model %s does not load", model)
+            model = fall_back(ota_directory(config), factory, str(err)[:200])
+    return load_voice(config, "default", factory)
 
 
 def voice_names(voices: Mapping[str, VoiceChoice]) -> dict[str, str]:
@@ -111,10 +119,13 @@ def voice_names(voices: Mapping[str, VoiceChoice]) -> dict[str, str]:
 
 
 def catalog(
-    voices: Mapping[str, VoiceChoice], chimes: frozenset[str], sounds: frozenset[str]
+    voices: Mapping[str, VoiceChoice],
+    chimes: frozenset[str],
+    sounds: frozenset[str],
+    media_hosts: EgressPolicy | None = None,
 ) -> Catalog:
-    """What the core checks requests against: each voice's language and speakers, chimes and
-    the names of `audio.media`."""
+    """What the core checks requests against: each voice's language and speakers, chimes, the
+    names of `audio.media` and the hosts of `audio.media_hosts` (None: none)."""
     facts = {
         vid: VoiceFacts(
             choice.voice.info.language,
@@ -123,4 +134,4 @@ def catalog(
         )
         for vid, choice in voices.items()
     }
-    return Catalog(facts, chimes, sounds)
+    return Catalog(facts, chimes, sounds, media_hosts or EgressPolicy())

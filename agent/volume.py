@@ -1,5 +1,5 @@
 """How loud an announcement plays: requested volume times the global volume, with a floor for
-alarm and critical that neither can push it under. Pure. Allowed imports: `messages`."""
+alarm and critical that neither can push it under. Pure."""
 
 from __future__ import annotations
 

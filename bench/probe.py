@@ -76,6 +76,11 @@ class Probe:
         with self._changed:
             return len(self._arrivals)
 
+    def arrivals(self, since: int = 0) -> list[Arrival]:
+        """The arrivals after the mark `since`, in order."""
+        with self._changed:
+            return self._arrivals[since:]
+
     def publish(self, topic: str, payload: bytes) -> float:
         """Publish at QoS 1; returns the perf_counter time just before the call."""
         sent = time.perf_counter()

@@ -276,7 +276,7 @@ def _epoch(stamp: str) -> float:
 
 
 def write_markdown(path: Path, machine: dict[str, Any], results: dict[str, Any]) -> None:
-    """ROOMS.md: the tables the README quotes."""
+    """ROOMS.md: the tables docs/performance.md quotes."""
     lead, idle = results["lead"], results["idle"]
     lines = [
         "# Rooms: synchronised group announcements, lead time, idle costs",

@@ -184,13 +184,13 @@ def _doorbell(work: Path) -> Path:
 def int8_voice(model: Path, out_dir: Path, cache_dir: Path, say: Progress) -> Voice | None:
     """The INT8 tier that passed the quality gate (docs/quantization.md), built from the bundled
     voice as the operator tool builds it; None if it cannot be built here."""
-    from ota.quantize import (  # noqa: PLC0415 - the operator tool, only for this
+    from tiers.quantize import (  # noqa: PLC0415 - the operator tool, only for this
         CALIBRATION_TEXTS,
         THREADS,
         select_variants,
         sentence_ids,
     )
-    from ota.variants import BuildInputs  # noqa: PLC0415
+    from tiers.variants import BuildInputs  # noqa: PLC0415
 
     say("building the INT8 tier (int8-static-conv-u8-keep-last-stage)")
     variant = select_variants("int8-static-conv-u8-keep-last-stage")[1]

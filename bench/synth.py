@@ -29,7 +29,8 @@ from agent.chunking import (
     grow,
 )
 from agent.config import TtsConfig
-from agent.voice import PCM16, FramePlan, SynthesisParams, Voice, to_pcm16
+from agent.pcm import PCM16
+from agent.voice import FramePlan, SynthesisParams, Voice, to_pcm16
 from bench.agent_side import Memory
 from harness import TIMEOUT
 

@@ -54,17 +54,22 @@ def write_config(path: Path, config: Mapping[str, Any]) -> Path:
 class AgentProcess:
     """`python -m agent run` as a subprocess, as a user or systemd would start it."""
 
-    def __init__(self, config: Path, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config: Path, log: Path, env: dict[str, str] | None = None, debug: bool = False
+    ) -> None:
         self.config = config
         self.log = log
         self.env = {**os.environ, **(env or {})}
+        self.debug = debug
+        """Run with `--debug` (debug messages in the log)."""
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         """Start it (returns at once; wait for `online` to know it is ready)."""
         with self.log.open("ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "agent", "run", "--config", str(self.config)],
+                [sys.executable, "-m", "agent", "run", "--config", str(self.config)]
+                + (["--debug"] if self.debug else []),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=self.env,

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,26 @@ class Broker:
         self.config.write_text("\n".join(lines) + "\n", encoding="utf-8")
         self.log = workdir / "mosquitto.log"
         self._process: subprocess.Popen[bytes] | None = None
+
+    def require_login(self, passwords: Mapping[str, str], acl: Path | None = None) -> Path:
+        """Refuse anonymous clients: only these users, with these passwords (a password file
+        made by `mosquitto_passwd`), and `acl` as its ACL file when given. Call before start();
+        returns the password file."""
+        passwd = self.workdir / "passwd"
+        passwd.unlink(missing_ok=True)
+        for user, password in passwords.items():
+            args = ["mosquitto_passwd", "-b", str(passwd), user, password]
+            if not passwd.exists():
+                args.insert(1, "-c")
+            subprocess.run(args, check=True, capture_output=True, timeout=TIMEOUT)
+        passwd.chmod(0o600)  # Mosquitto 2.0 warns about a password file others can read
+        text = self.config.read_text(encoding="utf-8")
+        text = text.replace("allow_anonymous true", "allow_anonymous false")
+        text += f"password_file {passwd}\n"
+        if acl is not None:
+            text += f"acl_file {acl}\n"
+        self.config.write_text(text, encoding="utf-8")
+        return passwd
 
     def start(self) -> None:
         """Start and wait until the port accepts connections."""

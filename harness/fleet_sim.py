@@ -1,4 +1,4 @@
-"""Simulated nodes that speak the OTA contract (README: Model updates over the air), by the
+"""Simulated nodes that speak the OTA contract (docs/updates.md), by the
 thousand, for testing and measuring the operator's tool.
 
 Each node is its own MQTT 5 connection (own client id, persistent session, Last Will `offline` on
@@ -80,6 +80,8 @@ class NodeSpec:
     """A failure reason this node's updates end with (e.g. `health_check`)."""
     fail_release: int | None = None
     """Only offers of this release fail (None: every offer)."""
+    fail_detail: str = "simulated failure"
+    """The `detail` of those failures (free text, as a node may send any)."""
     mute: bool = False
     """Online but never answers an offer (a hung agent)."""
 
@@ -549,7 +551,7 @@ class SimFleet:
         if node.cancelled:
             self._final(node, offer, UpdatePhase.CANCELLED)
         elif fails is not None:
-            detail = "simulated failure"
+            detail = node.spec.fail_detail
             self._final(node, offer, UpdatePhase.FAILED, reason=fails, detail=detail)
         else:
             node.previous, node.model = node.model, new

@@ -4,7 +4,8 @@
   manifest MODEL.onnx --release N --version V [--expires-days D] [--device-class C] [--notes T]
   sign MANIFEST --key KEY [--key KEY2]
   verify SIGNED --public-key B64 [...]
-  serve DIR [--port 8000]             releases over HTTP with Range, for a LAN
+  serve DIR [--port 8000] [--bind ADDR]  the release files over HTTP with Range (loopback unless
+                                      --bind names an address: 0.0.0.0 or the LAN's); no listing
   status [--group G] [--json] [--watch]          the inventory, from retained state
   offer SIGNED --base-url URL (--node N | --group G | --all) [--wait S]
   rollout SIGNED --base-url URL (--nodes A,B | --group G | --device-class C) [--waves 1,10,50,100]
@@ -17,12 +18,13 @@
   rollback --node N                   return a node to its previous model
 Every command that talks to the broker takes --broker host:port, --prefix, --username,
 --password-file, --tls, --ca-file, --cert-file, --key-file.
-(`python -m ota.quantize` builds and judges quantized variants of a voice.)
+(`python -m tiers.quantize` builds and judges quantized variants of a voice.)
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import time
 import uuid
@@ -34,6 +36,7 @@ from ota import connection, fleet, inventory, release, rollout_report, rollout_s
 from ota import rollout as rollouts
 from ota.connection import BrokerError, BrokerSettings
 from ota.rollout_state import Status
+from ota.safe_text import say
 
 EXIT_HALTED = 1
 EXIT_USAGE = 2
@@ -68,9 +71,15 @@ def _parser() -> argparse.ArgumentParser:
     verifying = commands.add_parser("verify", help="check a signed manifest")
     verifying.add_argument("signed", type=Path)
     verifying.add_argument("--public-key", action="append", required=True)
-    serving = commands.add_parser("serve", help="serve releases over HTTP (with Range)")
+    serving = commands.add_parser("serve", help="serve release files over HTTP (with Range)")
     serving.add_argument("directory", type=Path)
     serving.add_argument("--port", type=int, default=8000)
+    serving.add_argument(
+        "--bind",
+        default=release.DEFAULT_BIND,
+        help=f"address to listen on (default {release.DEFAULT_BIND}: this machine only; "
+        "0.0.0.0 or the LAN address to serve the nodes)",
+    )
     _fleet_commands(commands)
     _revoke_command(commands)
     return parser
@@ -153,7 +162,7 @@ def _stale_option(parser: argparse.ArgumentParser) -> None:
 
 def _keygen(args: argparse.Namespace) -> int:
     path, public = release.generate_key(args.directory, args.name)
-    print(f"private key: {path}\npublic key (for ota.trusted_keys): {public}")
+    say(f"private key: {path}\npublic key (for ota.trusted_keys): {public}")
     return 0
 
 
@@ -168,7 +177,7 @@ def _manifest(args: argparse.Namespace) -> int:
         notes=args.notes,
     )
     args.out.write_bytes(data)
-    print(f"{args.out}: release {args.release}, {len(data)} bytes")
+    say(f"{args.out}: release {args.release}, {len(data)} bytes")
     return 0
 
 
@@ -176,7 +185,7 @@ def _sign(args: argparse.Namespace) -> int:
     keys = [release.load_private_key(k) for k in args.key]
     out = args.out or args.manifest.with_suffix(".signed.json")
     out.write_bytes(release.sign(args.manifest.read_bytes(), keys))
-    print(f"{out}: signed by {len(keys)} key(s)")
+    say(f"{out}: signed by {len(keys)} key(s)")
     return 0
 
 
@@ -186,13 +195,17 @@ def _verify(args: argparse.Namespace) -> int:
         key = manifests.public_key_from_text(text)
         trusted[manifests.key_id(key)] = key
     checked = manifests.verify(args.signed.read_bytes(), trusted)
-    print(checked)
+    say(str(checked))
     return 1 if isinstance(checked, manifests.Refusal) else 0
 
 
 def _serve(args: argparse.Namespace) -> int:
-    server = release.serve(args.directory, args.port)
-    print(f"serving {args.directory} on port {args.port} (Ctrl-C stops)")
+    if not args.directory.is_dir():
+        raise ValueError(f"{args.directory}: not a directory")
+    server = release.serve(args.directory, args.port, host=args.bind)
+    port = server.server_address[1]
+    shown = f"[{args.bind}]" if ":" in args.bind else args.bind
+    say(f"serving the files of {args.directory} on http://{shown}:{port}/ (Ctrl-C stops)")
     try:
         while True:
             time.sleep(3600)
@@ -243,7 +256,7 @@ def _revoke(args: argparse.Namespace) -> int:
         client.publish_revocation(envelope)
     finally:
         client.close()
-    print(f"revocation published (retained): below {args.min_release}, and {revoked or 'none'}")
+    say(f"revocation published (retained): below {args.min_release}, and {revoked or 'none'}")
     return 0
 
 
@@ -268,13 +281,13 @@ def _targets(args: argparse.Namespace, client: fleet.Fleet) -> tuple[list[str], 
         silent = sum(1 for r in records if r.ota_groups is None)
         what = f"ota group {args.group}"
     else:
-        nodes = [r.node for r in records if r.field("device_class") == args.device_class]
-        silent = sum(1 for r in records if r.field("device_class") is None)
+        nodes = [r.node for r in records if r.state.device_class == args.device_class]
+        silent = sum(1 for r in records if r.state.device_class is None)
         what = f"device class {args.device_class}"
     if not nodes:
         raise ValueError(
             f"no node in the inventory ({len(records)} known) is in {what}"
-            + (f"; {silent} do not publish that field" if silent else "")
+            + (f"; {silent} publish no usable value of that field" if silent else "")
         )
     return nodes, f"{what} ({len(nodes)} nodes)"
 
@@ -302,7 +315,7 @@ def _start_rollout(args: argparse.Namespace) -> tuple[rollout_state.Rollout, Pat
     )
     try:
         if not client.sync():
-            print("warning: the inventory may be incomplete (no sync echo)", file=sys.stderr)
+            say("warning: the inventory may be incomplete (no sync echo)", sys.stderr)
         nodes, target = _targets(args, client)
         plan = rollouts.new_rollout(
             rollouts_id,
@@ -327,7 +340,7 @@ def _start_rollout(args: argparse.Namespace) -> tuple[rollout_state.Rollout, Pat
         client.close(forget_session=True)
         raise
     sizes = ", ".join(str(len(w.nodes)) for w in plan.waves)
-    print(f"rollout {plan.id}: release {number} to {target}; waves of {sizes}; state in {path}")
+    say(f"rollout {plan.id}: release {number} to {target}; waves of {sizes}; state in {path}")
     return plan, path, client
 
 
@@ -347,7 +360,7 @@ def _resume_rollout(args: argparse.Namespace) -> tuple[rollout_state.Rollout, Pa
     )
     client.sync()
     kept = "kept" if client.session_present else "lost (answers come from retained state)"
-    print(f"resuming rollout {plan.id} ({plan.status}); the broker session was {kept}")
+    say(f"resuming rollout {plan.id} ({plan.status}); the broker session was {kept}")
     return plan, path, client
 
 
@@ -361,12 +374,12 @@ def _rollout(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         rollout_state.save(path, plan)
         client.close()
-        print(f"\ninterrupted: continue with `python -m ota rollout --resume {path}`")
+        say(f"\ninterrupted: continue with `python -m ota rollout --resume {path}`")
         return EXIT_INTERRUPTED
     report = args.report or path.with_suffix(".md")
     markdown, png = rollout_report.write(plan, report)
     client.close(forget_session=True)
-    print(f"{final}: report {markdown} (chart {png}); state {path}")
+    say(f"{final}: report {markdown} (chart {png}); state {path}")
     return {Status.DONE: 0, Status.HALTED: EXIT_HALTED}.get(final, EXIT_ABORTED)
 
 
@@ -375,28 +388,31 @@ def _rollout_control(args: argparse.Namespace) -> int:
     if args.action == "show":
         pending = rollout_state.read_control(args.state_file)
         waves = ", ".join(f"w{w.index + 1} {w.outcome or 'waiting'}" for w in plan.waves)
-        print(f"rollout {plan.id}: {plan.status}; {waves}")
+        say(f"rollout {plan.id}: {plan.status}; {waves}")
         if plan.halt_reason:
-            print(f"reason: {plan.halt_reason}")
+            say(f"reason: {plan.halt_reason}")
         if pending and pending[1] > (plan.control_at or 0):
-            print(f"pending command: {pending[0]}")
+            say(f"pending command: {pending[0]}")
         return 0
     if plan.status in Status.ENDED:
         raise ValueError(f"rollout {plan.id} already ended ({plan.status})")
     rollout_state.write_control(args.state_file, args.action)
-    print(f"{args.action}: written for rollout {plan.id} (acted on within a second)")
+    say(f"{args.action}: written for rollout {plan.id} (acted on within a second)")
     return 0
 
 
 def _rollout_report(args: argparse.Namespace) -> int:
     plan = rollout_state.load(args.state_file)
     markdown, png = rollout_report.write(plan, args.out or args.state_file.with_suffix(".md"))
-    print(f"{markdown} (chart {png})")
+    say(f"{markdown} (chart {png})")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit code."""
+    for stream in (sys.stdout, sys.stderr):  # a terminal that is not UTF-8 gets escapes too
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
     handlers = {
         "keygen": _keygen,
@@ -415,10 +431,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except FileExistsError as err:
-        print(f"error: {err.filename} exists: a key is never overwritten", file=sys.stderr)
+        say(f"error: {err.filename} exists: a key is never overwritten", sys.stderr)
         return EXIT_USAGE
     except (BrokerError, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        say(f"error: {err}", sys.stderr)
         return EXIT_USAGE
 
 

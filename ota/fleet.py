@@ -1,9 +1,12 @@
 """The operator's live view of the fleet over MQTT: the inventory from retained status and state,
 the nodes' update events, and offers and commands sent to them.
 
-One paho client (its network thread feeds the inventory and the event log). A rollout uses a
-persistent session (MQTT 5 session expiry, clean start off when resuming), so update events
-published while the tool was down are delivered when it comes back.
+One paho client. Its network thread only stores what arrives (the inventory keeps each node's
+newest payloads, update events wait in a bounded backlog); the payloads are parsed and validated
+(`ota.node_messages`) on the thread that reads them, so no payload can stop or stall the network
+thread, and an exception in the callback is counted (`unread`), never raised into paho. A
+rollout uses a persistent session (MQTT 5 session expiry, clean start off when resuming), so
+update events published while the tool was down are delivered when it comes back.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 import paho.mqtt.client as mqtt
@@ -23,6 +25,10 @@ from paho.mqtt.properties import Properties
 from agent.states import FINAL_PHASES, GOOD_PHASES
 from ota.connection import BrokerError, BrokerSettings, connect, new_client
 from ota.inventory import Inventory
+from ota.node_messages import MAX_EVENT_BYTES, UpdateEvent, parse_update_event
+from ota.safe_text import say
+
+__all__ = ["FINAL", "GOOD", "Fleet", "UpdateEvent", "offer_body"]
 
 FINAL: Final = FINAL_PHASES
 """Update states after which a node is done with an offer."""
@@ -30,48 +36,12 @@ GOOD: Final = GOOD_PHASES
 """Final states that leave a node on the offered release."""
 PUBLISH_STALL: Final = 120.0
 """Seconds without a single acknowledgement of pending publications before giving up."""
-
-
-@dataclass(frozen=True)
-class UpdateEvent:
-    """One `update` event of a node (progress or result of an offer or command)."""
-
-    node: str
-    offer: str
-    state: str
-    at: float
-    """Wall time the tool received it."""
-    reason: str | None = None
-    detail: str | None = None
-    release: int | None = None
-    progress: int | None = None
-    ts: str | None = None
-
-    @property
-    def final(self) -> bool:
-        """Whether the node is done with the offer."""
-        return self.state in FINAL
-
-
-def _update_event(node: str, body: dict[str, Any], at: float) -> UpdateEvent | None:
-    if body.get("event") != "update" or not isinstance(body.get("state"), str):
-        return None
-    release, progress = body.get("release"), body.get("progress")
-    return UpdateEvent(
-        node=node,
-        offer=str(body.get("id")),
-        state=body["state"],
-        at=at,
-        reason=body.get("reason") if isinstance(body.get("reason"), str) else None,
-        detail=body.get("detail") if isinstance(body.get("detail"), str) else None,
-        release=release if isinstance(release, int) else None,
-        progress=progress if isinstance(progress, int) else None,
-        ts=body.get("ts") if isinstance(body.get("ts"), str) else None,
-    )
+MAX_BACKLOG_BYTES: Final = 64 * 1024 * 1024
+"""Bytes of update events waiting to be read; beyond, events are dropped (and counted)."""
 
 
 def offer_body(envelope: bytes, base_url: str, offer_id: str) -> dict[str, Any]:
-    """The JSON of an offer (README: Model updates over the air)."""
+    """The JSON of an offer (docs/updates.md)."""
     return {"id": offer_id, "manifest": json.loads(envelope), "base_url": base_url}
 
 
@@ -93,6 +63,12 @@ class Fleet:
         self.inventory = Inventory(settings.prefix)
         self._lock = threading.Lock()
         self._log: list[UpdateEvent] = []
+        self._backlog: list[tuple[str, bytes, float]] = []  # (node, payload, at), unparsed
+        self._backlog_bytes = 0
+        self.dropped = 0
+        """Update events not kept: over MAX_EVENT_BYTES, or the backlog was full."""
+        self.unread = 0
+        """Messages whose handling raised in paho's callback (ignored; the thread goes on)."""
         self._last: dict[str, dict[str, UpdateEvent]] = {}  # offer -> node -> newest event
         self._final: dict[str, dict[str, UpdateEvent]] = {}  # offer -> node -> newest final
         self._subscribed = threading.Event()
@@ -126,26 +102,45 @@ class Fleet:
             client.subscribe(self._topics)
 
     def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
-        now = time.time()
-        if message.topic == self._sync_topic:
-            with self._lock:
-                self._synced.add(message.payload.decode("ascii", "replace"))
-            return
-        node = self.inventory.feed(message.topic, bytes(message.payload), bool(message.retain), now)
-        if node is None or not message.topic.endswith("/events"):
-            return
+        """On paho's thread: store, never parse; nothing raised reaches paho."""
         try:
-            body = json.loads(message.payload)
-        except ValueError:
+            self._take(message)
+        except Exception:  # noqa: BLE001 - a hostile message must not end the network thread
+            with self._lock:
+                self.unread += 1
+
+    def _take(self, message: mqtt.MQTTMessage) -> None:
+        now = time.time()
+        topic, payload = message.topic, bytes(message.payload)
+        if topic == self._sync_topic:
+            with self._lock:
+                self._synced.add(payload[:64].decode("ascii", "replace"))
             return
-        event = _update_event(node, body, now) if isinstance(body, dict) else None
-        if event is None:
+        node = self.inventory.feed(topic, payload, bool(message.retain), now)
+        if node is None or not topic.endswith("/events"):
             return
         with self._lock:
-            self._log.append(event)
-            self._last.setdefault(event.offer, {})[node] = event
-            if event.final:
-                self._final.setdefault(event.offer, {})[node] = event
+            if len(payload) > MAX_EVENT_BYTES or (
+                self._backlog_bytes + len(payload) > MAX_BACKLOG_BYTES
+            ):
+                self.dropped += 1
+                return
+            self._backlog.append((node, payload, now))
+            self._backlog_bytes += len(payload)
+
+    def _digest(self) -> None:
+        """Parse the update events waiting in the backlog (on the reader's thread)."""
+        with self._lock:
+            waiting, self._backlog, self._backlog_bytes = self._backlog, [], 0
+        events = [parse_update_event(node, payload, at) for node, payload, at in waiting]
+        with self._lock:
+            for event in events:
+                if event is None:
+                    continue
+                self._log.append(event)
+                self._last.setdefault(event.offer, {})[event.node] = event
+                if event.final:
+                    self._final.setdefault(event.offer, {})[event.node] = event
 
     def sync(self, timeout: float = 10.0) -> bool:
         """Wait until the retained messages of the subscriptions have arrived: a marker the tool
@@ -161,19 +156,28 @@ class Fleet:
             time.sleep(0.02)
         return False
 
+    def take_unread(self) -> int:
+        """Messages the callback could not handle since the last call."""
+        with self._lock:
+            count, self.unread = self.unread, 0
+            return count
+
     def drain(self) -> list[UpdateEvent]:
         """Update events received since the last call, in arrival order."""
+        self._digest()
         with self._lock:
             events, self._log = self._log, []
         return events
 
     def states(self, offer_id: str) -> dict[str, UpdateEvent]:
         """The newest event of each node for an offer."""
+        self._digest()
         with self._lock:
             return dict(self._last.get(offer_id, {}))
 
     def finals(self, offer_id: str) -> dict[str, UpdateEvent]:
         """The newest final event of each node for an offer."""
+        self._digest()
         with self._lock:
             return dict(self._final.get(offer_id, {}))
 
@@ -218,7 +222,7 @@ class Fleet:
         offer_id: str,
         nodes: Sequence[str],
         timeout: float,
-        progress: Callable[[str], None] = print,
+        progress: Callable[[str], None] = say,
     ) -> dict[str, str]:
         """Wait until every node reached a final state (or the timeout); node -> state
         (`timeout` for a node that gave none)."""

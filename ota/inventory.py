@@ -1,25 +1,50 @@
 """The fleet as its retained topics describe it: every node that announced itself, online or not.
 
 Built from `<prefix>/<node>/status` (`online`/`offline`, the Last Will) and `<prefix>/<node>/state`
-(JSON); a field a node does not publish is None here and `?` in the table. Pure: the MQTT side
-(`ota.fleet`) feeds it messages with the wall time they arrived.
+(JSON); a field a node does not publish is None here and `?` in the table. Whatever a node
+retains, it is listed: a field the tool cannot use is None, named in the node's `invalid` (`!` in
+the table, the node's check `invalid`), and a state that cannot be read at all marks the node
+`unreadable` (`ota.node_messages` validates; `ota.safe_text` escapes what is shown).
+
+Pure: the MQTT side (`ota.fleet`) feeds it messages with the wall time they arrived. `feed` (on
+paho's network thread) only stores the payload; it is parsed when a record is read, on the
+reader's thread.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from ota.node_messages import (
+    MAX_STATE_BYTES,
+    MAX_TEXT,
+    LastUpdate,
+    NodeState,
+    describe,
+    parse_state,
+)
+from ota.safe_text import escaped, is_clean
+
 MISSING: Final = "?"
 """What the table shows for a field the node does not publish."""
+INVALID: Final = "!"
+"""What the table shows for a field the node publishes but the tool cannot use."""
 DEFAULT_STALE_AFTER: Final = 300.0
 """Seconds after which an `online` node whose newest state is older is shown `stale` (set it
 to a few times the nodes' `state.interval`; 0 turns the check off)."""
+CLOCK_AHEAD: Final = 600.0
+"""A state `ts` further ahead of this machine's clock is not a sign of life (a forged or broken
+clock would otherwise keep a node `online` for ever)."""
+CELL: Final = 48
+"""Characters of a node's text in a table cell (then `…`; JSON has all of it)."""
+NODE_CELL: Final = 64
+MAX_STATUS_BYTES: Final = 64
+_NO_STATE: Final = NodeState()
 
 
 def parse_time(value: Any) -> float | None:
@@ -32,28 +57,21 @@ def parse_time(value: Any) -> float | None:
         return None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
+    try:
+        return moment.timestamp()
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def iso(stamp: float | None) -> str | None:
-    """A POSIX timestamp as ISO 8601 UTC with seconds, or None."""
+    """A POSIX timestamp as ISO 8601 UTC with seconds, or None (also when out of range)."""
     if stamp is None:
         return None
-    return datetime.fromtimestamp(stamp, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _json_object(payload: bytes) -> dict[str, Any] | None:
     try:
-        loaded = json.loads(payload)
-    except ValueError:
+        moment = datetime.fromtimestamp(stamp, UTC)
+    except (OverflowError, ValueError, OSError):
         return None
-    return loaded if isinstance(loaded, dict) else None
-
-
-def _strings(value: Any) -> list[str] | None:
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return list(value)
-    return None
+    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass
@@ -66,51 +84,74 @@ class NodeRecord:
     """Wall time the tool received the status."""
     status_live: bool = False
     """The status arrived while the tool listened (not as a retained message)."""
-    state: dict[str, Any] = field(default_factory=dict)
+    state: NodeState = _NO_STATE
     state_at: float | None = None
     heard_at: float | None = None
     """Wall time of the newest live (not retained) message from the node."""
     watched_since: float | None = None
     """Since when the tool has been listening (a node silent for longer than `stale_after`
     while it listened is stale, even without a `ts` in its state)."""
-
-    def field(self, name: str) -> Any:
-        """A state field, None when absent."""
-        return self.state.get(name)
+    status_invalid: str | None = None
+    """Why the retained status was not `online` or `offline`."""
 
     @property
-    def last_update(self) -> dict[str, Any] | None:
+    def last_update(self) -> LastUpdate | None:
         """The node's last final update result (`last_update` in its state), if it says."""
-        value = self.state.get("last_update")
-        return value if isinstance(value, dict) else None
+        return self.state.last_update
 
     @property
     def groups(self) -> list[str] | None:
-        """Speak groups, None when the node does not publish them."""
-        return _strings(self.state.get("groups"))
+        """Speak groups, None when the node does not publish them (or not usably)."""
+        return None if self.state.groups is None else list(self.state.groups)
 
     @property
     def ota_groups(self) -> list[str] | None:
         """Groups whose offers reach the node, None when it does not publish them."""
-        return _strings(self.state.get("ota_groups"))
+        return None if self.state.ota_groups is None else list(self.state.ota_groups)
 
     def in_group(self, group: str) -> bool:
         """Whether the node names the group among its speak or update groups."""
         return group in (self.groups or []) or group in (self.ota_groups or [])
 
-    def last_seen(self) -> float | None:
-        """The newest sign of life: the state's own `ts`, or a live message's arrival."""
-        stamps = [s for s in (parse_time(self.state.get("ts")), self.heard_at) if s is not None]
+    def _state_time(self, now: float) -> float | None:
+        stamp = self.state.ts
+        return stamp if stamp is not None and stamp <= now + CLOCK_AHEAD else None
+
+    def invalid(self, now: float) -> dict[str, str]:
+        """Everything the tool could not use about this node: field -> why."""
+        found: dict[str, str] = {}
+        if not is_clean(self.node):
+            found["node"] = f"control or format characters in the id ({describe(self.node)})"
+        elif len(self.node) > MAX_TEXT:
+            found["node"] = f"an id longer than {MAX_TEXT} characters ({len(self.node)})"
+        if self.status_invalid is not None:
+            found["status"] = self.status_invalid
+        found.update(self.state.invalid)
+        if self.state.ts is not None and self._state_time(now) is None:
+            found["ts"] = f"ahead of this machine's clock ({describe(self.state.ts_text)})"
+        return found
+
+    def check(self, now: float) -> str:
+        """`ok`, `invalid` (some fields unusable) or `unreadable` (the state as a whole)."""
+        if self.state.unreadable is not None:
+            return "unreadable"
+        return "invalid" if self.invalid(now) else "ok"
+
+    def last_seen(self, now: float | None = None) -> float | None:
+        """The newest sign of life: the state's own `ts` (unless ahead of this clock), or a live
+        message's arrival."""
+        now = time.time() if now is None else now
+        stamps = [s for s in (self._state_time(now), self.heard_at) if s is not None]
         return max(stamps) if stamps else None
 
     def presence(self, now: float, stale_after: float = DEFAULT_STALE_AFTER) -> str:
         """`online`, `offline`, `stale` (says online, but nothing newer than stale_after) or
-        `unknown` (a state, but no status)."""
+        `unknown` (a state, but no usable status)."""
         if self.status == "offline":
             return "offline"
         if self.status != "online":
             return "unknown"
-        seen = self.last_seen() or self.watched_since
+        seen = self.last_seen(now) or self.watched_since
         if stale_after > 0 and seen is not None and now - seen > stale_after:
             return "stale"
         return "online"
@@ -120,36 +161,49 @@ class NodeRecord:
         online one its start (`ts` minus `uptime_s`), or when the tool saw it come online."""
         presence = self.presence(now, stale_after)
         if presence in {"offline", "stale"}:
-            return self.last_seen()
-        stamp = parse_time(self.state.get("ts"))
-        uptime = self.state.get("uptime_s")
-        if stamp is not None and isinstance(uptime, int | float):
-            return stamp - float(uptime)
+            return self.last_seen(now)
+        stamp, uptime = self._state_time(now), self.state.uptime_s
+        if stamp is not None and uptime is not None:
+            return stamp - uptime
         if self.status_live:
             return self.status_at
         return None
 
     def view(self, now: float, stale_after: float = DEFAULT_STALE_AFTER) -> dict[str, Any]:
-        """The node as JSON for scripts (None where the node does not say)."""
-        last = self.last_update
+        """The node as JSON for scripts (None where the node does not say, or not usably: see
+        `invalid`)."""
+        state = self.state
+        last = state.last_update
         return {
             "node": self.node,
             "presence": self.presence(now, stale_after),
             "since": iso(self.since(now, stale_after)),
-            "last_seen": iso(self.last_seen()),
+            "last_seen": iso(self.last_seen(now)),
             "groups": self.groups,
             "ota_groups": self.ota_groups,
-            "device_class": self.field("device_class"),
-            "model": self.field("model"),
-            "model_release": self.field("model_release"),
-            "model_version": self.field("model_version"),
-            "model_sha256": self.field("model_sha256"),
-            "last_update": last,
-            "agent_version": self.field("agent_version"),
-            "audio": self.field("audio"),
-            "uptime_s": self.field("uptime_s"),
-            "state_ts": self.field("ts"),
+            "device_class": state.device_class,
+            "model": state.model,
+            "model_release": state.model_release,
+            "model_version": state.model_version,
+            "model_sha256": state.model_sha256,
+            "last_update": last.as_json() if last is not None else None,
+            "agent_version": state.agent_version,
+            "audio": state.audio,
+            "uptime_s": state.uptime_s,
+            "state_ts": state.ts_text if self._state_time(now) is not None else None,
+            "check": self.check(now),
+            "invalid": self.invalid(now),
         }
+
+
+@dataclass
+class _Raw:
+    """What arrived for one node, unparsed (touched under the inventory's lock)."""
+
+    record: NodeRecord
+    payload: bytes | NodeState | None = None
+    """The newest state payload, or its verdict when it was refused unread (too large)."""
+    parsed: tuple[bytes, NodeState] | None = field(default=None)
 
 
 class Inventory:
@@ -158,13 +212,13 @@ class Inventory:
     def __init__(self, prefix: str = "voice") -> None:
         self.prefix = prefix
         self.started = time.time()
-        self._nodes: dict[str, NodeRecord] = {}
+        self._nodes: dict[str, _Raw] = {}
         self._bridges: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
 
     def feed(self, topic: str, payload: bytes, retained: bool, at: float) -> str | None:
         """Take one message on `<prefix>/<node>/{status,state,events}` or a bridge notification;
-        the node it was about, if any."""
+        the node it was about, if any. Runs on paho's thread: stores, never parses."""
         if topic.startswith("$SYS/broker/connection/") and topic.endswith("/state"):
             name = topic.removeprefix("$SYS/broker/connection/").removesuffix("/state")
             with self._lock:
@@ -175,24 +229,21 @@ class Inventory:
         if not valid or parts[2] not in {"status", "state", "events"}:
             return None
         node, kind = parts[1], parts[2]
-        state = _json_object(payload) if kind == "state" else None
-        if kind == "state" and state is None:
-            return None
         with self._lock:
-            record = self._nodes.get(node)
-            if record is None and kind == "events":  # events alone do not announce a node
+            raw = self._nodes.get(node)
+            if raw is None and kind == "events":  # events alone do not announce a node
                 return None
-            if record is None:
-                record = self._nodes[node] = NodeRecord(node, watched_since=self.started)
+            if raw is None:
+                raw = self._nodes[node] = _Raw(NodeRecord(node, watched_since=self.started))
+            record = raw.record
             if not retained:
                 record.heard_at = at
             if kind == "status":
-                text = payload.decode("utf-8", "replace").strip()
-                record.status = text if text in {"online", "offline"} else None
+                record.status, record.status_invalid = _status(payload)
                 record.status_at = at
                 record.status_live = not retained
-            elif state is not None:
-                record.state = state
+            elif kind == "state":
+                raw.payload = _state_payload(payload)
                 record.state_at = at
         return node
 
@@ -202,18 +253,36 @@ class Inventory:
             self._nodes.pop(node, None)
 
     def get(self, node: str) -> NodeRecord | None:
-        """A copy of one node's record."""
+        """A copy of one node's record, its state parsed."""
         with self._lock:
-            record = self._nodes.get(node)
-            return _copy(record) if record else None
+            raw = self._nodes.get(node)
+            taken = _take(raw) if raw is not None else None
+        return self._parsed(taken) if taken is not None else None
 
     def records(self, group: str | None = None) -> list[NodeRecord]:
-        """Copies of the records, sorted by node id, optionally only one group's."""
+        """Copies of the records (states parsed), sorted by node id, optionally one group's."""
         with self._lock:
-            found = [_copy(r) for r in self._nodes.values()]
+            taken = [_take(raw) for raw in self._nodes.values()]
+        found = [self._parsed(item) for item in taken]
         if group is not None:
             found = [r for r in found if r.in_group(group)]
         return sorted(found, key=lambda r: r.node)
+
+    def _parsed(self, taken: tuple[_Raw, NodeRecord, bytes | NodeState | None]) -> NodeRecord:
+        """The record with its state: parsed here, on the reader's thread, once per payload."""
+        raw, record, payload = taken
+        if payload is None:
+            return record
+        if isinstance(payload, NodeState):
+            return replace(record, state=payload)
+        cached = raw.parsed
+        if cached is not None and cached[0] is payload:
+            return replace(record, state=cached[1])
+        state = parse_state(payload)
+        with self._lock:
+            if raw.payload is payload:
+                raw.parsed = (payload, state)
+        return replace(record, state=state)
 
     def bridges(self) -> dict[str, tuple[str, float]]:
         """Bridge connections the broker reports (`$SYS/broker/connection/<name>/state`):
@@ -226,24 +295,36 @@ class Inventory:
             return len(self._nodes)
 
 
-def _copy(record: NodeRecord) -> NodeRecord:
-    return NodeRecord(
-        record.node,
-        record.status,
-        record.status_at,
-        record.status_live,
-        dict(record.state),
-        record.state_at,
-        record.heard_at,
-        record.watched_since,
-    )
+def _take(raw: _Raw) -> tuple[_Raw, NodeRecord, bytes | NodeState | None]:
+    return raw, replace(raw.record), raw.payload
+
+
+def _status(payload: bytes) -> tuple[str | None, str | None]:
+    """(`online`/`offline` or None, why the payload is not one of them)."""
+    if not payload:
+        return None, None  # the retained status was cleared
+    text = payload[:MAX_STATUS_BYTES].decode("utf-8", "replace").strip()
+    if len(payload) <= MAX_STATUS_BYTES and text in {"online", "offline"}:
+        return text, None
+    return None, f"not online or offline ({describe(text)}, {len(payload)} bytes)"
+
+
+def _state_payload(payload: bytes) -> bytes | NodeState | None:
+    """What to keep of a state payload: the bytes, to parse when read; a verdict for one too
+    large to keep; None when the retained state was cleared."""
+    if not payload:
+        return None
+    if len(payload) > MAX_STATE_BYTES:
+        why = f"too large ({len(payload)} bytes > {MAX_STATE_BYTES})"
+        return NodeState(unreadable=why, invalid={"state": why}, present=True)
+    return payload
 
 
 def summary(records: list[NodeRecord], now: float, stale_after: float) -> list[dict[str, Any]]:
     """Nodes per installed release: release, version, counts by presence."""
-    groups: dict[tuple[Any, Any], Counter[str]] = {}
+    groups: dict[tuple[int | None, str | None], Counter[str]] = {}
     for record in records:
-        key = (record.field("model_release"), record.field("model_version"))
+        key = (record.state.model_release, record.state.model_version)
         groups.setdefault(key, Counter())[record.presence(now, stale_after)] += 1
     rows = []
     for (release, version), counts in sorted(
@@ -260,28 +341,32 @@ def summary(records: list[NodeRecord], now: float, stale_after: float) -> list[d
     return rows
 
 
-def _sort_key(value: Any) -> tuple[int, int]:
-    return (0, value) if isinstance(value, int) and not isinstance(value, bool) else (1, 0)
+def _sort_key(value: int | None) -> tuple[int, int]:
+    return (0, value) if value is not None else (1, 0)
 
 
 def report(
     records: list[NodeRecord], now: float, stale_after: float, bridges: dict[str, tuple[str, float]]
 ) -> dict[str, Any]:
-    """The inventory as one JSON document."""
+    """The inventory as one JSON document (every node; `invalid` says what it could not use)."""
     return {
         "generated": iso(now),
         "nodes": [r.view(now, stale_after) for r in records],
         "summary": summary(records, now, stale_after),
+        "invalid_nodes": sum(1 for r in records if r.check(now) != "ok"),
         "bridges": {name: {"state": s, "at": iso(at)} for name, (s, at) in bridges.items()},
     }
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object, invalid: bool = False) -> str:
+    """A node's value for the table: `!` when unusable, `?` when absent, escaped and cut."""
+    if invalid:
+        return INVALID
     if value is None:
         return MISSING
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value) or "-"
-    return str(value)
+    if isinstance(value, list | tuple):
+        return escaped(",".join(str(v) for v in value), CELL) or "-"
+    return escaped(str(value), CELL)
 
 
 def _ago(stamp: float | None, now: float) -> str:
@@ -300,15 +385,17 @@ def _ago(stamp: float | None, now: float) -> str:
     return f"{text} ago"
 
 
-def _last_update(last: dict[str, Any] | None) -> str:
+def _last_update(last: LastUpdate | None, invalid: bool) -> str:
+    if invalid:
+        return INVALID
     if last is None:
         return MISSING
-    text = f"{last.get('state', MISSING)}"
-    if last.get("reason"):
-        text += f" ({last['reason']})"
-    if last.get("release") is not None:
-        text += f" r{last['release']}"
-    return text
+    text = f"{last.state or MISSING}"
+    if last.reason:
+        text += f" ({last.reason})"
+    if last.release is not None:
+        text += f" r{last.release}"
+    return escaped(text, CELL)
 
 
 TABLE_COLUMNS: Final = (
@@ -323,7 +410,30 @@ TABLE_COLUMNS: Final = (
     "LAST UPDATE",
     "AGENT",
     "AUDIO",
+    "CHECK",
 )
+
+
+def _row(r: NodeRecord, now: float, stale_after: float) -> list[str]:
+    state, bad = r.state, r.invalid(now)
+    groups = r.groups
+    if r.ota_groups is not None:
+        groups = sorted({*(groups or []), *r.ota_groups})
+    sha = state.model_sha256
+    return [
+        escaped(r.node, NODE_CELL),
+        r.presence(now, stale_after),
+        _ago(r.since(now, stale_after), now),
+        _cell(groups, "groups" in bad or "ota_groups" in bad),
+        _cell(state.device_class, "device_class" in bad),
+        _cell(state.model_release, "model_release" in bad),
+        _cell(state.model_version, "model_version" in bad),
+        _cell(sha[:12] if sha is not None else None, "model_sha256" in bad),
+        _last_update(state.last_update, any(k.startswith("last_update") for k in bad)),
+        _cell(state.agent_version, "agent_version" in bad),
+        _cell(state.audio, "audio" in bad),
+        r.check(now),
+    ]
 
 
 def table(
@@ -332,28 +442,10 @@ def table(
     stale_after: float,
     bridges: dict[str, tuple[str, float]] | None = None,
 ) -> str:
-    """The inventory for people: one line per node, then the nodes per release."""
+    """The inventory for people: one line per node, then the nodes per release, then what could
+    not be used of each node (every character a node chose is escaped)."""
     rows = [list(TABLE_COLUMNS)]
-    for r in records:
-        sha = r.field("model_sha256")
-        groups = r.groups
-        if r.ota_groups is not None:
-            groups = sorted({*(groups or []), *r.ota_groups})
-        rows.append(
-            [
-                r.node,
-                r.presence(now, stale_after),
-                _ago(r.since(now, stale_after), now),
-                _cell(groups),
-                _cell(r.field("device_class")),
-                _cell(r.field("model_release")),
-                _cell(r.field("model_version")),
-                sha[:12] if isinstance(sha, str) else MISSING,
-                _last_update(r.last_update),
-                _cell(r.field("agent_version")),
-                _cell(r.field("audio")),
-            ]
-        )
+    rows += [_row(r, now, stale_after) for r in records]
     lines = _aligned(rows)
     lines.append("")
     by_release = [["RELEASE", "VERSION", "NODES", "ONLINE", "OFFLINE", "STALE", "UNKNOWN"]]
@@ -372,8 +464,15 @@ def table(
         f"{len(records)} nodes: "
         + ", ".join(f"{counts.get(p, 0)} {p}" for p in ("online", "offline", "stale", "unknown"))
     )
+    marked = [(r, r.invalid(now)) for r in records]
+    marked = [(r, bad) for r, bad in marked if bad]
+    if marked:
+        lines.append(f"{len(marked)} nodes with fields the tool cannot use (`!` above):")
+        for record, bad in marked:
+            why = "; ".join(f"{name}: {reason}" for name, reason in bad.items())
+            lines.append(f"  {escaped(record.node, NODE_CELL)}: {why}")
     for name, (state, at) in sorted((bridges or {}).items()):
-        lines.append(f"bridge {name}: {state} (heard {_ago(at, now)})")
+        lines.append(f"bridge {escaped(name, NODE_CELL)}: {state} (heard {_ago(at, now)})")
     return "\n".join(lines)
 
 

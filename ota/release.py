@@ -13,10 +13,14 @@ import http.server
 import json
 import os
 import re
+import shutil
+import socket
 import threading
+import urllib.parse
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Final
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -115,39 +119,95 @@ def publish_release(directory: Path, model: Path, envelope: bytes) -> Path:
     return directory
 
 
-class RangeRequestHandler(http.server.SimpleHTTPRequestHandler):
-    """Static files with `Range: bytes=N-` support (what the nodes resume downloads with)."""
+DEFAULT_BIND: Final = "127.0.0.1"
+"""`ota serve` listens on loopback unless told an address (`--bind`)."""
+PRIVATE_SUFFIXES: Final = (".key", ".pem")
+"""Never served, wherever they are: a signing key placed among the releases by mistake."""
 
-    def send_head(self):  # type: ignore[no-untyped-def]
-        match = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
-        path = Path(self.translate_path(self.path))
-        if match is None or not path.is_file():
-            return super().send_head()
-        size = path.stat().st_size
-        start = int(match.group(1))
-        if start >= size:
-            self.send_error(416)
-            return None
-        handle = path.open("rb")
-        handle.seek(start)
-        self.send_response(206)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
-        self.send_header("Content-Length", str(size - start))
-        self.end_headers()
-        return handle
+
+def servable(root: Path, url_path: str) -> Path | None:
+    """The file a request path names under `root`, or None (answered 404): only a regular file,
+    inside `root` once every symlink is resolved, with no hidden (`.`) part in the path asked for
+    and not a private key. Never a directory (no listing)."""
+    try:
+        path = urllib.parse.unquote(urllib.parse.urlsplit(url_path).path, errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        return None
+    parts = [p for p in path.split("/") if p]
+    if not parts or any(p.startswith(".") or "\\" in p or "\0" in p for p in parts):
+        return None  # also `..` and `.`: nothing is normalized away, it is refused
+    if parts[-1].lower().endswith(PRIVATE_SUFFIXES):
+        return None
+    base = root.resolve()
+    try:
+        target = base.joinpath(*parts).resolve(strict=True)
+    except (OSError, RuntimeError, ValueError):
+        return None
+    if not target.is_relative_to(base) or not target.is_file():
+        return None
+    return target
+
+
+class RangeRequestHandler(http.server.BaseHTTPRequestHandler):
+    """The files of the releases, `GET` and `HEAD`, with `Range: bytes=N-` support (what the
+    nodes resume downloads with). Anything else is 404: no directory listing, no path outside
+    the served directory (neither by `..` nor through a symlink)."""
+
+    root: Path = Path()
+
+    def do_GET(self) -> None:
+        """A file, whole or from an offset."""
+        self._answer(body=True)
+
+    def do_HEAD(self) -> None:
+        """The headers of `GET`."""
+        self._answer(body=False)
+
+    def _answer(self, body: bool) -> None:
+        path = servable(self.root, self.path)
+        if path is None:
+            self.send_error(404)
+            return
+        try:
+            handle = path.open("rb")
+        except OSError:
+            self.send_error(404)
+            return
+        with handle:
+            size = os.fstat(handle.fileno()).st_size
+            start = 0
+            match = re.fullmatch(r"bytes=(\d{1,19})-", self.headers.get("Range", ""))
+            if match is not None:
+                start = int(match.group(1))
+                if start >= size:
+                    self.send_error(416)
+                    return
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            else:
+                self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(size - start))
+            self.send_header("Accept-Ranges", "bytes")
+            self.end_headers()
+            if body:
+                handle.seek(start)
+                shutil.copyfileobj(handle, self.wfile)
 
     def log_message(self, format: str, *args: object) -> None:
         """Quiet: the tool prints its own progress."""
 
 
-def serve(directory: Path, port: int, host: str = "0.0.0.0") -> http.server.ThreadingHTTPServer:  # noqa: S104 - a LAN server
-    """Serve release folders over HTTP with Range, in a background thread."""
+class _Server6(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
 
-    def handler(*args: object) -> RangeRequestHandler:
-        return RangeRequestHandler(*args, directory=str(directory))  # type: ignore[arg-type]
 
-    server = http.server.ThreadingHTTPServer((host, port), handler)
+def serve(directory: Path, port: int, host: str = DEFAULT_BIND) -> http.server.ThreadingHTTPServer:
+    """Serve the release files under `directory` over HTTP with Range, in a background thread;
+    on loopback unless `host` names another address."""
+    handler = type("Handler", (RangeRequestHandler,), {"root": directory.resolve()})
+    server_class = _Server6 if ":" in host else http.server.ThreadingHTTPServer
+    server = server_class((host, port), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 

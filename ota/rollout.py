@@ -25,6 +25,7 @@ from ota import waves as plans
 from ota.fleet import Fleet, UpdateEvent, offer_body
 from ota.inventory import DEFAULT_STALE_AFTER
 from ota.rollout_state import NodeProgress, Rollout, Status, Step, Wave
+from ota.safe_text import escaped, say
 
 TICK: Final = 0.2
 """Seconds between two looks at events, timeouts and the control file."""
@@ -113,7 +114,7 @@ class Runner:
         rollout: Rollout,
         path: Path,
         *,
-        progress: Callable[[str], None] = print,
+        progress: Callable[[str], None] = say,
         stale_after: float = DEFAULT_STALE_AFTER,
         resumed: bool = False,
     ) -> None:
@@ -229,7 +230,7 @@ class Runner:
         self.rollout.note(node, state, at)
         self._dirty = True
         if late:
-            self._say(f"{node}: later {state}" + (f" ({reason})" if reason else ""))
+            self._say(f"{escaped(node)}: later {state}" + (f" ({reason})" if reason else ""))
             self._rejudge(self.rollout.waves[progress.wave])
 
     def _read_retained(self) -> None:
@@ -246,19 +247,16 @@ class Runner:
                     continue
                 record = self.fleet.inventory.get(node)
                 last = record.last_update if record else None
-                if not last or last.get("id") != wave.offer_id:
+                if last is None or last.id != wave.offer_id:
                     continue
-                state = str(last.get("state"))
-                if state in FINAL_PHASES:
-                    reason = last.get("reason")
-                    stamp = time.time()
+                if last.state in FINAL_PHASES:
                     self._answer(
                         node,
                         progress,
-                        state=state,
-                        reason=reason if isinstance(reason, str) else None,
+                        state=last.state,
+                        reason=escaped(last.reason) if last.reason is not None else None,
                         detail=None,
-                        at=stamp,
+                        at=time.time(),
                     )
 
     def _read_control(self) -> None:
@@ -292,6 +290,7 @@ class Runner:
             self._saved_at = now
 
     def _say(self, line: str) -> None:
+        """A progress line (node ids and reasons in it are escaped where they are written)."""
         self._progress(line)
         self._shown = line
         self._shown_at = time.monotonic()
@@ -476,6 +475,6 @@ class Runner:
         back = [n for n in wave.nodes if self.rollout.nodes[n].rollback == UpdatePhase.ROLLED_BACK]
         self._say(
             f"halted at wave {wave.index + 1}: {self.rollout.halt_reason}"
-            + (f"; rolled back: {', '.join(back)}" if back else "")
+            + (f"; rolled back: {', '.join(escaped(n) for n in back)}" if back else "")
         )
         self._dirty = True

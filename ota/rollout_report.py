@@ -1,5 +1,9 @@
 """The end-of-rollout report: Markdown per wave (offered, installed, failed by reason, offline,
-durations) and a PNG of progress over time, both from the state file alone."""
+durations) and a PNG of progress over time, both from the state file alone.
+
+Node ids, reasons and details come from the nodes (any publisher): each goes into the Markdown as
+a code span with its non-printable characters escaped (`ota.safe_text.markdown`), so no node text
+becomes emphasis, a link, an image or HTML, and no control character is written to the file."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 from agent.states import UpdatePhase
 from ota.inventory import iso
 from ota.rollout_state import Rollout, Step, Wave
+from ota.safe_text import markdown as code
+from ota.safe_text import terminal
 
 
 def _duration(seconds: float | None) -> str:
@@ -47,7 +53,7 @@ def _wave_row(rollout: Rollout, wave: Wave) -> list[str]:
         str(offered) if wave.started_at is not None else "-",
         str(states.get(UpdatePhase.INSTALLED, 0)),
         str(states.get(UpdatePhase.ALREADY_INSTALLED, 0)),
-        ", ".join(f"{r} {c}" for r, c in sorted(failures.items())) or "0",
+        ", ".join(f"{code(r, in_table=True)} {c}" for r, c in sorted(failures.items())) or "0",
         str(states.get(UpdatePhase.BUSY, 0) + states.get(UpdatePhase.CANCELLED, 0)),
         str(offline),
         str(silent),
@@ -105,14 +111,16 @@ def markdown(rollout: Rollout, chart: Path | None) -> str:
         lines += ["", "Nodes that failed or gave no answer:", ""]
         for node, p in problems[:200]:
             what = p.state if p.step == Step.ANSWERED else f"no answer ({p.presence or '?'})"
-            detail = f" ({p.reason}: {p.detail})" if p.reason else ""
+            detail = ""
+            if p.reason:
+                detail = f" ({code(p.reason)}" + (f": {code(p.detail)})" if p.detail else ")")
             back = f", rollback {p.rollback}" if p.rollback else ""
-            lines.append(f"- {node} (wave {p.wave + 1}): {what}{detail}{back}")
+            lines.append(f"- {code(node)} (wave {p.wave + 1}): {what}{detail}{back}")
         if len(problems) > 200:
             lines.append(f"- … and {len(problems) - 200} more (see the state file)")
     if chart is not None:
         lines += ["", f"![progress over time]({chart.name})"]
-    return "\n".join(lines) + "\n"
+    return terminal("\n".join(lines)) + "\n"
 
 
 def chart(rollout: Rollout, path: Path) -> Path:

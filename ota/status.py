@@ -1,5 +1,9 @@
 """`python -m ota status`: the inventory from retained topics, as a table or JSON, once or
-refreshed in place."""
+refreshed in place.
+
+Whatever the nodes retain, every node is listed and nothing they chose reaches the terminal raw:
+the table escapes each cell and passes through `safe_text.terminal`; the JSON is ASCII
+(`ensure_ascii`) with no NaN or infinity (`allow_nan=False`; the records hold none)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from typing import Final, TextIO
 from ota import inventory
 from ota.connection import BrokerSettings
 from ota.fleet import Fleet
+from ota.safe_text import say, terminal
 
 CLEAR: Final = "\x1b[H\x1b[2J"
 """ANSI: cursor home, clear screen (for --watch on a terminal)."""
@@ -32,10 +37,10 @@ def run(
     fleet = Fleet(settings, events=False)
     try:
         if not fleet.sync(sync_timeout):
-            print(
+            say(
                 f"warning: retained messages may be incomplete (no echo of the tool's marker on "
                 f"{settings.prefix}/_ota/... within {sync_timeout:.0f} s)",
-                file=sys.stderr,
+                sys.stderr,
             )
         shown = 0
         while True:
@@ -45,9 +50,9 @@ def run(
             if as_json:
                 document = inventory.report(records, now, stale_after, bridges)
                 if watch:  # one document per line
-                    text = json.dumps(document, separators=(",", ":"))
+                    text = json.dumps(document, separators=(",", ":"), allow_nan=False)
                 else:
-                    text = json.dumps(document, indent=1)
+                    text = json.dumps(document, indent=1, allow_nan=False)
             else:
                 heading = f"{settings.prefix}/ at {settings.address}, {inventory.iso(now)}"
                 if group is not None:
@@ -55,10 +60,11 @@ def run(
                 body = inventory.table(records, now, stale_after, bridges)
                 if not records:
                     body = f"no node has announced itself under {settings.prefix}/"
-                text = f"{heading}\n\n{body}"
+                text = terminal(f"{heading}\n\n{body}")
                 if watch and out.isatty():
-                    text = CLEAR + text
+                    text = CLEAR + text  # the tool's own sequence, after the guard
             print(text, file=out, flush=True)
+            _unread(fleet)
             shown += 1
             if not watch or (rounds is not None and shown >= rounds):
                 return 0
@@ -67,3 +73,10 @@ def run(
         return 0
     finally:
         fleet.close()
+
+
+def _unread(fleet: Fleet) -> None:
+    """Say (once per new count) how many messages could not be handled at all."""
+    unread = fleet.take_unread()
+    if unread:
+        say(f"warning: {unread} message(s) could not be read (ignored)", sys.stderr)

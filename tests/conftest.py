@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import uuid
 from collections.abc import Callable, Iterator
@@ -29,17 +30,32 @@ from tests.tiny_voice import write_tiny_voice
 def _fail_on_error_logs(
     request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
 ) -> Iterator[None]:
-    """A supervisor that logs and swallows an error must not hide a bug (unless expected)."""
+    """A supervisor that logs and swallows an error must not hide a bug: every ERROR record
+    fails the test, but those its `allow_error_logs` marker names."""
     yield
-    if request.node.get_closest_marker("allow_error_logs"):
-        return
-    errors = [r for r in caplog.get_records("call") if r.levelno >= logging.ERROR]
-    assert not errors, f"errors were logged: {[r.getMessage() for r in errors]}"
+    errors = [r.getMessage() for r in caplog.get_records("call") if r.levelno >= logging.ERROR]
+    unexpected = unexpected_errors(request, errors)
+    assert not unexpected, f"errors were logged: {unexpected}"
+
+
+def unexpected_errors(request: pytest.FixtureRequest, errors: list[str]) -> list[str]:
+    """The errors that no pattern of the test's `allow_error_logs` markers matches (regular
+    expressions, searched; a test that expects errors says which)."""
+    patterns = [p for mark in request.node.iter_markers("allow_error_logs") for p in mark.args]
+    if any(not isinstance(p, str) for p in patterns):
+        raise TypeError("allow_error_logs takes regular expressions")
+    if request.node.get_closest_marker("allow_error_logs") and not patterns:
+        raise TypeError("allow_error_logs needs the errors it allows: say which")
+    return [e for e in errors if not any(re.search(p, e) for p in patterns)]
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Register the markers this conftest uses."""
-    config.addinivalue_line("markers", "allow_error_logs: the test expects ERROR log records")
+    config.addinivalue_line(
+        "markers",
+        "allow_error_logs(*patterns): ERROR log records the test expects, each matched by one of"
+        " the regular expressions",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -112,6 +128,7 @@ def start_agent(
         sections: dict[str, dict[str, Any]] | None = None,
         env: dict[str, str] | None = None,
         wait: bool = True,
+        debug: bool = False,
         **speak: Any,
     ) -> RunningAgent:
         node_id = node_id or f"t{uuid.uuid4().hex[:8]}"
@@ -128,7 +145,8 @@ def start_agent(
         watcher = Watcher(broker, f"voice/{node_id}/#")
         log = tmp_path / f"{node_id}-{len(started)}.log"
         environment = {**(paced.env(capture) if paced else {}), **(env or {})}
-        agent = RunningAgent(AgentProcess(path, log, environment), topics, capture, watcher)
+        process = AgentProcess(path, log, environment, debug=debug)
+        agent = RunningAgent(process, topics, capture, watcher)
         agent.process.start()
         started.append(agent)
         if wait:
@@ -140,7 +158,7 @@ def start_agent(
         if agent.process.alive():
             agent.process.signal(signal.SIGTERM)
         agent.watcher.close()
-    if not request.node.get_closest_marker("allow_error_logs"):
-        for agent in started:  # an agent that logged an error failed, even if it carried on
-            errors = [line for line in agent.process.output().splitlines() if " ERROR " in line]
-            assert not errors, errors
+    for agent in started:  # an agent that logged an error failed, even if it carried on
+        errors = [line for line in agent.process.output().splitlines() if " ERROR " in line]
+        unexpected = unexpected_errors(request, errors)
+        assert not unexpected, unexpected

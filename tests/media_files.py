@@ -3,6 +3,7 @@ and the same files decoded independently of the agent (soundfile, a channel mean
 
 from __future__ import annotations
 
+import functools
 import io
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,3 +169,75 @@ def decode_reference(data: Path | bytes, rate: int) -> Samples:
         mono = soxr.resample(mono, source_rate, rate, quality=RESAMPLE_QUALITY)
     result: Samples = np.asarray(mono, dtype=np.float64)
     return result
+
+
+# ---- hostile files ------------------------------------------------------------------------
+
+BOMB_RATE: Final = 655_350
+"""FLAC's highest sample rate (Hz): the issue's decode bomb."""
+BOMB_CHANNELS: Final = 8
+BOMB_SECONDS: Final = 60.0
+
+
+def flac_silence(rate: int, channels: int, seconds: float) -> bytes:
+    """A FLAC file of silence: a few hundred bytes per second whatever its rate and channels
+    (written in blocks: libsndfile 1.2 crashes encoding millions of 8-channel frames at once)."""
+    out = io.BytesIO()
+    block = np.zeros((65_536, channels), dtype=np.int16)
+    with sf.SoundFile(out, "w", rate, channels, format="FLAC", subtype="PCM_16") as sound:
+        left = round(rate * seconds)
+        while left > 0:
+            sound.write(block[: min(left, len(block))])
+            left -= len(block)
+    return out.getvalue()
+
+
+def decode_bomb() -> bytes:
+    """The issue's file: 340 KB of FLAC, 60 s of 8 channels at 655,350 Hz (314 M samples: ~5 s
+    of CPU to decode, 1.3 GB as float samples)."""
+    return flac_silence(BOMB_RATE, BOMB_CHANNELS, BOMB_SECONDS)
+
+
+def work_bomb() -> bytes:
+    """60 s of 8 channels at 192 kHz, the highest rate decoded: 92 M samples, over the work
+    bound (24 M) though every field is within its own."""
+    return flac_silence(192_000, 8, 60.0)
+
+
+@functools.cache
+def long_work() -> bytes:
+    """6 minutes of 8 channels at 192 kHz (550 KB): seconds of CPU to decode once the bounds are
+    opened (2.9 s here with soundfile 0.14, whose FLAC decoding takes 0.45 s for `work_bomb`),
+    long enough to be cut, killed or over a CPU limit of whole seconds while it decodes."""
+    return flac_silence(192_000, 8, 360.0)
+
+
+def flac_with_total_samples(data: bytes, total: int) -> bytes:
+    """The FLAC file with the 36-bit total-samples field of its STREAMINFO rewritten (0 means
+    "unknown" to a decoder)."""
+    patched = bytearray(data)
+    start = 4 + 4 + 10  # "fLaC", the block header, block sizes and frame sizes
+    packed = int.from_bytes(patched[start : start + 8], "big")
+    packed = (packed & ~((1 << 36) - 1)) | total
+    patched[start : start + 8] = packed.to_bytes(8, "big")
+    return bytes(patched)
+
+
+def lying_bomb(declared_frames: int) -> bytes:
+    """`work_bomb` whose header declares `declared_frames` (0: an unknown length)."""
+    return flac_with_total_samples(work_bomb(), declared_frames)
+
+
+def mp3_tone(seconds: float, rate: int = 44_100, channels: int = 2) -> bytes:
+    """An MP3 of the test tone (constant bit rate), `seconds` long."""
+    out = io.BytesIO()
+    data = tone(rate, channels, seconds)
+    sf.write(out, data, rate, format="MP3", bitrate_mode="CONSTANT", compression_level=0.0)
+    return out.getvalue()
+
+
+def wav_tone(seconds: float, rate: int, channels: int = 1, subtype: str = "PCM_16") -> bytes:
+    """A WAV of the test tone."""
+    out = io.BytesIO()
+    sf.write(out, tone(rate, channels, seconds), rate, format="WAV", subtype=subtype)
+    return out.getvalue()

@@ -86,13 +86,14 @@ def test_an_alarm_preempts_a_long_chat_with_a_fade(paced: RunningAgent) -> None:
     chime = render_notes(BUILTIN["alarm"], RATE)  # alarm plays at full volume (1.0)
     cut = find(played, chime)
     assert cut >= RATE  # the chat played a while (a second before the alarm was sent)
-    before = played[cut - RATE // 10 : cut - RATE // 100].astype(np.int32)
+    # the half second before the cut (the cut may fall in a pause between words: CI saw a
+    # quiet 90 ms there, at most 759)
+    before = played[cut - RATE // 2 : cut - RATE // 100].astype(np.int32)
     join = played[cut - RATE // 200 : cut + 1].astype(np.int32)  # the last 5 ms, into the chime
     assert np.abs(before).max() > 1000  # there was speech before the cut
     assert abs(int(played[cut - 1])) <= 50  # faded to silence before the chime
     # "no click": a hard cut would step by the speech's amplitude (thousands here); across the
-    # faded join no step exceeds 1.5x the speech's own largest step just before it (the fade
-    # period's own speech may step a little more than the 90 ms before it)
+    # faded join no step exceeds 1.5x the speech's own largest step just before it
     threshold = 1.5 * np.abs(np.diff(before)).max()
     assert np.abs(np.diff(join)).max() <= threshold, (np.abs(np.diff(join)).max(), threshold)
     speech = played[cut + len(chime) :].astype(np.float64)
@@ -120,7 +121,7 @@ def test_stop_fades_out_and_clear_empties_the_queue(paced: RunningAgent) -> None
     agent.process.signal(signal.SIGTERM)  # closes the PCM: ALSA's file plugin writes its rest
     played = read_pcm(agent.capture)
     assert abs(int(played[-1])) <= 50  # faded to silence, not cut off
-    assert np.abs(played[-RATE // 10 :]).max() > 500  # and it was speaking right before
+    assert np.abs(played[-RATE // 2 :]).max() > 500  # it was speaking (or between two words)
 
 
 def test_ttl_dedupe_and_queue_full_behind_a_playing_announcement(

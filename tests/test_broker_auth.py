@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,7 @@ pytestmark = pytest.mark.broker
 @pytest.fixture
 def secured_broker(tmp_path: Path) -> Broker:
     broker = Broker(tmp_path / "secured")
-    passwd = broker.workdir / "passwd"
-    for user, password in (("agent", "s3cret pass"), ("watcher", "w")):
-        args = ["mosquitto_passwd", "-b", str(passwd), user, password]
-        if not passwd.exists():
-            args.insert(1, "-c")
-        subprocess.run(args, check=True, capture_output=True)
-    if os.geteuid() == 0:
-        passwd.chmod(0o600)
-    text = broker.config.read_text().replace("allow_anonymous true", "allow_anonymous false")
-    broker.config.write_text(text + f"password_file {passwd}\n")
+    broker.require_login({"agent": "s3cret pass", "watcher": "w"})
     return broker
 
 

@@ -44,9 +44,9 @@ def test_default_file_documents_every_key_and_nothing_else() -> None:
         assert re.search(rf"#.*\n\s*{leaf}:", text), path
 
 
-def test_readme_config_reference_lists_every_key() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    missing = [path for path in key_docs() if f"`{path}`" not in readme]
+def test_the_config_reference_lists_every_key() -> None:
+    reference = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    missing = [path for path in key_docs() if f"`{path}`" not in reference]
     assert not missing
 
 
@@ -147,3 +147,68 @@ def test_check_config_cli_exits_non_zero_naming_all_three_paths(tmp_path: Path) 
         check=False,
     )
     assert good.returncode == 0, good.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "problems"),
+    [
+        (
+            "audio:\n  alarm_volume_floor: 1" + "0" * 400 + "\n  period_ms: 1" + "0" * 400 + "\n",
+            ["audio.period_ms: expected a value from 2 to 20", "audio.alarm_volume_floor"],
+        ),
+        ("audio:\n  period_ms: 1" + "0" * 5000 + "\n", ["a number of thousands of digits"]),
+        ("speak:\n  queue_size: " + "[" * 5000 + "]" * 5000 + "\n", ["nested too deeply"]),
+        ("audio:\n  volume: .nan\n  alarm_volume_floor: -.inf\n", ["audio.volume", "floor"]),
+    ],
+    ids=["400-digit numbers", "5000-digit number", "5000 nested lists", "nan and inf"],
+)
+def test_hostile_numbers_and_depth_are_config_problems_not_tracebacks(
+    tmp_path: Path, text: str, problems: list[str]
+) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load(path, environ={})
+    message = str(caught.value)
+    assert all(p in message for p in problems), message
+    assert max(len(line) for line in message.splitlines()) < 200  # a huge value is cut short
+
+
+def test_every_bad_host_entry_is_reported_with_its_key_path() -> None:
+    raw = {
+        "audio": {"media_hosts": ["ha.local:8123", "192.168.1.5/24", "127.1", 5, "ha.local:0"]},
+        "ota": {"hosts": "releases.example.com"},
+    }
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(raw, "test.yaml", environ={})
+    message = str(caught.value)
+    print(message)
+    assert "5 problems" in message, message
+    for path, problem in [
+        ("audio.media_hosts[1]", "host bits set: the network is 192.168.1.0/24"),
+        (
+            "audio.media_hosts[2]",
+            "an IPv4 address in a short or numeric form: write it as 127.0.0.1",
+        ),
+        ("audio.media_hosts[3]", "expected a string, got int 5"),
+        ("audio.media_hosts[4]", "expected a port from 1 to 65535, or * for any"),
+        ("ota.hosts", "expected a list, got str"),
+    ]:
+        assert f"  - {path}: {problem}" in message, (path, message)
+    assert "audio.media_hosts[0]" not in message
+
+
+def test_host_entries_in_the_documented_syntax_are_taken() -> None:
+    raw = {
+        "audio": {"media_hosts": ["homeassistant.local:8123", "192.168.1.0/24", "[fd00::/8]:*"]},
+        "ota": {"hosts": ["releases.example.com"]},
+    }
+    config = from_mapping(raw, "test.yaml", environ={})
+    assert config.audio.media_hosts == (
+        "homeassistant.local:8123",
+        "192.168.1.0/24",
+        "[fd00::/8]:*",
+    )
+    assert config.ota.hosts == ("releases.example.com",)
+    assert cfg.AudioConfig().media_hosts == ()  # by default, URL sounds are off
+    assert cfg.OtaConfig().hosts == ()

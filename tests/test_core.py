@@ -596,7 +596,18 @@ def test_a_timed_request_is_made_ready_prepare_seconds_before_its_instant() -> N
     actions = d.at(55.0).send(Tick())
     assert kinds(actions) == ["synth:t"]
     synth = next(a for a in actions if isinstance(a, Synthesize))
-    assert synth.request.at == 1_000_060.0  # the player pads to it
+    assert synth.start_at == 1_000_060.0  # the player pads to it
+
+
+def test_only_the_first_play_of_a_timed_repeat_waits_for_its_instant() -> None:
+    """The core decides the start: `at` for the first play; a repeat plays when its turn comes."""
+    d = Driver(timing=Timing(prepare=5))
+    request = SpeakRequest("t", "text of t", at=1001.0, repeat=2, repeat_interval=1.0)
+    first = d.send(SpeakReceived(request, Delivery(next(d._mids), 1), 1000.0))
+    assert [(a.play, a.start_at) for a in first if isinstance(a, Synthesize)] == [(1, 1001.0)]
+    d.play_out("t")
+    again = d.at(10.0).send(Tick())
+    assert [(a.play, a.start_at) for a in again if isinstance(a, Synthesize)] == [(2, None)]
 
 
 def test_a_timed_request_within_prepare_is_synthesized_at_once() -> None:
@@ -633,7 +644,7 @@ def test_an_alarm_preempts_a_timed_request_waiting_for_its_instant_which_keeps_i
     after = d.play_out("fire")
     synth = next(a for a in after if isinstance(a, Synthesize))
     assert synth.request.id == "t"
-    assert synth.request.at == 1004.0  # still in step with the other nodes
+    assert synth.start_at == 1004.0  # still in step with the other nodes
 
 
 def test_a_timed_alarm_cuts_in_when_it_falls_due_not_when_it_arrives() -> None:
@@ -647,7 +658,7 @@ def test_a_timed_alarm_cuts_in_when_it_falls_due_not_when_it_arrives() -> None:
     assert kinds(d.at(54.9).send(Tick())) == []
     assert kinds(d.at(55.0).send(Tick())) == ["cut:news", "preempted:news", "requeued:news"]
     synth = next(a for a in d.cut_reported("news") if isinstance(a, Synthesize))
-    assert (synth.request.id, synth.request.at) == ("fire", 1060.0)
+    assert (synth.request.id, synth.start_at) == ("fire", 1060.0)
 
 
 def test_a_replayed_timed_announcement_is_said_now() -> None:
@@ -656,7 +667,7 @@ def test_a_replayed_timed_announcement_is_said_now() -> None:
     d.play_out("t")
     actions = d.at(100.0).send(ReplayRequested(Delivery(next(d._mids), 1)))
     synth = next(a for a in actions if isinstance(a, Synthesize))
-    assert (synth.request.id, synth.request.at) == ("t~replay1", None)
+    assert (synth.request.id, synth.start_at) == ("t~replay1", None)
 
 
 def test_a_timed_request_cut_while_playing_plays_again_when_it_can() -> None:
@@ -668,4 +679,4 @@ def test_a_timed_request_cut_while_playing_plays_again_when_it_can() -> None:
     d.cut_reported("t")
     after = d.play_out("fire")
     synth = next(a for a in after if isinstance(a, Synthesize))
-    assert (synth.request.id, synth.request.at) == ("t", None)
+    assert (synth.request.id, synth.start_at) == ("t", None)

@@ -93,7 +93,11 @@ def test_speak_state_and_rollouts_across_a_bridge_and_its_outage(
     broker, central, link = bridged.site, bridged.central, bridged.link
     key = Ed25519PrivateKey.generate()
     sections = {
-        "ota": {"trusted_keys": [release.public_text(key)], "health_timeout": 60},
+        "ota": {
+            "trusted_keys": [release.public_text(key)],
+            "hosts": ["127.0.0.1:*"],  # the release server
+            "health_timeout": 60,
+        },
         "state": {"interval": 1},
     }
     agents = {n: start_agent(tiny_voice, node_id=n, sections=sections) for n in ("site1", "site2")}

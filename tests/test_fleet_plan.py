@@ -156,10 +156,10 @@ def test_the_report_counts_each_wave_and_draws_the_progress(tmp_path: Path) -> N
     text = markdown.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[:7] == ["1", "halted", "2", "2", "1", "0", "health_check 1"]
+    assert cells[:7] == ["1", "halted", "2", "2", "1", "0", "`health_check` 1"]
     assert cells[10] == "1"  # rolled back
     assert "| 2 | not started |" in text
-    assert "- b (wave 1): failed (health_check" in text
+    assert "- `b` (wave 1): failed (`health_check`" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![progress over time](report.png)" in text
 

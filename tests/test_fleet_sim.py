@@ -181,7 +181,7 @@ def test_a_wave_halts_at_its_error_threshold_and_rolls_that_wave_back(
     assert all(sim.offers(n) == [] for n in untouched)  # wave 3 and the other class
     assert len(third) == 40
     report = state.with_suffix(".md").read_text()
-    assert "| 2 | halted | 8 | 8 | 6 | 0 | health_check 2 |" in report
+    assert "| 2 | halted | 8 | 8 | 6 | 0 | `health_check` 2 |" in report
     assert state.with_suffix(".png").is_file()
     assert "halted at wave 2" in done.stdout
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import time
 import wave
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -176,3 +178,30 @@ def test_a_say_that_is_no_json_is_answered_on_the_default_site() -> None:
     rejection, context = parsed
     assert isinstance(rejection, Rejection)
     assert (rejection.reason, context.id) == ("invalid_json", None)
+
+
+def _at_depth(frames: int, call: Callable[[], object]) -> object:
+    """`call()` made `frames` Python frames further down the stack."""
+    return call() if frames == 0 else _at_depth(frames - 1, call)
+
+
+def test_a_say_too_deep_to_read_is_judged_the_same_at_any_stack_depth() -> None:
+    """A say nested past the JSON bound whose last `siteId` names another site: whether Python's
+    decoder ran out of stack depended on the caller's, so the agent judged it another site's
+    (ignored) while the hostile flood's oracle, deeper in pytest, read it as ours (owed an
+    answer): found by `make test-slow` in CI. Nothing of a too-deep payload is read now."""
+    nested = '{"a":' * 600 + "1" + "}" * 600
+    payload = f'{{"siteId": "default", "volume": {nested}, "siteId": "kitchen"}}'.encode()
+    limits = SpeakLimits(65536, 100)
+    shallow = hermes.parse_say(payload, "default", limits, lambda: "0" * 32)
+    deep = _at_depth(
+        sys.getrecursionlimit() - 400,
+        lambda: hermes.parse_say(payload, "default", limits, lambda: "0" * 32),
+    )
+    assert shallow is not None
+    assert deep is not None
+    assert isinstance(deep, tuple)
+    (rejection, context), (deep_rejection, deep_context) = shallow, deep
+    assert isinstance(rejection, Rejection)
+    assert isinstance(deep_rejection, Rejection)
+    assert (rejection.reason, context) == (deep_rejection.reason, deep_context)  # ours, refused

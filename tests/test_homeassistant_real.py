@@ -146,6 +146,7 @@ def node(
         homeassistant={"discovery": True, "area": "Kitchen"},
         ota={
             "trusted_keys": [release.public_text(signing_key)],
+            "hosts": ["127.0.0.1:*"],  # the release server
             "health_timeout": 60,
             "download_timeout": 3,
         },

@@ -7,6 +7,7 @@ import io
 import struct
 import tracemalloc
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -15,13 +16,23 @@ import soundfile as sf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.chimes import load_sound
 from agent.media import (
+    MAX_AUDIO_BYTES,
     MAX_CHANNELS,
+    MAX_DECODE_SAMPLES,
     DecodedAudio,
     MediaError,
     MediaReason,
     decode_audio,
-    decode_file,
+)
+from tests.media_files import (
+    decode_bomb,
+    flac_silence,
+    flac_with_total_samples,
+    lying_bomb,
+    mp3_tone,
+    work_bomb,
 )
 
 RATE = 22050
@@ -248,12 +259,16 @@ def test_too_many_bytes_are_refused_before_decoding() -> None:
     assert decode_audio(data, RATE, max_bytes=len(data)).seconds == pytest.approx(1.0)
 
 
-def test_a_file_too_large_is_refused_by_its_size(tmp_path: Path) -> None:
+def test_a_sound_file_too_large_is_refused_by_its_size(tmp_path: Path) -> None:
+    """The file is read (by the chimes' loader, the one reader of sound files) to one byte
+    past the bound, and refused there."""
     path = tmp_path / "big.wav"
     path.write_bytes(encode(ideal_pcm(chirp(RATE)), RATE, "WAV", "PCM_16"))
-    assert decode_file(path, RATE).seconds == pytest.approx(1.0)
+    assert len(load_sound(path, RATE)) == RATE
+    with path.open("ab") as file:
+        file.truncate(MAX_AUDIO_BYTES + 1)
     with pytest.raises(MediaError) as caught:
-        decode_file(path, RATE, max_bytes=1000)
+        load_sound(path, RATE)
     assert caught.value.reason is MediaReason.AUDIO_TOO_LARGE
 
 
@@ -355,22 +370,13 @@ def test_a_wav_header_claiming_less_decodes_no_more_than_it_claims() -> None:
     np.testing.assert_array_equal(decode_audio(lying, RATE).samples, source[:100])
 
 
-def flac_with_total_samples(data: bytes, total: int) -> bytes:
-    """The FLAC file with the 36-bit total-samples field of its STREAMINFO rewritten."""
-    patched = bytearray(data)
-    start = 4 + 4 + 10  # "fLaC", the block header, block sizes and frame sizes
-    packed = int.from_bytes(patched[start : start + 8], "big")
-    packed = (packed & ~((1 << 36) - 1)) | total
-    patched[start : start + 8] = packed.to_bytes(8, "big")
-    return bytes(patched)
-
-
 def test_a_flac_header_claiming_hours_is_refused_without_allocating_them() -> None:
     data = flac_with_total_samples(encode(ideal_pcm(chirp(RATE)), RATE, "FLAC", "PCM_16"), 10**10)
     tracemalloc.start()
     try:
         with pytest.raises(MediaError) as caught:
-            decode_audio(data, RATE, max_seconds=10**6)  # 10**10 frames: 5 days, 40 GB of floats
+            # 10**10 frames: 5 days, 40 GB of floats (the bounds opened to let the header by)
+            decode_audio(data, RATE, max_seconds=10**6, max_samples=10**11)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -379,12 +385,94 @@ def test_a_flac_header_claiming_hours_is_refused_without_allocating_them() -> No
     with pytest.raises(MediaError) as caught:
         decode_audio(data, RATE)
     assert caught.value.reason is MediaReason.AUDIO_TOO_LONG
+    with pytest.raises(MediaError) as caught:
+        decode_audio(data, RATE, max_seconds=10**6)
+    assert caught.value.reason is MediaReason.AUDIO_TOO_LARGE  # the work, from the header
 
 
 def test_a_flac_header_claiming_less_decodes_no_more_than_it_claims() -> None:
     source = ideal_pcm(chirp(RATE))
     lying = flac_with_total_samples(encode(source, RATE, "FLAC", "PCM_16"), 100)
     np.testing.assert_array_equal(decode_audio(lying, RATE).samples, source[:100])
+
+
+def _refused_cheaply(data: bytes, **bounds: float) -> MediaError:
+    """The refusal of `data`, which must cost less than 1 MiB of Python memory."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(MediaError) as caught:
+            decode_audio(data, RATE, **bounds)  # type: ignore[arg-type]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024
+    return caught.value
+
+
+def test_the_issues_decode_bomb_is_refused_from_its_header() -> None:
+    """340 KB of FLAC, 60 s of 8 channels at 655,350 Hz: 314 M samples (~5 s of CPU)."""
+    bomb = decode_bomb()
+    assert len(bomb) < 400_000
+    err = _refused_cheaply(bomb)
+    assert err.reason is MediaReason.AUDIO_TOO_LARGE
+    assert err.detail == "sample rate 655350 Hz, at most 192000 Hz decoded"
+
+
+def test_more_samples_than_the_work_bound_are_refused_from_the_header() -> None:
+    err = _refused_cheaply(work_bomb())  # 8 channels at 192 kHz, 60 s: every field within
+    assert err.reason is MediaReason.AUDIO_TOO_LARGE
+    assert f"at most {MAX_DECODE_SAMPLES}" in err.detail
+
+
+def test_a_header_that_does_not_say_its_length_is_held_to_the_work_bound() -> None:
+    with pytest.raises(MediaError) as caught:
+        decode_audio(lying_bomb(0), RATE)  # "unknown": decoded until the bound
+    assert caught.value.reason is MediaReason.AUDIO_TOO_LARGE
+    assert "or more" in caught.value.detail
+
+
+def test_a_header_that_declares_little_decodes_only_that() -> None:
+    decoded = decode_audio(lying_bomb(192_000), RATE)  # 1 s declared, 60 s held
+    assert decoded.seconds == pytest.approx(1.0)
+
+
+def test_what_the_bounds_let_through_comfortably() -> None:
+    """A 60 s announcement at 48 kHz stereo is a quarter of the work bound; 7.1 at 48 kHz for
+    60 s just fits."""
+    stereo = encode(np.zeros((48_000 * 60, 2), dtype=np.int16), 48_000, "FLAC", "PCM_16")
+    assert decode_audio(stereo, RATE).seconds == pytest.approx(60.0)
+    assert MAX_DECODE_SAMPLES >= 48_000 * 60 * 2 * 4
+
+
+def test_an_mp3_read_at_once_is_held_to_the_duration() -> None:
+    long = mp3_tone(61.0)
+    with pytest.raises(MediaError) as caught:
+        decode_audio(long, RATE)
+    assert caught.value.reason is MediaReason.AUDIO_TOO_LONG
+    tracemalloc.start()
+    try:
+        with pytest.raises(MediaError) as caught:
+            decode_audio(long, RATE, max_seconds=1)  # read at once: one frame past the bound
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert caught.value.reason is MediaReason.AUDIO_TOO_LONG
+    assert peak < 2 * 44_100 * 2 * 4  # about 1 s of float samples, not 61
+    assert decode_audio(mp3_tone(2.0), RATE).seconds == pytest.approx(2.0, abs=0.05)
+
+
+_TWO_SECONDS_OF_EIGHT: Final = flac_silence(48_000, 8, 2.0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**36 - 1))
+def test_whatever_length_a_flac_header_declares_the_work_is_bounded(total: int) -> None:
+    try:
+        decoded = decode_audio(flac_with_total_samples(_TWO_SECONDS_OF_EIGHT, total), RATE)
+    except MediaError as err:
+        assert err.reason in set(MediaReason)  # noqa: PT017 - either outcome is right
+        return
+    assert decoded.seconds <= min(total / 48_000, 2.0) + 0.01
 
 
 SAMPLES = {

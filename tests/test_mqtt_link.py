@@ -22,7 +22,7 @@ def _drop(topic: str, payload: bytes, mid: object) -> None:
     del topic, payload, mid
 
 
-@pytest.mark.allow_error_logs
+@pytest.mark.allow_error_logs("broker refused a subscription: Not authorized")
 def test_a_refused_subscription_is_reported_and_sends_the_link_through_reconnect(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from tests.release_server import ReleaseServer
 from tests.test_ota import Release, make_release
 from tests.tiny_voice import write_tiny_voice
 
-pytestmark = pytest.mark.allow_error_logs  # failed updates and killed agents log errors
+pytestmark = pytest.mark.broker
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,8 @@ def server(tmp_path: Path) -> Iterator[ReleaseServer]:
 
 def ota_section(key: Ed25519PrivateKey, **more: Any) -> dict[str, dict[str, Any]]:
     """The agent config section that trusts `key`."""
-    return {"ota": {"trusted_keys": [release.public_text(key)], "health_timeout": 60, **more}}
+    trusted = {"trusted_keys": [release.public_text(key)], "hosts": ["127.0.0.1:*"]}
+    return {"ota": {**trusted, "health_timeout": 60, **more}}
 
 
 def offer(agent: RunningAgent, item: Release, server: ReleaseServer, offer_id: str) -> None:
@@ -84,18 +86,25 @@ def _finals(watcher: Watcher, offer_id: str) -> list[dict[str, Any]]:
 
 
 def speaks(agent: RunningAgent, request_id: str) -> dict[str, Any]:
-    """Say something; wait until it finished; the agent's state just after."""
+    """Say something; wait until it finished; a state published after it (a state is published
+    when it changes, at most every 0.25 s: it may reach the watcher before or after the event;
+    a retained one of an earlier run comes first)."""
     agent.watcher.publish(
         agent.topics.speak, json.dumps({"id": request_id, "text": "Hi."}).encode()
     )
-    agent.watcher.wait_event(request_id, "finished")
+    done = stamp(agent.watcher.wait_event(request_id, "finished"))
 
-    def states() -> list[dict[str, Any]]:
-        return [m.json() for m in agent.watcher.snapshot() if m.topic == agent.topics.state]
+    def after() -> list[dict[str, Any]]:
+        shown = [m.json() for m in agent.watcher.snapshot() if m.topic == agent.topics.state]
+        return [s for s in shown if stamp(s) >= done and s["queue_depth"] == 0]
 
-    before = len(states())  # the state is published at most every 0.25 s: take a later one
-    wait_until(lambda: len(states()) > before and states()[-1]["queue_depth"] == 0, what="state")
-    return states()[-1]
+    wait_until(lambda: bool(after()), what="a state after the message")
+    return after()[-1]
+
+
+def stamp(message: dict[str, Any]) -> datetime:
+    """The agent's time of an event or a state (its `ts`)."""
+    return datetime.fromisoformat(str(message["ts"]).replace("Z", "+00:00"))
 
 
 def sha256(path: Path) -> str:
@@ -104,8 +113,10 @@ def sha256(path: Path) -> str:
 
 
 def wait_exit(agent: RunningAgent) -> int:
-    """Wait for the agent to end by itself; its exit code."""
-    wait_until(lambda: not agent.process.alive(), what="the agent to end")
+    """Wait for the agent to end by itself (an update's download, verification, install and
+    health check come first: 3 minutes allowed, for a machine running other tests too); its
+    exit code."""
+    wait_until(lambda: not agent.process.alive(), timeout=180.0, what="the agent to end")
     return agent.process.signal(signal.SIGTERM)
 
 
@@ -139,12 +150,20 @@ def test_killed_at_each_step_comes_back_verified_and_the_update_completes(
     state = speaks(again, "after-restart")
     assert state["model_sha256"] in {factory, new}, state
     if step == "rollback":
-        if _finals(again.watcher, "back"):  # delivered again and carried out (see `settled`)
+        # The killed `back` may be delivered again (its acknowledgement may not have left): the
+        # broker sends it at the session's resumption, before anything published now, and it
+        # may still be running. Whether it was is only known once `back-again` is answered;
+        # each rollback that runs goes to the other slot (a check of the state before it raced
+        # with the redelivery: both ran, and the node was back on release 1).
+        again.watcher.publish(again.topics.ota, b'{"id": "back-again", "rollback": true}')
+        answered = update_state(again, "back-again")
+        redelivered = bool(_finals(again.watcher, "back"))
+        if answered == "busy":  # `back` ran meanwhile, `back-again` did not
             assert update_state(again, "back") == "rolled_back"
-        else:  # a second rollback would go to the other slot again: only when none ran
-            again.watcher.publish(again.topics.ota, b'{"id": "back-again", "rollback": true}')
-            assert settled(again, "back-again", "back") == "rolled_back"
-        expected = (factory, 0)
+            expected = (factory, 0)
+        else:
+            assert answered == "rolled_back"
+            expected = (new, 1) if redelivered else (factory, 0)
     else:
         offer(again, item, server, "again")
         assert settled(again, "again", "first") in {"installed", "already_installed"}
@@ -153,6 +172,7 @@ def test_killed_at_each_step_comes_back_verified_and_the_update_completes(
     assert (state["model_sha256"], state["model_release"]) == expected
 
 
+@pytest.mark.allow_error_logs(r"Release \d+ cannot be used \(damaged\)")
 def test_a_damaged_model_the_agent_was_switching_to_is_left_at_the_next_start(
     start_agent: StartAgent, server: ReleaseServer, key: Ed25519PrivateKey, tiny_voice: Path
 ) -> None:

@@ -103,3 +103,73 @@ def test_recency_on_disk_survives_a_restart(tmp_path: Path) -> None:
     second.put("k3", pcm(0.25, 3), RATE)
     assert second.contains("k0")
     assert not second.contains("k1")
+
+
+# ---- symbolic links planted in the cache: refused, never followed -----------------------------
+
+
+def someone_elses(folder: Path) -> Path:
+    """A file outside the cache the agent must never read, overwrite or delete."""
+    folder.mkdir(exist_ok=True)
+    target = folder / "precious"
+    target.write_bytes(b"not the agent's")
+    return target
+
+
+def test_a_cache_directory_that_is_a_symbolic_link_leaves_the_cache_in_memory(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    target = someone_elses(elsewhere)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "phrases").symlink_to(elsewhere)
+    cache = PhraseCache(tmp_path / "cache" / "phrases", 10**6, 10**7)
+    assert cache.problem is not None
+    assert "symbolic link" in cache.problem
+    cache.put("k1", pcm(0.2), RATE)
+    assert cache.get("k1", RATE) is not None  # served from memory
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
+    assert target.read_bytes() == b"not the agent's"
+
+
+def test_a_cache_root_that_is_a_symbolic_link_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    someone_elses(elsewhere)
+    (tmp_path / "cache").symlink_to(elsewhere)
+    cache = PhraseCache(tmp_path / "cache" / "phrases", 10**6, 10**7)
+    assert cache.problem is not None
+    cache.put("k1", pcm(0.2), RATE)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["precious"]
+
+
+@pytest.mark.parametrize("where", ["entry", "subdirectory", "partial"])
+def test_links_inside_the_cache_are_refused_and_their_targets_untouched(
+    tmp_path: Path, where: str
+) -> None:
+    """A link planted as an entry (to a file elsewhere), as a key's subdirectory, or as a
+    leftover temporary: not read, not written through, not deleted through; the entry is
+    synthesized again, and the cache goes on."""
+    target = someone_elses(tmp_path / "elsewhere")
+    folder = tmp_path / "phrases"
+    PhraseCache(folder, 10**6, 10**7).put("k1", pcm(0.2), RATE)
+    (entry,) = folder.glob("*/*.pcm")
+    if where == "entry":
+        entry.unlink()
+        entry.symlink_to(target)
+    elif where == "subdirectory":
+        entry.unlink()
+        entry.parent.rmdir()
+        entry.parent.symlink_to(tmp_path / "elsewhere")
+    else:
+        (entry.parent / "x.partial").symlink_to(target)
+    fresh = PhraseCache(folder, 10**6, 10**7)
+    got = fresh.get("k1", RATE)
+    assert (got is None) == (where != "partial")
+    fresh.put("k1", pcm(0.2), RATE)  # written again, never through the link
+    fresh.put("k2", pcm(0.2, 2), RATE)
+    assert target.read_bytes() == b"not the agent's"
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["precious"]
+    if where == "subdirectory":
+        assert fresh.stats().refused >= 1
+    else:
+        assert fresh.get("k1", RATE) is not None

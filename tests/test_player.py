@@ -221,7 +221,7 @@ class _Gated:
         self._pcm.close()
 
 
-@pytest.mark.allow_error_logs
+@pytest.mark.allow_error_logs("Audio device unavailable")
 def test_an_underrun_is_recovered_and_counted(
     tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
@@ -240,7 +240,7 @@ def test_an_underrun_is_recovered_and_counted(
     assert np.array_equal(read_pcm(capture), sound)  # the rejected period was written again
 
 
-@pytest.mark.allow_error_logs
+@pytest.mark.allow_error_logs("Audio device unavailable")
 def test_a_lost_device_fails_the_announcement_then_is_reopened(
     tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
@@ -271,7 +271,7 @@ def test_a_lost_device_fails_the_announcement_then_is_reopened(
     assert len(opened) == 2
 
 
-@pytest.mark.allow_error_logs
+@pytest.mark.allow_error_logs("Audio device unavailable")
 def test_a_device_that_cannot_open_is_retried_until_it_can(
     tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from ota.quantize import (
+from tiers.quantize import (
     frame_distance_db,
     is_publishable,
     log_mel_db,
@@ -18,7 +18,7 @@ from ota.quantize import (
     main,
     run,
 )
-from ota.variants import BuildInputs, Variant, build_dynamic
+from tiers.variants import BuildInputs, Variant, build_dynamic
 
 RATE = 22050
 

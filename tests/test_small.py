@@ -427,6 +427,7 @@ def test_the_whole_life_of_a_node_fits_in_384_mb(run_node: StartNode, tmp_path: 
         envelope = release.sign(release.build_manifest(model, 1, "1.0"), [key])
         release.publish_release(server.directory / "r1", model, envelope)
         ota = {"trusted_keys": [release.public_text(key)], "health_timeout": 900}
+        ota["hosts"] = [f"127.0.0.1:{server.port}"]  # the release server
         node = run_node(LIFE_BUDGET_MB, "the whole life of a node", ota)
         steady_work(node)
 

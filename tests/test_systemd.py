@@ -1,9 +1,14 @@
 """The systemd notify protocol, with a NOTIFY_SOCKET the test opens itself; the shipped unit,
-checked by systemd and run the way it runs the agent."""
+checked and rated by systemd, and run the way it runs the agent (harness/unit.py: bubblewrap
+for its mount namespace; its user, bounding set and seccomp filters applied in the process)."""
 
 from __future__ import annotations
 
+import errno
+import grp
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from agent.systemd import Notifier
-from harness import ROOT, Broker, Watcher
+from harness import ROOT, TIMEOUT, Broker, Watcher
+from harness import unit as sandbox
 from tests.conftest import StartAgent
 
 pytestmark = pytest.mark.broker
@@ -48,62 +54,189 @@ def test_without_a_notify_socket_nothing_happens() -> None:
 
 
 UNIT = ROOT / "config" / "voice-agent.service"
+MAX_EXPOSURE = 2.0
+"""The highest `systemd-analyze security` exposure the unit may have (0 safe, 10 exposed)."""
+NOBODY = 65534
+"""The unit's user when the tests run as root (User=voice-agent does not exist here)."""
 
 
 def unit_settings() -> dict[str, list[str]]:
     """The [Service] settings of the shipped unit (a key may repeat)."""
-    settings: dict[str, list[str]] = {}
-    section = ""
-    for raw in UNIT.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if line.startswith("["):
-            section = line
-        elif section == "[Service]" and "=" in line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            settings.setdefault(key, []).append(value)
-    return settings
+    return sandbox.unit_settings(UNIT)
 
 
-def test_the_shipped_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    """systemd's own check, on the unit as shipped (its ExecStart pointed at this install's
-    console script, which the check wants to exist)."""
+def runnable_unit(directory: Path) -> Path:
+    """The shipped unit with its ExecStart pointed at this install's console script (systemd's
+    checks want the program to exist)."""
     script = Path(sys.executable).parent / "voice-agent"
     text = UNIT.read_text(encoding="utf-8")
     assert "ExecStart=/opt/voice-agent/venv/bin/voice-agent run\n" in text
-    unit = tmp_path / "voice-agent.service"
+    unit = directory / "voice-agent.service"
     unit.write_text(text.replace("/opt/voice-agent/venv/bin/voice-agent", str(script)))
+    return unit
+
+
+def test_the_shipped_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """systemd's own check, on the unit as shipped: no error, no warning about it (an unknown
+    setting or system call name would be one)."""
     checked = subprocess.run(
-        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False
+        ["systemd-analyze", "verify", str(runnable_unit(tmp_path))],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert checked.returncode == 0, checked.stderr
-    assert "voice-agent.service" not in checked.stderr, checked.stderr  # no warning about it
+    assert "voice-agent.service" not in checked.stderr, checked.stderr
+
+
+def test_systemd_analyze_security_rates_the_unit_at_most_2_0(tmp_path: Path) -> None:
+    """`systemd-analyze security --offline=yes`: the overall exposure at most MAX_EXPOSURE (the
+    unit shipped before this was 8.0 EXPOSED), and systemd's own threshold check agrees."""
+    unit = runnable_unit(tmp_path)
+    command = ["systemd-analyze", "security", "--offline=yes", "--no-pager"]
+    rated = subprocess.run([*command, str(unit)], capture_output=True, text=True, check=False)
+    found = re.search(r"Overall exposure level for voice-agent\.service: (\d+\.\d)", rated.stdout)
+    assert found, rated.stdout + rated.stderr
+    exposure = float(found.group(1))
+    assert exposure <= MAX_EXPOSURE, rated.stdout
+    threshold = [*command, f"--threshold={int(MAX_EXPOSURE * 10)}", str(unit)]
+    assert subprocess.run(threshold, capture_output=True, check=False).returncode == 0
+    print(f"systemd-analyze security: {exposure}")
+
+
+def test_the_clock_read_is_what_the_filter_lets_through_and_protect_clock_would_refuse() -> None:
+    """The state's `clock` reads adjtimex(3), which glibc makes clock_adjtime: the unit's
+    allow list holds it, and ProtectClock= (which refuses all of @clock) is not set."""
+    settings = unit_settings()
+    allowed = sandbox.allowed_syscalls(settings)
+    assert allowed is not None
+    assert {"clock_adjtime", "prlimit64", "clone", "execve", "socket", "mmap"} <= allowed
+    assert not {"clock_settime", "settimeofday", "setuid", "mount", "setrlimit"} & allowed
+    assert "ProtectClock" not in settings
+    assert sandbox.syscall_group("@clock") >= {"clock_adjtime", "adjtimex"}
+
+
+PROBE = """
+import ctypes, json, mmap, os, socket, subprocess, sys
+from agent.clock import clock_sync
+found = {"uid": os.getuid(), "groups": os.getgroups()}
+status = open("/proc/self/status").read()
+found["bounding"] = status.split("CapBnd:")[1].split()[0]
+found["no_new_privs"] = status.split("NoNewPrivs:")[1].split()[0]
+def refused(action):
+    try:
+        action()
+    except OSError as err:
+        return err.errno
+    return 0
+found["packet"] = refused(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
+found["inet"] = refused(lambda: socket.socket(socket.AF_INET6).close())
+found["netlink"] = refused(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW).close())
+wx = mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC
+found["wx"] = refused(lambda: mmap.mmap(-1, 4096, prot=wx))
+found["setuid"] = refused(lambda: os.setuid(0))
+found["etc"] = refused(lambda: open("/etc/voice-agent-probe", "w"))
+found["home"] = os.listdir("/root")
+found["tmp"] = os.listdir("/tmp")
+found["clock"] = clock_sync() is not None
+found["child"] = subprocess.run([sys.executable, "-c", "pass"]).returncode
+print(json.dumps(found))
+"""
+
+
+def run_sandboxed(
+    program: list[str], env: dict[str, str], writable: list[Path], readable: list[Path]
+) -> subprocess.CompletedProcess[str]:
+    """Run to its end as the unit would (as NOBODY and the `audio` group when root), the
+    install and `readable` read-only, `writable` read-write."""
+    command = sandbox.sandbox_command(
+        UNIT, program, writable=writable, readable=[*install_paths(), *readable], **user_ids()
+    )
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, check=False, timeout=TIMEOUT, cwd="/"
+    )
+
+
+def install_paths() -> list[Path]:
+    """What the install holds, wherever it is (a checkout under /tmp or /root included): the
+    checkout with its venv, and the interpreter the venv was made from."""
+    return [ROOT, Path(sys.base_prefix).resolve()]
+
+
+def user_ids() -> dict[str, int]:
+    """The unit's user for the sandbox (none to change unless root)."""
+    return {"uid": NOBODY, "gid": NOBODY} if os.geteuid() == 0 else {}
+
+
+def owned(*directories: Path) -> None:
+    """Directories as systemd makes StateDirectory and CacheDirectory: the unit's user's."""
+    for directory in directories:
+        if os.geteuid() == 0:
+            os.chown(directory, NOBODY, NOBODY)
+
+
+def base_env() -> dict[str, str]:
+    return {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "PYTHONPATH": str(ROOT)}
+
+
+def test_the_sandbox_holds_what_the_unit_says(tmp_path: Path) -> None:
+    """The emulation itself, so that the run below means something: no capability, no new
+    privileges, the unit's user and `audio`; packet sockets and writable-executable memory
+    refused, the clock read and a child process allowed; / read-only, no home, a private /tmp."""
+    done = run_sandboxed([sys.executable, "-c", PROBE], base_env(), [], [])
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["bounding"] == "0000000000000000"
+    assert found["no_new_privs"] == "1"
+    if os.geteuid() == 0:
+        assert found["uid"] == NOBODY
+        assert found["groups"] == [grp.getgrnam("audio").gr_gid]
+    assert found["packet"] == errno.EAFNOSUPPORT
+    assert found["inet"] == found["netlink"] == 0
+    assert found["wx"] == found["setuid"] == errno.EPERM
+    assert found["etc"] in (errno.EROFS, errno.EACCES)
+    assert found["home"] in ([], [".pyenv"])  # only the interpreter's folder, bound back
+    tmp = Path("/tmp")  # the sandbox's private /tmp
+    bound_back = {p.relative_to(tmp).parts[0] for p in install_paths() if tmp in p.parents}
+    assert set(found["tmp"]) == bound_back  # empty, but for an install that lives there
+    assert found["clock"] is True
+    assert found["child"] == 0
 
 
 def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
     broker: Broker, tmp_path: Path, tiny_voice: Path
 ) -> None:
-    """As the unit runs it (ProtectSystem=strict, PrivateTmp): the whole file system read-only
-    (bubblewrap, as the unit's namespace), a private /tmp, $STATE_DIRECTORY and
-    $CACHE_DIRECTORY its only writable places, the unit's UMask and environment, no config file
-    (the unit names none; the environment gives the broker). It comes online, speaks, and its
-    journal, split model and phrase cache land where the unit says, private."""
+    """As the unit runs it: the whole file system read-only, no home, a private /tmp (the
+    checkout bound back wherever it lives, /tmp included: it stands for /opt/voice-agent),
+    $STATE_DIRECTORY and $CACHE_DIRECTORY its only writable places, the unit's user, UMask,
+    environment, capabilities (none) and system-call filters, no config file (the environment
+    gives the broker). It sends READY=1 and watchdog pings to the notify socket, comes online,
+    speaks, reads the clock; its journal, split model (built by child processes with CPU
+    limits) and phrase cache land where the unit says, private. Then the health check a model
+    update runs (a child process that limits its own address space and loads the model) passes
+    under the same sandbox."""
     settings = unit_settings()
     assert settings["StateDirectory"] == ["voice-agent"]
     assert settings["CacheDirectory"] == ["voice-agent"]
     assert settings["ProtectSystem"] == ["strict"]
     state, cache, shared = tmp_path / "var-lib", tmp_path / "var-cache", tmp_path / "opt"
-    for directory in (state, cache, shared):
+    run = tmp_path / "run"
+    for directory in (state, cache, shared, run):
         directory.mkdir(mode=0o700)
+    owned(state, cache)
+    shared.chmod(0o755)  # the install: root's, readable by all
     voice = shared / "tiny.onnx"  # the model, read-only as /opt holds it
     shutil.copy(tiny_voice, voice)
     shutil.copy(f"{tiny_voice}.json", f"{voice}.json")
+    run.chmod(0o755)
+    notify_path = run / "notify"
     environment = dict(value.split("=", 1) for value in settings.get("Environment", []))
     env = {
-        "PATH": os.environ["PATH"],
-        "HOME": "/nonexistent",
+        **base_env(),
         "STATE_DIRECTORY": str(state),
         "CACHE_DIRECTORY": str(cache),
-        "PYTHONPATH": str(ROOT),
+        "NOTIFY_SOCKET": str(notify_path),
+        "WATCHDOG_USEC": "2000000",
         "VOICE_AGENT_NODE_ID": "unit",
         "VOICE_AGENT_MQTT_HOST": broker.host,
         "VOICE_AGENT_MQTT_PORT": str(broker.port),
@@ -112,19 +245,30 @@ def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
         **environment,
     }
     script = Path(sys.executable).parent / "voice-agent"
-    command = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    command += ["--tmpfs", "/tmp", "--die-with-parent"]
-    command += ["--bind", str(state), str(state), "--bind", str(cache), str(cache)]
-    command += ["--ro-bind", str(shared), str(shared)]
-    command += ["sh", "-c", f'umask {settings["UMask"][0]} && exec "$0" run', str(script)]
+    command = sandbox.sandbox_command(
+        UNIT,
+        [str(script), "run"],
+        writable=[state, cache],
+        readable=[*install_paths(), shared, run],
+        **user_ids(),
+    )
     watcher = Watcher(broker, "voice/unit/#")
     log_path = tmp_path / "unit.log"
-    with log_path.open("wb") as log:
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager,
+        log_path.open("wb") as log,
+    ):
+        manager.bind(str(notify_path))
+        notify_path.chmod(0o777)  # as systemd's own notify socket: any service may send
+        manager.settimeout(TIMEOUT)
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd="/")
         try:
             watcher.wait_payload("voice/unit/status", b"online")
             watcher.publish("voice/unit/speak", b'{"id": "unit", "text": "Started by the unit."}')
             watcher.wait_event("unit", "finished")
+            seen: list[str] = []
+            while "READY=1" not in seen or "WATCHDOG=1" not in seen:
+                seen += manager.recv(4096).decode().split("\n")
         finally:
             for agent in children(process.pid):  # systemd's SIGTERM goes to the agent itself
                 os.kill(agent, signal.SIGTERM)
@@ -132,7 +276,12 @@ def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
             watcher.close()
     output = log_path.read_text(encoding="utf-8", errors="replace")
     assert process.returncode == 0, output  # bwrap exits with the agent's code
-    assert (state / "journal-unit.sqlite3").stat().st_mode & 0o777 == 0o600
+    states = [m.json() for m in watcher.snapshot() if m.topic == "voice/unit/state"]
+    assert states, output
+    assert isinstance(states[-1]["clock"], dict), states[-1]  # read, not "unknown"
+    journal = state / "journal-unit.sqlite3"
+    assert journal.stat().st_mode & 0o777 == 0o600
+    assert journal.stat().st_uid == user_ids().get("uid", os.getuid())
     assert list((cache / "phrases").rglob("*.pcm"))  # the phrase cache where the unit says
     assert list((cache / "models").glob("*.split2.json"))  # and the voice's split
     private = [p for p in (*state.rglob("*"), *cache.rglob("*")) if p.is_file()]
@@ -140,6 +289,12 @@ def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
         oct(p.stat().st_mode) for p in private
     ]
     assert " ERROR " not in output, output
+
+    check = [sys.executable, "-m", "agent.healthcheck", str(voice), "--reference", str(voice)]
+    check += ["--rate", "22050", "--memory-mb", "1024", "--cache-dir", str(cache)]
+    checked = run_sandboxed(check, env, [state, cache], [shared])
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout.splitlines()[-1])["ok"] is True, checked.stdout
 
 
 def children(pid: int) -> list[int]:

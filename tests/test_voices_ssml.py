@@ -18,6 +18,7 @@ import pytest
 
 from agent.catalog import Catalog, VoiceFacts
 from agent.core import SpeakCore
+from agent.egress import EgressPolicy
 from agent.messages import (
     Delivery,
     Event,
@@ -297,6 +298,7 @@ def core_with_voices() -> SpeakCore:
         },
         frozenset({"ding"}),
         frozenset({"doorbell"}),
+        EgressPolicy.parse(["example.org"], "audio.media_hosts"),
     )
     return SpeakCore(8, 50, catalog=catalog)
 
@@ -349,6 +351,8 @@ def test_an_ssml_voice_the_node_does_not_have_is_rejected_on_arrival() -> None:
 
 def test_a_url_sound_and_known_names_are_accepted() -> None:
     ok = admitted(core_with_voices(), SpeakRequest("a", "", sound="https://example.org/a.ogg"))
+    assert isinstance(ok, SpeakRequest)
+    ok = admitted(core_with_voices(), SpeakRequest("c", "", sound_after="http://Example.ORG/b"))
     assert isinstance(ok, SpeakRequest)
     request = SpeakRequest("b", "Hi.", sound="doorbell", sound_after="doorbell")
     ok = admitted(core_with_voices(), request)

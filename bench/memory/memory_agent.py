@@ -1,8 +1,8 @@
-"""Whole-agent memory runs for scripts/measure_memory.py: `python -m agent run` (harness
+"""Whole-agent memory runs for bench/memory/measure_memory.py: `python -m agent run` (harness
 AgentProcess) against a real Mosquitto, ALSA `null`, the model cache warm, measured from outside.
 
-Usage: python scripts/memory_agent.py --models DIR [--env JSON] [--hooks JSON] [--config JSON]
-[--announcements N] [--cgroup-mb MB] (PYTHONPATH must hold the project folder and scripts/).
+Usage: python bench/memory/memory_agent.py --models DIR [--env JSON] [--hooks JSON] [--config JSON]
+[--announcements N] [--cgroup-mb MB] (PYTHONPATH must hold the project folder and bench/memory/).
 Phases: start (spawn to `online`, prewarm included), the bench's long text, then a soak-like mix
 (memory_workloads.mix_texts), and with --ota-model an update to that model (a signed release
 served over HTTP from this process: download, health check, switch) and a rollback; RSS, PSS and
@@ -179,6 +179,7 @@ def _config(
     sections: dict[str, dict[str, Any]] = json.loads(args.config)
     if args.ota_model is not None:
         trusted = {"trusted_keys": [release.public_text(key)], "health_timeout": 300}
+        trusted["hosts"] = ["127.0.0.1:*"]  # the release server of this script
         sections["ota"] = {**trusted, **sections.get("ota", {})}
     config = agent_config(broker, workdir, NODE)
     for section, values in sections.items():  # merged over the harness's defaults

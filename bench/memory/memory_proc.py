@@ -1,6 +1,6 @@
 """Reading a process's memory from /proc, and memory cgroups (v1) to hold a process to a budget.
 
-Used by scripts/measure_memory.py and the workloads it starts. Sizes are MiB (written "MB" in
+Used by bench/memory/measure_memory.py and the workloads it starts. Sizes are MiB (written "MB" in
 the reports, as bench/SOAK.md does). A phase's peak is measured by resetting the kernel's
 high-water mark (`/proc/PID/clear_refs` <- 5) at its start and reading VmHWM at its end.
 """

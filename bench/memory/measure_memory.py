@@ -1,13 +1,14 @@
 """Where the agent's memory goes, and what each lever does to it: docs/memory.md records a run.
 
-Usage: .venv/bin/python scripts/measure_memory.py [--workdir DIR] [--json FILE] COMMAND [...]
+Usage: .venv/bin/python bench/memory/measure_memory.py [--workdir DIR] [--json FILE] COMMAND [...]
 
 Every measurement runs in a fresh process: component runs drive agent.voice / the agent's
-Synthesizer directly (scripts/memory_workloads.py), whole-agent runs start `python -m agent run`
-against a real Mosquitto with ALSA `null` (scripts/memory_agent.py); both read /proc/PID/status
-(VmRSS, VmHWM, RssAnon, RssFile) and smaps_rollup (Pss), and reset VmHWM per phase. Settings
-the agent has no key for (ONNX Runtime session options per part, malloc_trim, the largest
-decoder chunk) are applied to its unchanged code by scripts/memory_hooks.py.
+Synthesizer directly (bench/memory/memory_workloads.py), whole-agent runs start
+`python -m agent run` against a real Mosquitto with ALSA `null` (bench/memory/memory_agent.py);
+both read /proc/PID/status (VmRSS, VmHWM, RssAnon, RssFile) and smaps_rollup (Pss), and reset
+VmHWM per phase. Settings the agent has no key for (ONNX Runtime session options per part,
+malloc_trim, the largest decoder chunk) are applied to its unchanged code by
+bench/memory/memory_hooks.py.
 
 Commands (each a few minutes at most on 2 shared cores; `all` runs them in turn, ~1 hour):
   prepare   warm model caches in the workdir: the split parts, a whole-model copy, the parts
@@ -23,7 +24,7 @@ Commands (each a few minutes at most on 2 shared cores; `all` runs them in turn,
             alternated over --rounds)
   threads   tts.threads 1 vs 2, arena on and off
   chunks    the largest decoder chunk: 256 / 128 / 64 / 32 frames, arena on and off
-  build     a lean build of the split parts, one step a process (scripts/memory_build.py),
+  build     a lean build of the split parts, one step a process (bench/memory/memory_build.py),
             against the agent's build in one process (`baseline`, "cold build")
   check     the OTA health check: as the updater runs it now, and leaner variants
   switch    a second split model in the process (a switch or rollback), and the alternatives
@@ -52,8 +53,8 @@ from typing import Any, Final
 
 from memory_proc import is_root
 
-ROOT: Final = Path(__file__).resolve().parent.parent
-SCRIPTS: Final = ROOT / "scripts"
+ROOT: Final = Path(__file__).resolve().parents[2]
+SCRIPTS: Final = Path(__file__).resolve().parent
 DEFAULT_WORKDIR: Final = ROOT / ".cache" / "memory"
 CHILD_TIMEOUT: Final = 600.0
 """Seconds one measured process may take before it is killed."""

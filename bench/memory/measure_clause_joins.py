@@ -1,6 +1,6 @@
 """Measure the pauses where a sentence is split at clause joins, against whole-sentence speech.
 
-Usage: .venv/bin/python scripts/measure_clause_joins.py [--budget N]
+Usage: .venv/bin/python bench/memory/measure_clause_joins.py [--budget N]
 For each test sentence (noise scales 0, the bundled voice) it synthesizes the sentence whole and
 in clause groups (as the agent streams it), and prints: the silence at each join (end of one
 group plus start of the next; 10 ms frames under -45 dBFS), the pauses of 150 ms or more inside

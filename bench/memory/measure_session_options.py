@@ -1,6 +1,6 @@
 """Measure ONNX Runtime session options on a Piper voice: load time and warm inference time.
 
-Usage: .venv/bin/python scripts/measure_session_options.py [MODEL.onnx] [--repeat N]
+Usage: .venv/bin/python bench/memory/measure_session_options.py [MODEL.onnx] [--repeat N]
 Prints a Markdown table (medians, runs interleaved); docs/measurements.md records a run
 and the choice made.
 """

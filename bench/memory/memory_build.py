@@ -1,7 +1,7 @@
 """A lean build of a voice's split parts, one step a process, to measure each step's peak.
 
-Usage: python scripts/memory_build.py STEP --dir DIR [--model MODEL] [--cut JSON] [--seconds S]
-(scripts/measure_memory.py `build` runs the steps in order). The agent builds its parts in one
+Usage: python bench/memory/memory_build.py STEP --dir DIR [--model MODEL] [--cut JSON] [--seconds S]
+(bench/memory/measure_memory.py `build` runs the steps in order). The agent builds its parts in one
 process from the whole model in memory (onnx.load, shape inference, three optimized sessions
 and a whole-model session to check them against); here the weights move once into an external
 data file and every later step handles a graph without them, or one part whose weights ONNX

@@ -1,17 +1,17 @@
 """Operator tool: build quantized / reduced-precision variants of a Piper voice and judge them.
 
-`python -m ota.quantize MODEL.onnx --out-dir DIR [--texts FILE] [--repeat N]` builds every
-variant of ota.variants (FP32 baseline, INT8 dynamic, INT8 static QDQ in several flavours, FP16),
+`python -m tiers.quantize MODEL.onnx --out-dir DIR [--texts FILE] [--repeat N]` builds every
+variant of tiers.variants (FP32 baseline, INT8 dynamic, INT8 static QDQ in several flavours, FP16),
 then reports for each: file size, speed against FP32 measured in the same run (all variants'
 runs interleaved sentence by sentence; median of per-round ratios), and the DTW-aligned log-mel
-distance in dB (ota.metrics) to the FP32 output with noise scales 0 on a fixed text set. A variant
-is publishable only when it is at least MIN_SPEEDUP times faster and at most MAX_DISTANCE_DB away.
-Writes DIR/quantize.json and DIR/quantize.md. A variant that fails to build or run is reported
-with its error; the run goes on.
+distance in dB (tiers.audio_distance) to the FP32 output with noise scales 0 on a fixed text
+set. A variant is publishable only when it is at least MIN_SPEEDUP times faster and at most
+MAX_DISTANCE_DB away. Writes DIR/quantize.json and DIR/quantize.md. A variant that fails to
+build or run is reported with its error; the run goes on.
 
 This module holds the text sets, the measurement (sessions, synthesis, interleaved timing),
 the publish gate, the report writers and the CLI; metric functions are re-exported from
-ota.metrics.
+tiers.audio_distance.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 
 from agent.voice import SynthesisParams, Voice
-from ota.metrics import (
+from tiers.audio_distance import (
     F_MAX,
     FLOOR_DB,
     HOP,
@@ -44,7 +44,7 @@ from ota.metrics import (
     log_mel_db,
     log_mel_distance_db,
 )
-from ota.variants import (
+from tiers.variants import (
     BuildInputs,
     Variant,
     default_variants,
@@ -478,7 +478,7 @@ def write_reports(report: Report, out_dir: Path) -> None:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(
-        prog="python -m ota.quantize", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="python -m tiers.quantize", description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument("model", type=Path, help="Piper voice model.onnx (with model.onnx.json)")
     parser.add_argument("--out-dir", type=Path, required=True, help="variants and reports")

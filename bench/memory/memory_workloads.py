@@ -1,6 +1,6 @@
-"""Component workloads for scripts/measure_memory.py, each run in a fresh process.
+"""Component workloads for bench/memory/measure_memory.py, each run in a fresh process.
 
-Usage: python scripts/memory_workloads.py SCENARIO [options] (PYTHONPATH must hold the project
+Usage: python bench/memory/memory_workloads.py SCENARIO [options] (PYTHONPATH must hold the project
 folder; measure_memory.py starts it so). It prints one line `RESULT <json>`: the memory of each
 phase (RSS, PSS, anonymous and file-backed pages at its end, and its peak, VmHWM reset at its
 start) and what else the scenario measured.

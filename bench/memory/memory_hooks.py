@@ -6,7 +6,7 @@ The agent makes its sessions with `ort.InferenceSession(path, options, ...)`; `i
 subclass in its place that first applies the settings to those options, chosen by the part the
 file is (`*.prior.onnx`, `*.flow.onnx`, `*.decoder.onnx`; `whole` for any other file, `bytes`
 for a model given as bytes while the parts are built). Component runs call `install` directly;
-for the whole agent, scripts/measure_memory.py writes a `sitecustomize.py` that calls it with
+for the whole agent, bench/memory/measure_memory.py writes a `sitecustomize.py` that calls it with
 the settings in the environment variable SETTINGS_ENV. Settings are a JSON object:
 
 - `all` / `prior` / `flow` / `decoder` / `whole` / `bytes`: session settings (the part's own

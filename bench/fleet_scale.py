@@ -8,7 +8,7 @@ peak RSS of the broker and of the simulator (/proc) over the rollout, and what t
 reached. `--save-every-change 300,1000` runs those sizes again with the broker saving its
 database at every change (the crash-safe setting the README recommends for the agents).
 Writes `fleet.json` and `FLEET.md` to --out-dir.
-Usage: `python -m bench.fleet [--out-dir bench] [--sizes 100,300,1000,3000]
+Usage: `python -m bench.fleet_scale [--out-dir bench] [--sizes 100,300,1000,3000]
 [--save-every-change 300,1000]`.
 """
 
@@ -165,10 +165,10 @@ def _markdown(runs: list[Run], machine: str) -> str:
     lines = [
         "# The operator's tool at fleet scale",
         "",
-        f"`python -m bench.fleet` on {machine}, {datetime.now(UTC):%Y-%m-%d}. Simulated nodes "
-        f"(`harness/fleet_sim.py`, one MQTT connection each, {DOWNLOAD_SECONDS:.0f} s simulated "
-        f"download, every {OFFLINE_EVERY}th offline) on one Mosquitto; the tool run as an "
-        f"operator runs it. Rollout: every node, waves {WAVES} %, no soak. Timings vary by "
+        f"`python -m bench.fleet_scale` on {machine}, {datetime.now(UTC):%Y-%m-%d}. Simulated "
+        f"nodes (`harness/fleet_sim.py`, one MQTT connection each, {DOWNLOAD_SECONDS:.0f} s "
+        f"simulated download, every {OFFLINE_EVERY}th offline) on one Mosquitto; the tool run as "
+        f"an operator runs it. Rollout: every node, waves {WAVES} %, no soak. Timings vary by "
         "about ±20 % between runs on these shared machines.",
         "",
         "| nodes | broker saves | status: wall / CPU / peak RSS | rollout: wall / CPU / peak "
@@ -212,7 +212,7 @@ def _markdown(runs: list[Run], machine: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Measure every size; write fleet.json and FLEET.md."""
-    parser = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bench.fleet_scale", description=__doc__)
     parser.add_argument("--out-dir", type=Path, default=Path("bench"))
     parser.add_argument("--sizes", default="100,300,1000,3000")
     parser.add_argument(

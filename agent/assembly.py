@@ -1,0 +1,212 @@
+"""The wiring of one agent: every part built from the config and given the parts it works with,
+none started. With `app` (which runs the loop over these parts) and `voices` (which loads what
+speaks), this is the composition root.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from . import allocator
+from .catalog import Catalog
+from .chimes import ChimePlan, chime_bank
+from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
+from .core import SpeakCore, Timing
+from .egress import EgressPolicy
+from .flood import FloodGate
+from .hermes_bridge import HermesBridge
+from .inbox import Inbox
+from .inputs import Connected
+from .journal import Journal
+from .ledger import Ledger
+from .media import MAX_AUDIO_BYTES
+from .media_decoder import MediaDecoder
+from .media_source import FetchLimits, MediaSource
+from .messages import Delivery, Priority
+from .mqtt_link import MessageHandler, MqttLink
+from .phrase_cache import PhraseCache
+from .player import IdlePolicy, PcmOpener, Player, alsa_opener
+from .routes import Route, RoutedEvent, route_table
+from .states import UpdateReport
+from .status import Status
+from .step_marker import StepMarker
+from .synthesizer import Synthesizer, VoiceChoice
+from .systemd import Notifier
+from .topics import Topics
+from .updater import Updater
+from .voice import Voice
+from .voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
+from .voices import catalog, factory_model, ota_directory, voice_names
+
+REPORT_SLOTS: Final = 256
+"""Reports of the workers that can wait in the inbox (a worker waits for room beyond)."""
+QOS1_SLOTS: Final = 256
+"""QoS 1 deliveries that can wait in the inbox beyond `mqtt.receive_maximum` (more are left
+unacknowledged and sent again by the broker after a reconnect)."""
+QOS0_SLOTS: Final = 256
+"""QoS 0 deliveries that can wait in the inbox (more are dropped: QoS 0 is at most once)."""
+
+InboxEvent = RoutedEvent | UpdateReport | SwapAsked[Voice] | SwapWithdrawn | Connected
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """One agent's parts, built and wired, not yet started."""
+
+    topics: Topics
+    inbox: Inbox[InboxEvent]
+    catalog: Catalog
+    core: SpeakCore
+    player: Player
+    cache: PhraseCache
+    marker: StepMarker
+    notes: tuple[str, ...]
+    """What is wrong with the files (the journal, the cache, the step marker)."""
+    media: MediaSource
+    synthesizer: Synthesizer
+    status: Status
+    hermes: HermesBridge
+    flood: FloodGate
+    systemd: Notifier
+    voice_names: dict[str, str]
+    swaps: SwapDesk[Voice]
+    updater: Updater[Voice] | None
+    link: MqttLink
+    ledger: Ledger
+
+
+def assemble(
+    config: AgentConfig,
+    voices: dict[str, VoiceChoice],
+    open_pcm: PcmOpener | None,
+    environ: Mapping[str, str],
+) -> Parts:
+    """Every part of the agent for this config and these loaded voices (`voices` is the
+    synthesizer's; the loop keeps its own). The decoder child is started: the chimes are
+    decoded in it."""
+    topics = Topics(config.mqtt.topic_prefix, config.node_id)
+    deliveries = config.mqtt.receive_maximum + QOS1_SLOTS
+    inbox: Inbox[InboxEvent] = Inbox(deliveries, QOS0_SLOTS, REPORT_SLOTS)
+    speak, audio, cache = config.speak, config.audio, config.cache
+    rate = voices["default"].voice.sample_rate  # the device's; other voices are resampled
+    decoder = MediaDecoder()  # every sound file is decoded in its child, chimes too
+    decoder.start()
+    bank = chime_bank(
+        audio.chime_files,
+        rate,
+        lambda data, at: decoder.decode(data, at, max_bytes=MAX_AUDIO_BYTES).samples,
+    )
+    timing = Timing(speak.max_lead_seconds, speak.max_late_seconds, speak.prepare_seconds)
+    media_hosts = EgressPolicy.parse(audio.media_hosts, "audio.media_hosts")
+    known = catalog(voices, frozenset(bank), frozenset(audio.media), media_hosts)
+    core = SpeakCore(
+        speak.queue_size,
+        speak.remembered_ids,
+        timing=timing,
+        catalog=known,
+        media_budget=audio.max_queued_media_bytes,
+    )
+    opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
+    report = inbox.report
+    idle = IdlePolicy(audio.lead_in_ms / 1000, audio.idle_wake_s, audio.release_when_idle_s)
+    player = Player(opener, rate, report, audio.volume, audio.alarm_volume_floor, idle)
+    cache_dir = resolve_cache_dir(cache, environ)
+    phrases = PhraseCache(cache_dir / "phrases", cache.memory_bytes, cache.disk_bytes)
+    storage = resolve_storage_dir(config.storage, environ)
+    journal, problem = Journal.open_or_renew(
+        storage / f"journal-{config.node_id}.sqlite3", speak.remembered_ids
+    )
+    marker = StepMarker(
+        None if journal.path is None else storage, f"steps-{config.node_id}", environ
+    )
+    by_class = {**DEFAULT_CHIMES, **audio.chimes}
+    plan = ChimePlan(
+        bank,
+        {p: by_class[p.label] for p in Priority if by_class[p.label] != "none"},
+        defaults={p: DEFAULT_CHIMES[p.label] for p in Priority},
+    )
+    limits = FetchLimits(
+        audio.max_media_bytes, audio.media_timeout_s, audio.media_stall_timeout_s, media_hosts
+    )
+    media = MediaSource(audio.media, rate, phrases, limits, decoder, report, allocator.trim)
+    synthesizer = Synthesizer(
+        voices,
+        phrases,
+        (config.tts.first_chunk_phonemes, config.tts.max_chunk_phonemes),
+        player.put,
+        report,
+        cache.phrases,
+        plan,
+        max_seconds=speak.max_audio_seconds,
+        media=media,
+        after_request=allocator.trim,
+        steps=marker,
+    )
+    names = voice_names(voices)
+    swaps: SwapDesk[Voice] = SwapDesk(inbox.report)
+    updater: Updater[Voice] | None = None
+    if config.ota.trusted_keys:
+        updater = Updater(
+            config.ota,
+            ota_directory(config),
+            factory_model(config),
+            rate,
+            config.tts.threads,
+            report,
+            lambda path: _prewarmed(Voice.load(path, config.tts.threads, cache_dir)),
+            swaps.ask,
+            cache_dir=cache_dir,  # the check builds the candidate there; the agent only loads
+        )
+    table = route_table(config, topics, new_id, {n: v for v, n in names.items()})
+    link = MqttLink(
+        config.mqtt,
+        client_id=f"voice-agent-{config.node_id}",
+        status_topic=topics.status,
+        handlers={topic: _hand_off(inbox, route) for topic, route in table.routes.items()},
+        retained=table.restored,
+        on_connected=lambda: inbox.notice(Connected()),
+    )
+    return Parts(
+        topics=topics,
+        inbox=inbox,
+        catalog=known,
+        core=core,
+        player=player,
+        cache=phrases,
+        marker=marker,
+        notes=tuple(n for n in (problem, phrases.problem, marker.problem) if n),
+        media=media,
+        synthesizer=synthesizer,
+        status=Status(config, topics),
+        hermes=HermesBridge(config.hermes.site_id),
+        flood=FloodGate(),
+        systemd=Notifier(environ),
+        voice_names=names,
+        swaps=swaps,
+        updater=updater,
+        link=link,
+        ledger=Ledger(journal, link, topics.events),
+    )
+
+
+def new_id() -> str:
+    """A fresh request id (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def _hand_off(inbox: Inbox[InboxEvent], route: Route) -> MessageHandler:
+    """The handler on paho's thread: route the message to one event and queue it, never
+    blocking (a refused QoS 1 delivery stays unacknowledged; see `App._housekeeping`)."""
+
+    def handle(topic: str, payload: bytes, delivery: Delivery) -> None:
+        inbox.deliver(route(topic, payload, delivery), delivery.qos)
+
+    return handle
+
+
+def _prewarmed(voice: Voice) -> Voice:
+    voice.prewarm()
+    return voice

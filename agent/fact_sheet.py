@@ -1,0 +1,70 @@
+"""What the node says about itself, read from its parts when asked: the facts behind its state
+message and Home Assistant's device and entities. Part of the composition root.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from . import version as package_version
+from .assembly import Parts
+from .board import board
+from .clock import clock_sync
+from .status import NodeFacts
+from .synthesizer import VoiceChoice
+
+
+class FactSheet:
+    """The facts of one running agent (its start, its board, and its parts' figures)."""
+
+    def __init__(self, parts: Parts, voices: Mapping[str, VoiceChoice]) -> None:
+        self._parts = parts
+        self._voices = voices  # the loop's own: a switched model shows at once
+        self._started_at = time.monotonic()
+        self._started_wall = time.time()
+        self._board = board()
+
+    def facts(self, now: float, audio_available: bool, notes: list[str]) -> NodeFacts:
+        """The node's facts now (`audio_available` and the files' `notes` are the loop's)."""
+        parts = self._parts
+        voice = self._voices["default"].voice
+        stats = parts.cache.stats()
+        updater = parts.updater
+        return NodeFacts(
+            audio_available=audio_available,
+            volume=parts.player.volume,
+            selected_voice=parts.core.selected_voice,
+            queue_depth=parts.core.queue_depth,
+            underruns=parts.player.underruns,
+            model=voice.path.stem,
+            model_sha256=voice.sha256,
+            installed_version=updater.installed_version if updater else None,
+            model_release=updater.state.release if updater else 0,
+            voices=sorted(self._voices),
+            cache={
+                "hit_rate": round(stats.hit_rate, 3),
+                "hits": stats.memory_hits + stats.disk_hits,
+                "misses": stats.misses,
+                "memory_bytes": stats.memory_bytes,
+                "disk_bytes": stats.disk_bytes,
+            },
+            link_error=parts.link.last_error,
+            storage_error=parts.ledger.problem or _joined(notes),
+            hermes_muted=parts.hermes.muted,
+            uptime_s=now - self._started_at,
+            agent_version=package_version(),
+            speaking=parts.core.speaking,
+            started_at=self._started_wall,
+            voice_names=parts.voice_names,
+            board=self._board,
+            clock=None if (sync := clock_sync()) is None else sync.as_json(),
+        )
+
+
+def _joined(notes: list[str]) -> str | None:
+    """The state's word on the files: the first problems, and how many more."""
+    if not notes:
+        return None
+    shown = "; ".join(notes[:3])
+    return shown if len(notes) <= 3 else f"{shown}; and {len(notes) - 3} more"

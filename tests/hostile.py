@@ -1,0 +1,194 @@
+"""What someone with publish rights on the broker sends the agent, as hypothesis strategies.
+
+The attacker of the threat model (docs/security.md: "anyone who may publish on the node's
+topics") controls every byte of every payload on every topic the agent subscribes to, and the
+last segment of a playBytes topic. So the strategies make JSON *text*, not Python values:
+numbers of any size (thousands of digits, past Python's 4,300-digit conversion limit), `NaN`,
+`Infinity`, `1e400`, `-0`; strings with lone surrogate escapes, control, bidirectional and
+invisible characters, over-long; any JSON type at any field; nesting of any depth (thousands of
+levels); a key given twice; and the bytes around them: empty payloads, a byte-order mark, invalid
+UTF-8, truncation, random bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import strategies as st
+
+from agent.payloads import SPEAK_FIELDS
+
+HOSTILE_CHARACTERS = (
+    "\x00\x01\x07\x08\t\n\r\x1b\x7f\x85\x9b\xa0\xad\u200b\u200e\u2028\u2029\u202e\u2066\ufeff"
+    "\ufffd\U0001f525"
+)
+"""Controls (C0, C1, ESC for ANSI sequences, NEL), bidirectional overrides and isolates,
+zero-width and soft hyphen, separators, BOM, the replacement character, an astral character."""
+
+SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+
+hostile_text = st.one_of(
+    st.text(max_size=24),
+    st.text(st.sampled_from(HOSTILE_CHARACTERS) | st.characters(), max_size=24),
+    st.text(SURROGATES | st.sampled_from("ab"), min_size=1, max_size=4),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "a\nforged log line",
+            "\x1b[31mred\x1b[0m",
+            "\u202eevil",
+            "<speak>hi</speak>",
+            "[[ phonemes ]]",
+            "%s%n",
+            "../../etc/passwd",
+            "http://127.0.0.1:22/",
+            "default",
+            "critical",
+            "1.5",
+            "٣",
+        ]
+    ),
+    st.integers(129, 3000).map(lambda n: "i" * n),  # over every length limit
+)
+"""Text an attacker would try in any string: ids, names, keys, values."""
+
+
+def string_literal(text: str, *, ascii_only: bool) -> str:
+    """`text` as a JSON string literal: with `ascii_only`, lone surrogates travel as `\\ud800`
+    escapes; without, as raw code points (invalid UTF-8 once encoded with `surrogatepass`)."""
+    return json.dumps(text, ensure_ascii=ascii_only)
+
+
+string_literals = st.builds(string_literal, hostile_text, ascii_only=st.booleans())
+
+number_literals = st.one_of(
+    st.integers().map(str),
+    st.integers(1, 6000).map(lambda n: "9" * n),  # any number of digits
+    st.integers(1, 6000).map(lambda n: "-1" + "0" * n),
+    st.floats(allow_nan=False, allow_infinity=False).map(repr),
+    st.builds(lambda m, e: f"{m}e{e}", st.integers(-(10**6), 10**6), st.integers(-400, 400)),
+    st.sampled_from(
+        [
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            "1e400",
+            "-1e400",
+            "1e-400",
+            "-0",
+            "-0.0",
+            "0",
+            "1",
+            "0.5",
+            "2",
+            "4.9e-324",
+            "1.7976931348623157e308",
+            "253402300800",
+            "9" * 400,
+        ]
+    ),
+)
+"""Numbers as JSON (and Python's JSON) can write them: any size, any exponent, NaN, infinities."""
+
+scalar_literals = number_literals | string_literals | st.sampled_from(["true", "false", "null"])
+
+
+def array_text(items: Sequence[str]) -> str:
+    return "[" + ",".join(items) + "]"
+
+
+def object_text(pairs: Sequence[tuple[str, str]]) -> str:
+    """A JSON object from (key, value literal) pairs, in order; a key may come twice."""
+    return "{" + ",".join(f"{string_literal(k, ascii_only=True)}:{v}" for k, v in pairs) + "}"
+
+
+def nested(depth: int, leaf: str = "1", *, objects: bool = False) -> str:
+    """`leaf` inside `depth` arrays (or objects)."""
+    if objects:
+        return '{"a":' * depth + leaf + "}" * depth
+    return "[" * depth + leaf + "]" * depth
+
+
+json_literals = st.recursive(
+    scalar_literals,
+    lambda children: (
+        st.lists(children, max_size=4).map(array_text)
+        | st.lists(st.tuples(hostile_text, children), max_size=4).map(object_text)
+    ),
+    max_leaves=10,
+) | st.builds(nested, st.integers(1, 5000), st.just("1"), objects=st.booleans())
+"""Any JSON value as text, at any depth (thousands of levels too)."""
+
+SPEAK_KEYS = ("id", "text", "ssml", *SPEAK_FIELDS)
+"""Every field a speak payload may carry."""
+COMMAND_KEYS = ("clear", "current", "id", "volume")
+"""Every field of the stop, ack and volume commands."""
+HERMES_KEYS = ("text", "siteId", "id", "sessionId", "lang", "volume")
+"""Every field of Hermes say and setVolume, toggle and getVoices."""
+OTA_KEYS = ("id", "manifest", "base_url", "cancel", "rollback", "revocation", "manifest_url")
+
+
+def weighted(*choices: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
+    """One of the strategies, each drawn in proportion to its weight."""
+    return st.sampled_from([s for weight, s in choices for _ in range(weight)]).flatmap(
+        lambda chosen: chosen
+    )
+
+
+def fields(keys: Sequence[str], *, site: str | None = None) -> st.SearchStrategy[str]:
+    """A JSON object of these keys (mostly) and others, each value any JSON (numbers of any
+    size half of the time), often beside good ones so that the hostile one is what the parser
+    meets; `site` puts a Hermes siteId first."""
+    good = [("text", '"Hello."'), ("id", '"good-id"')]
+    key = weighted((4, st.sampled_from(keys)), (1, hostile_text))
+    pair = st.tuples(key, weighted((1, number_literals), (1, json_literals)))
+    lead = [("siteId", string_literal(site, ascii_only=True))] if site else []
+    return st.builds(
+        lambda chosen, extra: object_text(lead + chosen + extra),
+        st.lists(pair, max_size=4),
+        st.lists(st.sampled_from(good), max_size=2),
+    )
+
+
+def payloads(objects: st.SearchStrategy[str]) -> st.SearchStrategy[bytes]:
+    """Payload bytes around JSON texts: as they are, with a BOM or leading space, truncated,
+    with a byte flipped to invalid UTF-8, raw code points (surrogates as invalid UTF-8), empty,
+    plain hostile text, random bytes."""
+    encoded = objects.map(lambda t: t.encode("utf-8", "surrogatepass"))
+    return weighted((8, encoded), (1, _mangled(encoded)), (1, _raw))
+
+
+def _mangled(encoded: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
+    return st.one_of(
+        encoded.map(lambda b: "\ufeff".encode() + b),
+        encoded.map(lambda b: b" \n\t" + b),
+        st.builds(lambda b, cut: b[: cut % (len(b) + 1)], encoded, st.integers(0, 10**6)),
+        st.builds(
+            lambda b, spot, byte: b[:spot] + bytes([byte]) + b[spot + 1 :],
+            encoded,
+            st.integers(0, 200),
+            st.sampled_from([0x80, 0xC0, 0xED, 0xF5, 0xFF, 0x00]),
+        ),
+    )
+
+
+_raw = st.one_of(
+    st.just(b""),
+    hostile_text.map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.binary(max_size=300),
+)
+
+
+speak_payloads = payloads(fields(SPEAK_KEYS))
+command_payloads = payloads(fields(COMMAND_KEYS)) | number_literals.map(str.encode)
+hermes_payloads = payloads(fields(HERMES_KEYS, site="default") | fields(HERMES_KEYS))
+ota_payloads = payloads(fields(OTA_KEYS))
+topic_segments = st.text(
+    st.characters(exclude_characters="/+#", exclude_categories=["Cc", "Cs", "Cn"]), max_size=40
+)
+"""The last segment of a playBytes topic: what a broker lets through in a topic name (MQTT
+forbids wildcards in it; Mosquitto refuses NUL, controls, surrogates and non-characters and
+drops the client that sent them, before the agent sees anything)."""

@@ -1,0 +1,141 @@
+"""The one list of system packages (scripts/system-packages.txt): both installers read it, the
+README's Quick start names what it holds, and every program the tests start comes from it."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+from harness import ROOT
+
+LIST = ROOT / "scripts" / "system-packages.txt"
+KINDS = {"run", "test", "python"}
+PROGRAMS = {
+    "make": "the Makefile",
+    "mosquitto": "harness/broker.py",
+    "mosquitto_passwd": "harness/broker.py",
+    "mosquitto_pub": "harness/mqtt.py",
+    "openssl": "harness/broker.py (make_pki)",
+    "pulseaudio": "harness/audio.py",
+    "pactl": "harness/audio.py",
+    "aplay": "harness/audio.py",
+    "gcc": "pyalsaaudio's build",
+    "bwrap": "harness/unit.py",
+    "systemd-analyze": "harness/unit.py, tests/test_systemd.py",
+}
+"""The programs `make test` starts, and who starts them."""
+
+
+def listed() -> dict[str, str]:
+    """package -> kind, from the list."""
+    packages = {}
+    for line in LIST.read_text(encoding="utf-8").splitlines():
+        fields = line.split("#", 1)[0].split()
+        if fields:
+            assert len(fields) == 2, line
+            assert fields[1] in KINDS, line
+            packages[fields[0]] = fields[1]
+    return packages
+
+
+def install_lines(script: str) -> list[str]:
+    """The `apt-get install` commands of a shell script, continuation lines joined."""
+    joined = script.replace("\\\n", " ")
+    return [line for line in joined.splitlines() if "apt-get install" in line]
+
+
+def test_setup_and_ci_install_the_one_list_and_name_no_package_of_their_own() -> None:
+    """Both scripts read the list, and their install commands name no package themselves (they
+    install what they read from it)."""
+    packages = listed()
+    for script in (ROOT / "scripts" / "setup.sh", ROOT / ".ci" / "run"):
+        text = script.read_text(encoding="utf-8")
+        assert "scripts/system-packages.txt" in text, script
+        lines = install_lines(text)
+        assert lines, script
+        for line in lines:
+            words = set(re.findall(r"[\w.+-]+", line.split("#", 1)[0]))
+            assert not words & set(packages), (script, line)
+    assert packages["bubblewrap"] == packages["systemd"] == "test"
+
+
+def test_the_readme_quick_start_names_every_listed_package() -> None:
+    """The Quick start says what set-up installs, as the list has it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    missing = [p for p in listed() if f"`{p}`" not in quick]
+    assert not missing, missing
+    assert "`git`" in quick
+    assert "`make`" in quick
+
+
+@cache
+def package_of(program: str) -> str:
+    """The Debian package that installed a program on PATH (it must be on PATH)."""
+    found = shutil.which(program)
+    assert found is not None, f"{program} is not installed: scripts/setup.sh installs its package"
+    real = Path(found).resolve()
+    for path in (real, Path("/bin") / real.name, Path("/usr/bin") / real.name):
+        owner = subprocess.run(
+            ["dpkg-query", "-S", str(path)], capture_output=True, text=True, check=False
+        )
+        if owner.returncode == 0:
+            return owner.stdout.split(":", 1)[0].split(",")[0].strip()
+    raise AssertionError(f"{real}: installed by no Debian package")
+
+
+def depends(package: str) -> set[str]:
+    """The packages a package depends on directly."""
+    shown = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Depends},${Pre-Depends}", package],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {re.split(r"[\s:(]", alt.strip())[0] for alt in re.split("[,|]", shown) if alt.strip()}
+
+
+def essential(package: str) -> bool:
+    """Whether every Debian system has it (Essential, or priority required)."""
+    shown = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Essential} ${Priority}", package],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return "yes" in shown or "required" in shown
+
+
+def test_every_program_the_tests_start_comes_from_a_listed_package() -> None:
+    """Each program of PROGRAMS comes from a listed package or one it depends on, and so does
+    every program a command line in tests/ or harness/ starts (a list literal: a program
+    on PATH, then options), unless every Debian system has it."""
+    packages = set(listed())
+    accepted = packages | set().union(*(depends(p) for p in packages))
+    for program, user in PROGRAMS.items():
+        owner = package_of(program)
+        assert owner in accepted, f"{program} ({user}) comes from {owner}, not in the list"
+    started: set[str] = set()
+    for source in [*(ROOT / "tests").glob("*.py"), *(ROOT / "harness").glob("*.py")]:
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            words = [e.value for e in getattr(node, "elts", []) if isinstance(e, ast.Constant)]
+            strings = [w for w in words if isinstance(w, str)]
+            if isinstance(node, ast.List) and strings and any(w.startswith("-") for w in strings):
+                started.add(strings[0])  # a command line: a program, then options
+    programs = {
+        name
+        for name in started
+        if re.fullmatch(r"[a-z][a-z0-9_.+-]*", name)
+        and str(shutil.which(name)).startswith(("/usr/", "/bin/", "/sbin/"))  # not pyenv's
+    }
+    assert programs >= {"mosquitto", "openssl", "pulseaudio", "aplay"}, programs
+    unlisted = {
+        name
+        for name in programs
+        if package_of(name) not in accepted and not essential(package_of(name))
+    }
+    assert not unlisted, {name: package_of(name) for name in unlisted}
