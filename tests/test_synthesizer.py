@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import queue
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import pytest
 
 from agent.chunking import FIRST_FRAMES
 from agent.messages import Event, SpeakRequest, SynthesisDone, UtteranceEnded
-from agent.pcm import Chunk
+from agent.pcm import PCM16, Chunk
 from agent.phrase_cache import PhraseCache
 from agent.player import Player, alsa_opener
 from agent.synthesizer import Synthesizer, VoiceChoice
@@ -60,7 +60,12 @@ class Rig:
 
 
 def make_rig(
-    tiny_voice: Path, tmp_path: Path, cache: PhraseCache, phrases: tuple[str, ...] = ()
+    tiny_voice: Path,
+    tmp_path: Path,
+    cache: PhraseCache,
+    phrases: tuple[str, ...] = (),
+    *,
+    start: bool = True,
 ) -> Rig:
     voice = Voice.load(tiny_voice, threads=1, cache_dir=None)
     events: queue.Queue[Event] = queue.Queue()
@@ -69,7 +74,8 @@ def make_rig(
     choice = VoiceChoice("default", voice, voice.default_params)
     synthesizer = Synthesizer({"default": choice}, cache, (20, 80), player.put, events.put, phrases)
     player.start()
-    synthesizer.start()
+    if start:
+        synthesizer.start()
     return Rig(voice, synthesizer, events, capture, player)
 
 
@@ -167,14 +173,45 @@ def test_a_cancel_during_synthesis_ends_the_activation_quickly(rig: Rig) -> None
     assert rig.say(SpeakRequest("y", "Next one."), job=6).audio_seconds > 0.3
 
 
+class _WatchedCache(PhraseCache):
+    """A memory-only cache that calls `on_phrase` on the worker thread when the first configured
+    phrase has been stored, and records how many phrases still wait when a request's sentence
+    is stored."""
+
+    def __init__(self) -> None:
+        super().__init__(None, 10**8, 0)
+        self.on_phrase: Callable[[], None] | None = None
+        self.waiting: Callable[[], int] = lambda: -1
+        self.waiting_at_request: list[int] = []
+        self.phrases_stored = 0
+
+    def put(self, key: str, pcm: PCM16, sample_rate: int, *, pinned: bool = False) -> None:
+        super().put(key, pcm, sample_rate, pinned=pinned)
+        if not pinned:
+            self.waiting_at_request.append(self.waiting())
+            return
+        self.phrases_stored += 1
+        if self.on_phrase is not None:
+            hook, self.on_phrase = self.on_phrase, None
+            hook()
+
+
 def test_a_request_does_not_wait_for_the_phrases(tiny_voice: Path, tmp_path: Path) -> None:
     phrases = tuple(f"Phrase number {n}, which is long enough to take a while." for n in range(40))
-    made = make_rig(tiny_voice, tmp_path, PhraseCache(None, 10**8, 0), phrases)
+    cache = _WatchedCache()
+    made = make_rig(tiny_voice, tmp_path, cache, phrases, start=False)
+    cache.waiting = lambda: len(made.synthesizer._phrases)
+    # the request arrives while the phrases render: when the first one has been stored
+    cache.on_phrase = lambda: made.synthesizer.submit(SpeakRequest("now", "Evacuate now."), 1)
     try:
-        ended = made.say(SpeakRequest("now", "Evacuate now."), job=1)
-        assert ended.error is None
-        assert made.synthesizer._phrases  # phrases were still waiting: the request went first
+        made.synthesizer.start()
+        ended = made.events.get(timeout=60)
+        while not isinstance(ended, UtteranceEnded):
+            ended = made.events.get(timeout=60)
+        assert (ended.id, ended.error) == ("now", None)
+        assert cache.waiting_at_request == [len(phrases) - 1]  # spoken before any other phrase
         wait_until(lambda: not made.synthesizer._phrases, 60, "all phrases rendered later")
+        assert cache.phrases_stored == len(phrases)
     finally:
         made.synthesizer.stop()
         made.player.stop()
