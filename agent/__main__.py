@@ -12,8 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from . import allocator, version
-from .config import SYSTEM_CONFIG_PATH, AgentConfig, ConfigError, key_docs, load
+from agent import version
+from agent.settings.declarations import AgentConfig, ConfigError, key_docs
+from agent.settings.loading import SYSTEM_CONFIG_PATH, load
+from agent.system import allocator
 
 _LOGGER = logging.getLogger(__name__)
 

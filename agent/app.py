@@ -22,20 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Final
 
-from .assembly import InboxEvent, assemble, new_id
-from .config import AgentConfig
-from .discovery import result_message
-from .fact_sheet import FactSheet
-from .inputs import (
-    Connected,
-    HermesRequest,
-    HermesToggle,
-    HermesVoicesAsked,
-    HomeAssistantBirth,
-    Ignored,
-    OtaCommand,
-)
-from .messages import (
+from agent.audio.player import PcmOpener, announce_role
+from agent.core.messages import (
     Acknowledge,
     Action,
     AudioStatus,
@@ -62,13 +50,26 @@ from .messages import (
     UtteranceEnded,
     UtteranceStarted,
 )
-from .payloads import encode_event
-from .player import PcmOpener, announce_role
-from .states import UpdatePhase, UpdateReport
-from .status import NodeFacts
-from .synthesizer import VoiceChoice
-from .voice import Voice
-from .voice_swap import SwapAsked, SwapWithdrawn
+from agent.core.states import UpdatePhase, UpdateReport
+from agent.loop.voice_swap import SwapAsked, SwapWithdrawn
+from agent.protocol.discovery import result_message
+from agent.protocol.inputs import (
+    Connected,
+    HermesRequest,
+    HermesToggle,
+    HermesVoicesAsked,
+    HomeAssistantBirth,
+    Ignored,
+    OtaCommand,
+)
+from agent.protocol.payloads import encode_event
+from agent.protocol.status import NodeFacts
+from agent.settings.declarations import AgentConfig
+from agent.speech.synthesizer import VoiceChoice
+from agent.speech.voice import Voice
+
+from .assembly import InboxEvent, assemble, new_id
+from .fact_sheet import FactSheet
 from .voices import choice_for
 
 _LOGGER = logging.getLogger(__name__)

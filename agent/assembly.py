@@ -10,35 +10,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from . import allocator
-from .catalog import Catalog
-from .chimes import ChimePlan, chime_bank
-from .config import DEFAULT_CHIMES, AgentConfig, resolve_cache_dir, resolve_storage_dir
-from .core import SpeakCore, Timing
-from .egress import EgressPolicy
-from .flood import FloodGate
-from .hermes_bridge import HermesBridge
-from .inbox import Inbox
-from .inputs import Connected
-from .journal import Journal
-from .ledger import Ledger
-from .media import MAX_AUDIO_BYTES
-from .media_decoder import MediaDecoder
-from .media_source import FetchLimits, MediaSource
-from .messages import Delivery, Priority
-from .mqtt_link import MessageHandler, MqttLink
-from .phrase_cache import PhraseCache
-from .player import IdlePolicy, PcmOpener, Player, alsa_opener
-from .routes import Route, RoutedEvent, route_table
-from .states import UpdateReport
-from .status import Status
-from .step_marker import StepMarker
-from .synthesizer import Synthesizer, VoiceChoice
-from .systemd import Notifier
-from .topics import Topics
-from .updater import Updater
-from .voice import Voice
-from .voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
+from agent.audio.player import IdlePolicy, PcmOpener, Player, alsa_opener
+from agent.core.catalog import Catalog
+from agent.core.egress import EgressPolicy
+from agent.core.flood import FloodGate
+from agent.core.messages import Delivery, Priority
+from agent.core.scheduler import SpeakCore, Timing
+from agent.core.states import UpdateReport
+from agent.formats.media import MAX_AUDIO_BYTES
+from agent.link.mqtt_link import MessageHandler, MqttLink
+from agent.loop.inbox import Inbox
+from agent.loop.voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
+from agent.protocol.hermes_bridge import HermesBridge
+from agent.protocol.inputs import Connected
+from agent.protocol.routes import Route, RoutedEvent, route_table
+from agent.protocol.status import Status
+from agent.protocol.topics import Topics
+from agent.settings.declarations import DEFAULT_CHIMES, AgentConfig
+from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
+from agent.speech.chimes import ChimePlan, chime_bank
+from agent.speech.media_decoder import MediaDecoder
+from agent.speech.media_source import FetchLimits, MediaSource
+from agent.speech.phrase_cache import PhraseCache
+from agent.speech.synthesizer import Synthesizer, VoiceChoice
+from agent.speech.voice import Voice
+from agent.storage.journal import Journal
+from agent.storage.ledger import Ledger
+from agent.storage.step_marker import StepMarker
+from agent.system import allocator
+from agent.system.systemd import Notifier
+from agent.updates.updater import Updater
+
 from .voices import catalog, factory_model, ota_directory, voice_names
 
 REPORT_SLOTS: Final = 256

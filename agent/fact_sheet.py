@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from . import version as package_version
+from agent import version as package_version
+from agent.protocol.status import NodeFacts
+from agent.speech.synthesizer import VoiceChoice
+from agent.system.board import board
+from agent.system.clock import clock_sync
+
 from .assembly import Parts
-from .board import board
-from .clock import clock_sync
-from .status import NodeFacts
-from .synthesizer import VoiceChoice
 
 
 class FactSheet:

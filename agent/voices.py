@@ -12,14 +12,15 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-from . import allocator
-from .catalog import Catalog, VoiceFacts
-from .config import AgentConfig, resolve_cache_dir, resolve_storage_dir
-from .egress import EgressPolicy
-from .model_at_start import fall_back, start_model
-from .sessions import use_memory_arena
-from .synthesizer import VoiceChoice
-from .voice import SynthesisParams, Voice, bundled_voice, seed_random
+from agent.core.catalog import Catalog, VoiceFacts
+from agent.core.egress import EgressPolicy
+from agent.settings.declarations import AgentConfig
+from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
+from agent.speech.sessions import use_memory_arena
+from agent.speech.synthesizer import VoiceChoice
+from agent.speech.voice import SynthesisParams, Voice, bundled_voice, seed_random
+from agent.system import allocator
+from agent.updates.model_at_start import fall_back, start_model
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from piper import PiperVoice
 
-from agent.voice import SynthesisParams, Voice, bundled_voice
+from agent.speech.voice import SynthesisParams, Voice, bundled_voice
 from bench import metrics, synth
 from bench.agent_side import (
     EVENTS_TOPIC,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.voice import FramePlan, SynthesisParams, Voice, bundled_voice
+from agent.speech.voice import FramePlan, SynthesisParams, Voice, bundled_voice
 from bench import synth
 from bench.texts import SPEED_TEXTS, uncached_text, uncached_unpunctuated
 

@@ -21,16 +21,16 @@ from typing import Final, TypeVar
 from piper import PiperVoice
 from piper.voice import AudioChunk
 
-from agent.chunking import (
+from agent.formats.chunking import (
     FIRST_FRAMES,
     FRAME_GROWTH,
     MAX_FRAMES,
     group_clauses,
     grow,
 )
-from agent.config import TtsConfig
-from agent.pcm import PCM16
-from agent.voice import FramePlan, SynthesisParams, Voice, to_pcm16
+from agent.formats.pcm import PCM16
+from agent.settings.declarations import TtsConfig
+from agent.speech.voice import FramePlan, SynthesisParams, Voice, to_pcm16
 from bench.agent_side import Memory
 from harness import TIMEOUT
 
@@ -103,9 +103,9 @@ def agent_chunks(
 ) -> Iterator[PCM16]:
     """The audio chunks the agent's synthesizer makes for an uncached text, in this thread.
 
-    The same plan as `agent.synthesizer` with the default `tts` settings: each sentence in
+    The same plan as `agent.speech.synthesizer` with the default `tts` settings: each sentence in
     clause groups, small first; on a split voice each group's latent frames in decoder chunks,
-    small first and growing (`agent.chunking.frame_chunks`; `plan`: first chunk, growth,
+    small first and growing (`agent.formats.chunking.frame_chunks`; `plan`: first chunk, growth,
     largest chunk, in frames); on a whole voice each group whole.
     """
     tts = TtsConfig()

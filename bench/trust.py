@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from agent.config import AudioConfig, MqttConfig
+from agent.settings.declarations import AudioConfig, MqttConfig
 from bench.probe import Arrival, Probe
 from bench.report import write_json
 from bench.run import Progress, machine_info

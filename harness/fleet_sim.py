@@ -11,8 +11,9 @@ and state (the agent's fields, with the fleet fields: `ts`, `node`, `agent_versi
 in order: `verifying`, `downloading` (0-100 in steps of 10), `installing`, `checking`, `switching`,
 then `installed` or `failed` (a configured reason), `already_installed` for its release, `busy`
 while one runs (the running offer delivered again is ignored), `rolled_back` for a rollback
-command, `cancelled` for a cancel. Offers are verified with `agent.manifest` when trusted keys are
-given (Ed25519: ~0.1 ms each), else only parsed. Nothing is downloaded: the phases are timers.
+command, `cancelled` for a cancel. Offers are verified with `agent.protocol.manifest` when trusted
+keys are given (Ed25519: ~0.1 ms each), else only parsed. Nothing is downloaded: the phases are
+timers.
 
     python -m harness.fleet_sim --broker 127.0.0.1:1883 --count 1000 --ready-file ready.json
 """
@@ -48,8 +49,9 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from agent import manifest as manifests
-from agent.states import UpdatePhase
+from agent.core.refusal import Refused
+from agent.core.states import UpdatePhase, UpdateReason
+from agent.protocol import manifest as manifests
 
 from .broker import Broker
 
@@ -489,7 +491,7 @@ class SimFleet:
 
     def _offer(self, node: SimNode, offer: str, body: Mapping[str, Any]) -> None:
         parsed = self._manifest(body.get("manifest"))
-        if isinstance(parsed, manifests.Refusal):
+        if isinstance(parsed, Refused):
             self._final(node, offer, UpdatePhase.FAILED, reason=parsed.reason, detail=parsed.detail)
             return
         release, version, sha = parsed
@@ -557,14 +559,16 @@ class SimFleet:
             node.previous, node.model = node.model, new
             self._final(node, offer, UpdatePhase.INSTALLED, release=new.release)
 
-    def _manifest(self, raw: Any) -> tuple[int, str, str] | manifests.Refusal:
+    def _manifest(self, raw: Any) -> tuple[int, str, str] | Refused[UpdateReason]:
         """(release, version, model sha256) of an offered envelope."""
         if not isinstance(raw, dict):
-            return manifests.Refusal("malformed", "no inline manifest (the simulator fetches none)")
+            return Refused(
+                UpdateReason.MALFORMED, "no inline manifest (the simulator fetches none)"
+            )
         envelope = json.dumps(raw).encode()
         if self._trusted:
             checked = manifests.verify(envelope, self._trusted)
-            if isinstance(checked, manifests.Refusal):
+            if isinstance(checked, Refused):
                 return checked
             return checked.release, checked.version, checked.model.sha256
         try:
@@ -572,7 +576,7 @@ class SimFleet:
             model = next(f for f in body["files"] if str(f["path"]).endswith(".onnx"))
             return int(body["release"]), str(body["version"]), str(model["sha256"])
         except (ValueError, KeyError, TypeError, StopIteration) as err:
-            return manifests.Refusal("malformed", f"manifest: {err}"[:200])
+            return Refused(UpdateReason.MALFORMED, f"manifest: {err}"[:200])
 
 
 def _raise_fd_limit(wanted: int) -> None:

@@ -31,7 +31,8 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-from agent import manifest as manifests
+from agent.core.refusal import Refused
+from agent.protocol import manifest as manifests
 from ota import connection, fleet, inventory, release, rollout_report, rollout_state, status
 from ota import rollout as rollouts
 from ota.connection import BrokerError, BrokerSettings
@@ -196,7 +197,7 @@ def _verify(args: argparse.Namespace) -> int:
         trusted[manifests.key_id(key)] = key
     checked = manifests.verify(args.signed.read_bytes(), trusted)
     say(str(checked))
-    return 1 if isinstance(checked, manifests.Refusal) else 0
+    return 1 if isinstance(checked, Refused) else 0
 
 
 def _serve(args: argparse.Namespace) -> int:

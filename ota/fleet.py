@@ -22,7 +22,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from agent.states import FINAL_PHASES, GOOD_PHASES
+from agent.core.states import FINAL_PHASES, GOOD_PHASES
 from ota.connection import BrokerError, BrokerSettings, connect, new_client
 from ota.inventory import Inventory
 from ota.node_messages import MAX_EVENT_BYTES, UpdateEvent, parse_update_event

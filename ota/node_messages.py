@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from agent.states import FINAL_PHASES
+from agent.core.states import FINAL_PHASES
 from ota.safe_text import escaped, is_clean
 
 MAX_STATE_BYTES: Final = 65536

@@ -1,7 +1,7 @@
 """Operator side of model updates: keys, manifests, signatures, and a release server on a LAN.
 
 Used by `python -m ota` (see ota/__main__.py) and by the tests. The manifest format and its
-verification live in `agent.manifest`, the one place both sides read.
+verification live in `agent.protocol.manifest`, the one place both sides read.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Final
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent import manifest as manifests
+from agent.protocol import manifest as manifests
 
 
 def generate_key(directory: Path, name: str = "release") -> tuple[Path, str]:

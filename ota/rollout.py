@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from agent.manifest import MAX_ENVELOPE_BYTES
-from agent.states import FINAL_PHASES, UpdatePhase
+from agent.core.states import FINAL_PHASES, UpdatePhase
+from agent.protocol.manifest import MAX_ENVELOPE_BYTES
 from ota import rollout_state as store
 from ota import waves as plans
 from ota.fleet import Fleet, UpdateEvent, offer_body

@@ -11,7 +11,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from agent.states import UpdatePhase
+from agent.core.states import UpdatePhase
 from ota.inventory import iso
 from ota.rollout_state import Rollout, Step, Wave
 from ota.safe_text import markdown as code

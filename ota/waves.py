@@ -15,7 +15,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Final
 
-from agent.states import UpdatePhase
+from agent.core.states import UpdatePhase
 
 ERROR_STATES: Final = frozenset({UpdatePhase.FAILED, UpdatePhase.ROLLED_BACK})
 """Answers that count against the release: it failed, or the node went back by itself."""

@@ -11,7 +11,7 @@ mkdir -p .run
 read -r HOST PORT NODE PREFIX DEVICE_OK RATE < <(.venv/bin/python - "$CONFIG" <<'PY'
 import json, sys
 from pathlib import Path
-from agent.config import ConfigError, load
+from agent.settings.config import ConfigError, load
 try:
     c = load(Path(sys.argv[1]))
 except ConfigError as err:

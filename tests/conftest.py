@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agent.topics import Topics
+from agent.protocol.topics import Topics
 from harness import (
     AgentProcess,
     Broker,

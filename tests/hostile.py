@@ -18,7 +18,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from agent.payloads import SPEAK_FIELDS
+from agent.protocol.payloads import SPEAK_FIELDS
 
 HOSTILE_CHARACTERS = (
     "\x00\x01\x07\x08\t\n\r\x1b\x7f\x85\x9b\xa0\xad\u200b\u200e\u2028\u2029\u202e\u2066\ufeff"

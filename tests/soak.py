@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
-from agent.config import CacheConfig
+from agent.settings.declarations import CacheConfig
 from harness import AgentProcess, Broker, Watcher, agent_config, write_config
 
 CACHED = ("The front door is open.", "The laundry is done.", "Dinner is ready.")

@@ -11,7 +11,7 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from agent.chimes import BUILTIN, render_notes
+from agent.speech.chimes import BUILTIN, render_notes
 from harness import PulseNullSink, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
 

@@ -11,11 +11,11 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from agent import payloads
 from agent.app import App
-from agent.config import from_mapping
-from agent.messages import Action, Event, SpeakRequest, SynthesisDone
-from agent.player import Pcm, alsa_opener
+from agent.audio.player import Pcm, alsa_opener
+from agent.core.messages import Action, Event, SpeakRequest, SynthesisDone
+from agent.protocol import payloads
+from agent.settings.loading import from_mapping
 from agent.voices import load_voices
 from harness import Broker, FaultyPcm, Watcher, agent_config, publish
 

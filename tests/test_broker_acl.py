@@ -31,13 +31,18 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent import hermes
-from agent.config import from_mapping
-from agent.discovery import CLEAR_QUEUE_PAYLOAD, TEST_CHIME_PAYLOAD, DeviceInfo, discovery_messages
-from agent.hermes import HermesContext
-from agent.routes import route_table
-from agent.states import HermesKind
-from agent.topics import Topics
+from agent.core.states import HermesKind
+from agent.protocol import hermes
+from agent.protocol.discovery import (
+    CLEAR_QUEUE_PAYLOAD,
+    TEST_CHIME_PAYLOAD,
+    DeviceInfo,
+    discovery_messages,
+)
+from agent.protocol.hermes import HermesContext
+from agent.protocol.routes import route_table
+from agent.protocol.topics import Topics
+from agent.settings.loading import from_mapping
 from harness import ROOT, TIMEOUT, AgentProcess, Broker, agent_config, wait_until, write_config
 from harness.fleet_sim import tool
 from ota import release
@@ -458,7 +463,9 @@ def fleet(
             acl.agent.signal(signal.SIGTERM)
         broker.stop()
     lines = acl.agent.output().splitlines()
-    expected = " ERROR agent.updater: Update "  # the failed offers and rollback, logged by design
+    expected = (
+        " ERROR agent.updates.updater: Update "  # the failed offers and rollback, logged by design
+    )
     errors = [line for line in lines if " ERROR " in line and expected not in line]
     assert not errors, errors
 

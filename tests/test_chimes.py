@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agent.chimes import BUILTIN, load_sound, render_notes
-from agent.config import BUILTIN_CHIMES
+from agent.settings.declarations import BUILTIN_CHIMES
+from agent.speech.chimes import BUILTIN, load_sound, render_notes
 
 RATE = 22050
 

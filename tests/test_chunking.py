@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from piper.phonemize_espeak import EspeakPhonemizer
 
-from agent.chunking import (
+from agent.formats.chunking import (
     FIRST_FRAMES,
     FRAME_GROWTH,
     MAX_FRAMES,
@@ -18,7 +18,7 @@ from agent.chunking import (
     group_clauses,
     grow,
 )
-from agent.voice import Voice
+from agent.speech.voice import Voice
 
 
 @given(

@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent import config as cfg
-from agent.config import ConfigError, from_mapping, key_docs, load
+from agent.settings import declarations as cfg
+from agent.settings import loading
+from agent.settings.declarations import ConfigError, key_docs
+from agent.settings.loading import from_mapping, load
 from harness import ROOT
 
 
 def test_default_file_loads_and_matches_the_dataclass_defaults() -> None:
-    loaded = load(cfg.DEFAULT_CONFIG_PATH, environ={}, hostname=lambda: "pi.local")
+    loaded = load(loading.DEFAULT_CONFIG_PATH, environ={}, hostname=lambda: "pi.local")
     assert loaded == from_mapping({}, environ={}, hostname=lambda: "pi.local")
     assert loaded.node_id == "pi-local"
     assert loaded.mqtt.topic_prefix == "voice"
@@ -25,7 +27,7 @@ def test_default_file_loads_and_matches_the_dataclass_defaults() -> None:
 
 
 def test_default_file_documents_every_key_and_nothing_else() -> None:
-    raw = yaml.safe_load(cfg.DEFAULT_CONFIG_PATH.read_text(encoding="utf-8"))
+    raw = yaml.safe_load(loading.DEFAULT_CONFIG_PATH.read_text(encoding="utf-8"))
 
     def leaves(node: dict[str, object], prefix: str = "") -> set[str]:
         out: set[str] = set()
@@ -37,7 +39,7 @@ def test_default_file_documents_every_key_and_nothing_else() -> None:
         return out
 
     assert leaves(raw) == set(key_docs())
-    text = cfg.DEFAULT_CONFIG_PATH.read_text(encoding="utf-8")
+    text = loading.DEFAULT_CONFIG_PATH.read_text(encoding="utf-8")
     for path in key_docs():
         leaf = path.rsplit(".", 1)[-1]
         # every key is preceded by a comment line explaining it
@@ -121,11 +123,11 @@ def test_yaml_syntax_and_missing_file_are_config_errors(tmp_path: Path) -> None:
 
 def test_cache_dir_resolution() -> None:
     section = cfg.CacheConfig()
-    assert cfg.resolve_cache_dir(section, {"CACHE_DIRECTORY": "/var/cache/va"}) == Path(
+    assert loading.resolve_cache_dir(section, {"CACHE_DIRECTORY": "/var/cache/va"}) == Path(
         "/var/cache/va"
     )
-    assert cfg.resolve_cache_dir(section, {"XDG_CACHE_HOME": "/x"}) == Path("/x/voice-agent")
-    assert cfg.resolve_cache_dir(cfg.CacheConfig(dir=Path("/c")), {}) == Path("/c")
+    assert loading.resolve_cache_dir(section, {"XDG_CACHE_HOME": "/x"}) == Path("/x/voice-agent")
+    assert loading.resolve_cache_dir(cfg.CacheConfig(dir=Path("/c")), {}) == Path("/c")
 
 
 def test_check_config_cli_exits_non_zero_naming_all_three_paths(tmp_path: Path) -> None:
@@ -141,7 +143,7 @@ def test_check_config_cli_exits_non_zero_naming_all_three_paths(tmp_path: Path) 
     for path in ("node_id", "mqtt.port", "tts.threads"):
         assert f"- {path}:" in result.stderr
     good = subprocess.run(
-        [sys.executable, "-m", "agent", "check-config", str(cfg.DEFAULT_CONFIG_PATH)],
+        [sys.executable, "-m", "agent", "check-config", str(loading.DEFAULT_CONFIG_PATH)],
         capture_output=True,
         text=True,
         check=False,

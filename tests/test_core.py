@@ -8,8 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from agent.core import RecentIds, SpeakCore, Timing
-from agent.messages import (
+from agent.core.messages import (
     UNTIL_ACKNOWLEDGED,
     Acknowledge,
     AckRequested,
@@ -36,6 +35,7 @@ from agent.messages import (
     UtteranceStarted,
     VolumeRequested,
 )
+from agent.core.scheduler import RecentIds, SpeakCore, Timing
 
 CHAT, INFO, WARNING, ALARM, CRITICAL = (
     Priority.CHAT,

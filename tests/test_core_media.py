@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.catalog import Catalog
-from agent.egress import EgressPolicy
-from agent.messages import (
+from agent.core.catalog import Catalog
+from agent.core.egress import EgressPolicy
+from agent.core.messages import (
     FINAL_EVENTS,
     Action,
     AudioClip,

@@ -12,9 +12,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agent.catalog import Catalog
-from agent.core import SpeakCore
-from agent.egress import (
+from agent.core.catalog import Catalog
+from agent.core.egress import (
     ANY_PORT,
     EgressPolicy,
     Entry,
@@ -23,7 +22,8 @@ from agent.egress import (
     parse_entry,
     special_class,
 )
-from agent.messages import Delivery, Notify, Reason, SpeakReceived, SpeakRequest, Synthesize
+from agent.core.messages import Delivery, Notify, Reason, SpeakReceived, SpeakRequest, Synthesize
+from agent.core.scheduler import SpeakCore
 
 EVERYWHERE: Final = EgressPolicy.parse(["0.0.0.0/0:*", "[::/0]:*"], "audio.media_hosts")
 """Every address allowed as written; no refused class named."""

@@ -27,7 +27,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from agent.step_marker import FAULT_ENV, Death, read_marker
+from agent.storage.step_marker import FAULT_ENV, Death, read_marker
 from harness import (
     AgentProcess,
     Broker,
@@ -539,7 +539,7 @@ def test_slow_synthesis_keeps_the_connection_and_the_messages_flowing(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from agent.app import App  # noqa: PLC0415
-    from agent.config import from_mapping  # noqa: PLC0415
+    from agent.settings.loading import from_mapping  # noqa: PLC0415
     from agent.voices import load_voices  # noqa: PLC0415
 
     config = from_mapping(

@@ -245,11 +245,11 @@ def test_an_unreadable_password_file_is_named_and_its_content_never_shown(tmp_pa
 
 
 def test_the_tool_never_loads_onnx_runtime() -> None:
-    """The operator's machine needs no ONNX Runtime: update phases come from `agent.states`."""
+    """The operator's machine needs no ONNX Runtime: update phases come from `agent.core.states`."""
     probe = (
         "import sys, ota.__main__, ota.rollout, ota.status, ota.rollout_report; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in {'onnxruntime', 'onnx'} "
-        "or m == 'agent.updater'))"
+        "or m == 'agent.updates.updater'))"
     )
     found = subprocess.run(
         [sys.executable, "-c", probe], check=True, capture_output=True, text=True, timeout=60

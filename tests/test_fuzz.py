@@ -17,10 +17,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import hermes
-from agent import manifest as manifests
-from agent.messages import Lifecycle, Reason, Rejection, SpeakRequest
-from agent.payloads import (
+from agent.core.messages import Lifecycle, Reason, Rejection, SpeakRequest
+from agent.core.refusal import Refused
+from agent.protocol import hermes
+from agent.protocol import manifest as manifests
+from agent.protocol.payloads import (
     SpeakLimits,
     encode_event,
     parse_ack,
@@ -172,7 +173,7 @@ envelopes = payloads | st.dictionaries(
 def test_ota_envelope_parser(payload: bytes) -> None:
     """Any bytes as a signed envelope: a manifest, or a refusal with a known reason."""
     result = manifests.verify(payload, TRUSTED)
-    if isinstance(result, manifests.Refusal):
+    if isinstance(result, Refused):
         assert result.reason in REFUSALS
         assert result.detail
     else:
@@ -184,7 +185,7 @@ def test_ota_envelope_parser(payload: bytes) -> None:
 def test_ota_manifest_body_parser(body: Any) -> None:
     """Anything, correctly signed by a trusted key: the body parser answers without raising."""
     result = manifests.verify(manifests.sign(json.dumps(body).encode(), [SIGNER]), TRUSTED)
-    if isinstance(result, manifests.Refusal):
+    if isinstance(result, Refused):
         assert result.reason == "malformed"
         assert result.detail
     else:
@@ -309,5 +310,5 @@ def test_a_deep_or_out_of_range_manifest_is_malformed_not_raised(body: bytes) ->
     for envelope in (body, manifests.sign(body, [SIGNER])):
         for verify in (manifests.verify, manifests.verify_revocation):
             result = verify(envelope, TRUSTED)
-            assert isinstance(result, manifests.Refusal)
+            assert isinstance(result, Refused)
             assert result.reason == "malformed"

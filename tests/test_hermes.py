@@ -12,9 +12,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from agent import hermes
-from agent.messages import Rejection
-from agent.payloads import SpeakLimits
+from agent.core.messages import Rejection
+from agent.protocol import hermes
+from agent.protocol.payloads import SpeakLimits
 from harness import Broker, Watcher, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
 

@@ -19,9 +19,9 @@ from typing import Any, Final
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent.board import board
-from agent.discovery import TEXT_MAX
-from agent.topics import Topics
+from agent.protocol.discovery import TEXT_MAX
+from agent.protocol.topics import Topics
+from agent.system.board import board
 from harness import (
     AgentProcess,
     Broker,

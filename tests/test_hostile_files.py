@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.journal import Journal
-from agent.messages import Event, Priority, SpeakRequest, UtteranceEnded
-from agent.pcm import Chunk
-from agent.player import Player, alsa_opener
-from agent.sessions import cache_stem, cached_session, usable_cache_dir
-from agent.voice import Voice
+from agent.audio.player import Player, alsa_opener
+from agent.core.messages import Event, Priority, SpeakRequest, UtteranceEnded
+from agent.formats.pcm import Chunk
+from agent.speech.sessions import cache_stem, cached_session, usable_cache_dir
+from agent.speech.voice import Voice
+from agent.storage.journal import Journal
 from harness import read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
 

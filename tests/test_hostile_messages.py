@@ -29,19 +29,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from agent import config as configs
-from agent import hermes
-from agent.core import SpeakCore
-from agent.hermes_bridge import HermesBridge
-from agent.inputs import (
-    HermesRequest,
-    HermesToggle,
-    HermesVoicesAsked,
-    HomeAssistantBirth,
-    Ignored,
-    OtaCommand,
-)
-from agent.messages import (
+from agent.core.messages import (
     FINAL_EVENTS,
     AckRequested,
     Delivery,
@@ -57,7 +45,19 @@ from agent.messages import (
     VoiceSelected,
     VolumeRequested,
 )
-from agent.payloads import (
+from agent.core.scheduler import SpeakCore
+from agent.formats.ssml import MAX_PAUSE, MAX_RATE, MIN_RATE, Pause, Speech, parse_ssml
+from agent.protocol import hermes
+from agent.protocol.hermes_bridge import HermesBridge
+from agent.protocol.inputs import (
+    HermesRequest,
+    HermesToggle,
+    HermesVoicesAsked,
+    HomeAssistantBirth,
+    Ignored,
+    OtaCommand,
+)
+from agent.protocol.payloads import (
     LAST_INSTANT,
     MAX_JSON_DEPTH,
     SPEAK_FIELDS,
@@ -71,9 +71,9 @@ from agent.payloads import (
     valid_id,
     whole_number_in,
 )
-from agent.routes import RoutedEvent, route_table
-from agent.ssml import MAX_PAUSE, MAX_RATE, MIN_RATE, Pause, Speech, parse_ssml
-from agent.topics import Topics
+from agent.protocol.routes import RoutedEvent, route_table
+from agent.protocol.topics import Topics
+from agent.settings import loading as configs
 from harness import Watcher, wait_until
 from ota import release
 from tests import hostile
@@ -277,12 +277,26 @@ def test_every_speak_field_takes_any_json_value(name: str, value: str) -> None:
 
 
 def _structural(value: str) -> bool:
-    """Whether a value's text is a problem for any JSON reader (depth, a key twice)."""
+    """Whether a value's text is a problem for any JSON reader (depth, a key twice), as a field
+    of a payload: one level inside its object (32 arrays in a field are 33 levels)."""
     try:
-        json.loads(value, object_pairs_hook=_no_twice)
+        parsed = json.loads(value, object_pairs_hook=_no_twice)
     except (RecursionError, ValueError):
         return True
-    return value.count("[") + value.count("{") > MAX_JSON_DEPTH
+    return 1 + _levels(parsed) > MAX_JSON_DEPTH
+
+
+def _levels(value: object) -> int:
+    """How many arrays and objects deep a value is (0 for a scalar)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            stack += [
+                (child, level + 1) for child in (item.values() if isinstance(item, dict) else item)
+            ]
+    return deepest
 
 
 def _no_twice(pairs: list[tuple[str, object]]) -> dict[str, object]:

@@ -20,8 +20,8 @@ from typing import Final
 
 import pytest
 
-from agent.egress import EgressPolicy
-from agent.http_fetch import (
+from agent.core.egress import EgressPolicy
+from agent.guarded.http_fetch import (
     POLL,
     Failure,
     FetchError,
@@ -330,7 +330,7 @@ def test_a_range_that_starts_elsewhere_is_refused(server: Server) -> None:
         lambda: fetch(server.url("/wrong-range"), print, policy=LOCAL, max_bytes=10**6, start=50)
     )
     assert err.reason is FetchReason.RANGE_UNSUPPORTED
-    assert "bytes 0-99" not in err.detail  # the header is the server's
+    assert "bytes 0-99" not in err.cause  # the header is the server's
 
 
 def test_a_range_past_the_end_is_an_http_error(server: Server) -> None:
@@ -403,7 +403,7 @@ def test_redirects_up_to_the_limit_are_followed_and_no_more(server: Server) -> N
         lambda: fetch(server.url("/loop"), print, policy=LOCAL, max_bytes=10, max_redirects=3)
     )
     assert err.reason is FetchReason.REDIRECT_REFUSED
-    assert "more than 3 redirects" in err.detail
+    assert "more than 3 redirects" in err.cause
     paths = [path for path, _ in server.requests]
     assert paths == ["/loop", "/loop?hops=1", "/loop?hops=2", "/loop?hops=3"]
 
@@ -433,7 +433,7 @@ def test_a_redirect_the_policy_does_not_allow_is_refused(
     assert err.failure is Failure.REFUSED_BY_POLICY
     assert other_server.requests == []
     assert len(server.requests) == 1
-    for text in (str(err), err.detail):  # the Location is the server's: none of it is shown
+    for text in (str(err), err.cause):  # the Location is the server's: none of it is shown
         assert target not in text
         assert str(other_server.port) not in text
         assert PASSWORD not in text
@@ -467,7 +467,7 @@ def test_a_url_with_credentials_is_refused_and_nothing_is_sent(server: Server) -
         assert err.reason is FetchReason.NOT_ALLOWED
         for secret in (USER, PASSWORD, "token=abc"):
             assert secret not in str(err)
-            assert secret not in err.detail
+            assert secret not in err.cause
         assert str(err) == f"refused_by_policy: http://127.0.0.1:{server.port}/auth?..."
     assert server.requests == []  # no request, so no Authorization header ever went out
 
@@ -501,17 +501,17 @@ def test_redact() -> None:
 def test_a_missing_file_is_an_http_error_with_its_status(server: Server) -> None:
     err = failure(lambda: fetch_bytes(server.url("/missing"), policy=LOCAL, max_bytes=10**6))
     assert (err.reason, err.status) == (FetchReason.HTTP_ERROR, 404)
-    assert "404" in err.detail
+    assert "404" in err.cause
     assert str(err) == f"http_error 404: {server.url('/missing')}"
-    assert "Not Found" not in f"{err} {err.detail}"  # the status's reason is the server's text
+    assert "Not Found" not in f"{err} {err.cause}"  # the status's reason is the server's text
 
 
 @pytest.mark.parametrize("path", ["/reason", "/garbage", "/range-banner"])
 def test_no_byte_of_the_answer_reaches_the_error(server: Server, path: str) -> None:
     start = 1 if path == "/range-banner" else 0
     err = failure(lambda: fetch(server.url(path), print, policy=LOCAL, max_bytes=99, start=start))
-    print(f"{err} ({err.detail})")
-    for text in (str(err), err.detail, repr(err)):
+    print(f"{err} ({err.cause})")
+    for text in (str(err), err.cause, repr(err)):
         assert "token-7f3a9c" not in text
         assert "OpenSSH" not in text
 
@@ -550,7 +550,7 @@ def test_a_closed_port_is_a_connection_failure() -> None:
         lambda: fetch_bytes(f"http://127.0.0.1:{free_port()}/x", policy=LOCAL, max_bytes=10)
     )
     assert err.reason is FetchReason.CONNECTION_FAILED
-    assert "refused" in err.detail.lower()  # for the debug log
+    assert "refused" in err.cause.lower()  # for the debug log
     assert "refused" not in str(err)  # published: as unreachable as a filtered port
     assert err.failure is Failure.UNREACHABLE
 
@@ -674,7 +674,7 @@ def test_https_with_an_untrusted_certificate_is_a_tls_error(
         lambda: fetch_bytes(server.url("/file", scheme="https"), policy=LOCAL, max_bytes=10**6)
     )
     assert err.reason is FetchReason.TLS_ERROR
-    assert "certificate" in err.detail
+    assert "certificate" in err.cause
 
 
 def test_a_cancel_stops_a_dripping_https_download(tls: tuple[Server, ssl.SSLContext]) -> None:
@@ -743,9 +743,9 @@ LOOPBACK_SPELLINGS: Final = (
 def test_loopback_in_every_spelling_is_refused_unless_named(listener: Listener, host: str) -> None:
     url = f"http://{host}:{listener.port}/relay/0?turn=on"
     err = failure(lambda: fetch_bytes(url, policy=EVERYWHERE, max_bytes=10))
-    print(f"{host}: {err} ({err.detail})")
+    print(f"{host}: {err} ({err.cause})")
     assert err.reason is FetchReason.NOT_ALLOWED
-    assert "turn=on" not in f"{err} {err.detail}"
+    assert "turn=on" not in f"{err} {err.cause}"
     assert listener.connections() == 0
 
 
@@ -754,7 +754,7 @@ def test_a_name_that_resolves_to_loopback_is_refused(listener: Listener) -> None
     url = f"http://localhost:{listener.port}/x"
     err = failure(lambda: fetch_bytes(url, policy=policy("localhost:*"), max_bytes=10))
     assert err.reason is FetchReason.NOT_ALLOWED
-    assert "loopback" in err.detail
+    assert "loopback" in err.cause
     assert listener.connections() == 0
 
 
@@ -777,7 +777,7 @@ def test_link_local_unspecified_multicast_broadcast_are_refused_before_connectin
     host: str,
 ) -> None:
     err = failure(lambda: fetch_bytes(f"http://{host}:80/x", policy=EVERYWHERE, max_bytes=10))
-    print(f"{host}: {err.detail}")
+    print(f"{host}: {err.cause}")
     assert err.reason is FetchReason.NOT_ALLOWED
 
 
@@ -787,7 +787,7 @@ def test_a_lan_host_the_policy_does_not_name_is_refused(host: str, port: int) ->
     """Decided from the URL alone: nothing is resolved or connected (no traffic to a LAN)."""
     err = failure(lambda: fetch_bytes(f"http://{host}:{port}/x", policy=LOCAL, max_bytes=10))
     assert err.reason is FetchReason.NOT_ALLOWED
-    assert "not allowed by test.hosts" in err.detail
+    assert "not allowed by test.hosts" in err.cause
 
 
 def own_addresses() -> list[str]:
@@ -824,7 +824,7 @@ def test_the_nodes_own_address_is_refused_unless_named_alone() -> None:
         for broad in (EVERYWHERE, policy(f"{network}:*")):
             err = failure(lambda: fetch_bytes(server.url("/file"), policy=broad, max_bytes=10**6))  # noqa: B023
             assert err.reason is FetchReason.NOT_ALLOWED
-            assert "an address of this node" in err.detail
+            assert "an address of this node" in err.cause
         assert server.requests == []
         named = policy(f"{own}:{server.port}")
         assert fetch_bytes(server.url("/file"), policy=named, max_bytes=10**6) == DATA
@@ -890,5 +890,5 @@ def test_a_name_rebound_to_loopback_after_a_redirect_is_refused(
 def test_an_empty_policy_fetches_nothing(server: Server) -> None:
     err = failure(lambda: fetch_bytes(server.url("/file"), policy=EgressPolicy(), max_bytes=9))
     assert err.reason is FetchReason.NOT_ALLOWED
-    assert "is empty" in err.detail
+    assert "is empty" in err.cause
     assert server.requests == []

@@ -17,11 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import step_marker
-from agent.core import SpeakCore
-from agent.journal import REQUEST_FIELDS, UNJOURNALED, Journal, _dump
-from agent.ledger import DEATHS_IN_A_ROW, Ledger, Restored
-from agent.messages import (
+from agent.core.messages import (
     FALLBACK_CACHED,
     FALLBACK_CHIME,
     Action,
@@ -38,8 +34,12 @@ from agent.messages import (
     Unfinished,
     UtteranceEnded,
 )
-from agent.states import EntryState
-from agent.step_marker import StepMarker
+from agent.core.scheduler import SpeakCore
+from agent.core.states import EntryState
+from agent.storage import step_marker
+from agent.storage.journal import REQUEST_FIELDS, UNJOURNALED, Journal, _dump
+from agent.storage.ledger import DEATHS_IN_A_ROW, Ledger, Restored
+from agent.storage.step_marker import StepMarker
 
 
 def request(request_id: str, **fields: object) -> SpeakRequest:

@@ -16,16 +16,17 @@ import soundfile as sf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.chimes import load_sound
-from agent.media import (
+from agent.core.messages import Reason
+from agent.formats.media import (
     MAX_AUDIO_BYTES,
     MAX_CHANNELS,
     MAX_DECODE_SAMPLES,
+    MEDIA_REASONS,
     DecodedAudio,
     MediaError,
-    MediaReason,
     decode_audio,
 )
+from agent.speech.chimes import load_sound
 from tests.media_files import (
     decode_bomb,
     flac_silence,
@@ -158,7 +159,7 @@ def test_too_many_channels_are_refused() -> None:
     many = np.zeros((100, MAX_CHANNELS + 1), dtype=np.int16)
     with pytest.raises(MediaError) as caught:
         decode_audio(encode(many, RATE, "WAV", "PCM_16"), RATE)
-    assert caught.value.reason is MediaReason.UNSUPPORTED_AUDIO
+    assert caught.value.reason is Reason.UNSUPPORTED_AUDIO
     assert "channels" in caught.value.detail
 
 
@@ -255,7 +256,7 @@ def test_too_many_bytes_are_refused_before_decoding() -> None:
     data = encode(ideal_pcm(chirp(RATE)), RATE, "WAV", "PCM_16")
     with pytest.raises(MediaError) as caught:
         decode_audio(data, RATE, max_bytes=len(data) - 1)
-    assert caught.value.reason is MediaReason.AUDIO_TOO_LARGE
+    assert caught.value.reason is Reason.TOO_LARGE
     assert decode_audio(data, RATE, max_bytes=len(data)).seconds == pytest.approx(1.0)
 
 
@@ -269,7 +270,7 @@ def test_a_sound_file_too_large_is_refused_by_its_size(tmp_path: Path) -> None:
         file.truncate(MAX_AUDIO_BYTES + 1)
     with pytest.raises(MediaError) as caught:
         load_sound(path, RATE)
-    assert caught.value.reason is MediaReason.AUDIO_TOO_LARGE
+    assert caught.value.reason is Reason.TOO_LARGE
 
 
 def test_a_long_sound_is_refused_from_its_header_without_decoding_it() -> None:
@@ -282,7 +283,7 @@ def test_a_long_sound_is_refused_from_its_header_without_decoding_it() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert caught.value.reason is MediaReason.AUDIO_TOO_LONG
+    assert caught.value.reason is Reason.TOO_LONG
     assert "600.0 s" in caught.value.detail
     assert peak < 1024 * 1024
 
@@ -311,7 +312,7 @@ def test_an_empty_sound_decodes_to_no_samples() -> None:
 def test_garbage_is_unsupported_audio(data: bytes) -> None:
     with pytest.raises(MediaError) as caught:
         decode_audio(data, RATE)
-    assert caught.value.reason is MediaReason.UNSUPPORTED_AUDIO
+    assert caught.value.reason is Reason.UNSUPPORTED_AUDIO
     assert "BytesIO" not in caught.value.detail
     assert caught.value.detail
 
@@ -344,7 +345,7 @@ def test_truncated_files_decode_partly_or_are_unsupported(
     try:
         decoded = decode_audio(data[: int(len(data) * keep)], RATE)
     except MediaError as err:
-        assert err.reason is MediaReason.UNSUPPORTED_AUDIO  # noqa: PT017 - either outcome is right
+        assert err.reason is Reason.UNSUPPORTED_AUDIO  # noqa: PT017 - either outcome is right
         return
     assert len(decoded.samples) <= RATE + RATE // 100
 
@@ -380,14 +381,14 @@ def test_a_flac_header_claiming_hours_is_refused_without_allocating_them() -> No
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert caught.value.reason is MediaReason.UNSUPPORTED_AUDIO  # damaged: the audio ends early
+    assert caught.value.reason is Reason.UNSUPPORTED_AUDIO  # damaged: the audio ends early
     assert peak < 4 * 1024 * 1024
     with pytest.raises(MediaError) as caught:
         decode_audio(data, RATE)
-    assert caught.value.reason is MediaReason.AUDIO_TOO_LONG
+    assert caught.value.reason is Reason.TOO_LONG
     with pytest.raises(MediaError) as caught:
         decode_audio(data, RATE, max_seconds=10**6)
-    assert caught.value.reason is MediaReason.AUDIO_TOO_LARGE  # the work, from the header
+    assert caught.value.reason is Reason.TOO_LARGE  # the work, from the header
 
 
 def test_a_flac_header_claiming_less_decodes_no_more_than_it_claims() -> None:
@@ -414,20 +415,20 @@ def test_the_issues_decode_bomb_is_refused_from_its_header() -> None:
     bomb = decode_bomb()
     assert len(bomb) < 400_000
     err = _refused_cheaply(bomb)
-    assert err.reason is MediaReason.AUDIO_TOO_LARGE
+    assert err.reason is Reason.TOO_LARGE
     assert err.detail == "sample rate 655350 Hz, at most 192000 Hz decoded"
 
 
 def test_more_samples_than_the_work_bound_are_refused_from_the_header() -> None:
     err = _refused_cheaply(work_bomb())  # 8 channels at 192 kHz, 60 s: every field within
-    assert err.reason is MediaReason.AUDIO_TOO_LARGE
+    assert err.reason is Reason.TOO_LARGE
     assert f"at most {MAX_DECODE_SAMPLES}" in err.detail
 
 
 def test_a_header_that_does_not_say_its_length_is_held_to_the_work_bound() -> None:
     with pytest.raises(MediaError) as caught:
         decode_audio(lying_bomb(0), RATE)  # "unknown": decoded until the bound
-    assert caught.value.reason is MediaReason.AUDIO_TOO_LARGE
+    assert caught.value.reason is Reason.TOO_LARGE
     assert "or more" in caught.value.detail
 
 
@@ -448,7 +449,7 @@ def test_an_mp3_read_at_once_is_held_to_the_duration() -> None:
     long = mp3_tone(61.0)
     with pytest.raises(MediaError) as caught:
         decode_audio(long, RATE)
-    assert caught.value.reason is MediaReason.AUDIO_TOO_LONG
+    assert caught.value.reason is Reason.TOO_LONG
     tracemalloc.start()
     try:
         with pytest.raises(MediaError) as caught:
@@ -456,7 +457,7 @@ def test_an_mp3_read_at_once_is_held_to_the_duration() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert caught.value.reason is MediaReason.AUDIO_TOO_LONG
+    assert caught.value.reason is Reason.TOO_LONG
     assert peak < 2 * 44_100 * 2 * 4  # about 1 s of float samples, not 61
     assert decode_audio(mp3_tone(2.0), RATE).seconds == pytest.approx(2.0, abs=0.05)
 
@@ -470,7 +471,7 @@ def test_whatever_length_a_flac_header_declares_the_work_is_bounded(total: int) 
     try:
         decoded = decode_audio(flac_with_total_samples(_TWO_SECONDS_OF_EIGHT, total), RATE)
     except MediaError as err:
-        assert err.reason in set(MediaReason)  # noqa: PT017 - either outcome is right
+        assert err.reason in MEDIA_REASONS  # noqa: PT017 - either outcome is right
         return
     assert decoded.seconds <= min(total / 48_000, 2.0) + 0.01
 
@@ -504,7 +505,7 @@ def test_mutated_files_decode_or_fail_with_a_media_error(
     try:
         decoded = decode_audio(bytes(data), RATE, max_seconds=30)
     except MediaError as err:
-        assert err.reason in set(MediaReason)  # noqa: PT017 - either outcome is right
+        assert err.reason in MEDIA_REASONS  # noqa: PT017 - either outcome is right
         return
     assert decoded.samples.dtype == np.int16
     assert decoded.seconds <= 30 + 0.01

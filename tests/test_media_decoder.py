@@ -1,4 +1,4 @@
-"""The decoder child: the real `python -m agent.media_child`, its limits as the kernel holds
+"""The decoder child: the real `python -m agent.speech.media_child`, its limits as the kernel holds
 them, and a child that overruns, dies, hangs, lies or is aborted: killed, replaced, the sound
 refused with a reason, the next sound decoded by its successor."""
 
@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.media import MediaError, MediaReason, decode_audio
-from agent.media_decoder import DecodeAbortedError, DecoderLimits, MediaDecoder
+from agent.core.messages import Reason
+from agent.formats.media import MEDIA_REASONS, MediaError, decode_audio
+from agent.speech.media_decoder import DecodeAbortedError, DecoderLimits, MediaDecoder
 from harness import wait_until
 from tests.media_files import decode_bomb, long_work, mp3_tone, wav_tone
 
@@ -113,7 +114,7 @@ def _limit(limits: str, name: str) -> str:
 def test_the_bomb_is_refused_from_its_header(decoder: MediaDecoder, bomb: bytes) -> None:
     err = refused(decoder, bomb)
     print(err)
-    assert err.reason is MediaReason.AUDIO_TOO_LARGE
+    assert err.reason is Reason.TOO_LARGE
     assert "655350 Hz" in err.detail
     assert decoder.replaced == 0  # an answer, not a failure
 
@@ -129,7 +130,7 @@ def test_a_child_over_its_cpu_time_is_killed_replaced_and_the_sound_refused(
         first = decoder.pid
         err = refused(decoder, heavy, **OPEN)
         print(err)
-        assert err.reason is MediaReason.AUDIO_TOO_LARGE
+        assert err.reason is Reason.TOO_LARGE
         assert "CPU" in err.detail
         assert decoder.replaced == 1
         assert decoder.pid not in (None, first)
@@ -155,7 +156,7 @@ def test_a_child_out_of_memory_refuses_the_sound_and_is_replaced() -> None:
         with pytest.raises(MediaError) as caught:
             decoder.decode(data, 48_000, max_bytes=len(data))
         print(f"{ready_mb} MiB when ready; {caught.value}")
-        assert caught.value.reason in {MediaReason.AUDIO_TOO_LARGE, MediaReason.UNSUPPORTED_AUDIO}
+        assert caught.value.reason in {Reason.TOO_LARGE, Reason.UNSUPPORTED_AUDIO}
         wait_until(lambda: decoder.pid is not None, what="its successor")
         small = wav_tone(0.1, 8000)
         assert decoder.decode(small, RATE, max_bytes=len(small)).seconds == pytest.approx(0.1)
@@ -173,7 +174,7 @@ def test_a_child_that_hangs_is_killed_at_its_deadline() -> None:
         os.kill(pid, signal.SIGSTOP)  # a decoder stuck in a loop that never yields
         err = refused(decoder, data)
         print(err)
-        assert err.reason is MediaReason.AUDIO_TOO_LARGE
+        assert err.reason is Reason.TOO_LARGE
         assert "within 2 s" in err.detail
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
         assert decoder.decode(data, RATE, max_bytes=len(data)).seconds == pytest.approx(0.5)
@@ -191,7 +192,7 @@ def test_a_child_that_dies_refuses_the_sound_and_is_replaced(heavy: bytes) -> No
         (err,) = outcome
         print(err)
         assert isinstance(err, MediaError)
-        assert err.reason is MediaReason.UNSUPPORTED_AUDIO
+        assert err.reason is Reason.UNSUPPORTED_AUDIO
         assert "SIGSEGV" in err.detail
         data = wav_tone(0.5, 8000)
         assert decoder.decode(data, RATE, max_bytes=len(data)).seconds == pytest.approx(0.5)
@@ -250,7 +251,7 @@ def test_a_child_that_answers_nonsense_is_not_believed(case: str) -> None:
         data = wav_tone(0.5, 8000)
         err = refused(decoder, data)
         print(f"{case}: {err}")
-        assert err.reason is MediaReason.UNSUPPORTED_AUDIO
+        assert err.reason is Reason.UNSUPPORTED_AUDIO
         assert "pwned" not in err.detail
         assert decoder.replaced == 1
     finally:
@@ -280,7 +281,7 @@ def test_mutated_files_through_the_child_decode_or_are_refused(
     try:
         decoded = decoder.decode(bytes(data), RATE, max_bytes=len(data), max_seconds=30)
     except MediaError as err:
-        assert err.reason in set(MediaReason)  # noqa: PT017 - either outcome is right
+        assert err.reason in MEDIA_REASONS  # noqa: PT017 - either outcome is right
         return
     assert decoded.samples.dtype == np.int16
     assert decoded.seconds <= 30 + 0.01

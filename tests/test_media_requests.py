@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.chimes import BUILTIN, render_notes
+from agent.speech.chimes import BUILTIN, render_notes
 from harness import free_port, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
 from tests.media_files import (

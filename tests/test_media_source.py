@@ -14,12 +14,13 @@ from typing import Any, Final
 import numpy as np
 import pytest
 
-from agent.egress import EgressPolicy
-from agent.media import MAX_AUDIO_SECONDS, MAX_DECODE_SAMPLES, DecodedAudio
-from agent.media_decoder import MediaDecoder
-from agent.media_source import FetchLimits, MediaSource, UnplayableError
-from agent.messages import AudioClip, Event, MediaHeld, Priority, Reason, SpeakRequest
-from agent.phrase_cache import PhraseCache
+from agent.core.egress import EgressPolicy
+from agent.core.messages import AudioClip, Event, MediaHeld, Priority, Reason, SpeakRequest
+from agent.core.refusal import Refused
+from agent.formats.media import MAX_AUDIO_SECONDS, MAX_DECODE_SAMPLES, DecodedAudio
+from agent.speech.media_decoder import MediaDecoder
+from agent.speech.media_source import FetchLimits, MediaSource
+from agent.speech.phrase_cache import PhraseCache
 from harness import wait_until
 from tests.media_files import decode_bomb, long_work, wav_tone
 from tests.release_server import ReleaseServer
@@ -99,7 +100,7 @@ def test_a_higher_class_stops_a_lower_decode_and_is_served_first(rig: Rig) -> No
     assert rig.decoder.replaced == 1  # the chat's decode was killed for it
     not_yet = threading.Event()
     not_yet.set()
-    with pytest.raises(UnplayableError) as caught:  # its decode starts again, after the bell
+    with pytest.raises(Refused) as caught:  # its decode starts again, after the bell
         rig.source.get("chat", Priority.CHAT, "heavy", not_yet)
     assert caught.value.detail == "cancelled"
     rig.source.let_go("chat")
@@ -113,7 +114,7 @@ def test_a_cut_ends_the_wait_for_a_decode_at_once(rig: Rig) -> None:
     def wait() -> None:
         try:
             rig.source.get("chat", Priority.CHAT, "heavy", cut)
-        except UnplayableError as err:
+        except Refused as err:
             outcome.append(err)
 
     waiting = threading.Thread(target=wait)
@@ -133,7 +134,7 @@ def test_the_bomb_is_refused_from_its_header_by_name(tmp_path: Path) -> None:
     rig.source.start()
     try:
         rig.source.prepare(request("b", Priority.INFO, sound="bomb"))
-        with pytest.raises(UnplayableError) as caught:
+        with pytest.raises(Refused) as caught:
             rig.source.get("b", Priority.INFO, "bomb")
         assert caught.value.reason is Reason.TOO_LARGE
         assert rig.decoder.replaced == 0
@@ -156,7 +157,7 @@ def test_what_a_request_holds_is_reported_and_let_go(rig: Rig) -> None:
     assert rig.source.held() == pcm.nbytes  # the operator's sounds are not counted
     rig.source.let_go("clip")
     assert rig.source.held() == 0
-    with pytest.raises(UnplayableError) as caught:
+    with pytest.raises(Refused) as caught:
         rig.source.clip("clip")
     assert caught.value.reason is Reason.SOUND_UNAVAILABLE
     assert np.any(pcm)

@@ -15,8 +15,8 @@ from typing import Any, Final
 
 import pytest
 
-from agent import hermes
-from agent.config import AudioConfig, MqttConfig
+from agent.protocol import hermes
+from agent.settings.declarations import AudioConfig, MqttConfig
 from harness import Broker, PulseNullSink, Watcher, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
 from tests.media_files import (
@@ -394,6 +394,6 @@ def child_rss(agent: RunningAgent) -> str:
             command = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue
-        if parent == agent.process.pid and b"agent.media_child" in command:
+        if parent == agent.process.pid and b"agent.speech.media_child" in command:
             return f"{status_kib(int(stat.parent.name), 'VmRSS') / 1024:.0f}"
     return "?"

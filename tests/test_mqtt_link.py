@@ -8,8 +8,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.config import MqttConfig
-from agent.mqtt_link import MqttLink
+from agent.link.mqtt_link import MqttLink
+from agent.settings.declarations import MqttConfig
 
 
 def link() -> MqttLink:

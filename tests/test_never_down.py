@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent import hermes
+from agent.protocol import hermes
 from harness import (
     AgentProcess,
     Broker,

@@ -21,14 +21,15 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent import manifest as manifests
-from agent.config import OtaConfig
-from agent.manifest import Manifest, Refusal
-from agent.model_at_start import fall_back, start_model
-from agent.states import FINAL_PHASES, UpdateReport
-from agent.update_store import Pending, load_state, save_state
-from agent.updater import Updater
-from agent.voice import Voice
+from agent.core.refusal import Refused
+from agent.core.states import FINAL_PHASES, UpdateReason, UpdateReport
+from agent.protocol import manifest as manifests
+from agent.protocol.manifest import Manifest
+from agent.settings.declarations import OtaConfig
+from agent.speech.voice import Voice
+from agent.updates.model_at_start import fall_back, start_model
+from agent.updates.update_store import Pending, load_state, save_state
+from agent.updates.updater import Updater
 from harness import TIMEOUT, wait_until
 from ota import release
 from tests.release_server import ReleaseServer
@@ -206,8 +207,8 @@ def _trusted(*keys: Ed25519PrivateKey) -> dict[str, Any]:
     return {manifests.key_id(k.public_key()): k.public_key() for k in keys}
 
 
-def _reason(result: Manifest | Refusal) -> str:
-    return result.reason if isinstance(result, Refusal) else "accepted"
+def _reason(result: Manifest | Refused[UpdateReason]) -> str:
+    return result.reason if isinstance(result, Refused) else "accepted"
 
 
 def test_a_signed_manifest_is_read_and_any_trusted_key_may_sign(key: Ed25519PrivateKey) -> None:

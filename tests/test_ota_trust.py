@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent.states import FINAL_PHASES
-from agent.update_store import UpdateState, save_state
+from agent.core.states import FINAL_PHASES
+from agent.updates.update_store import UpdateState, save_state
 from harness import wait_until
 from ota import release
 from tests.conftest import RunningAgent, StartAgent

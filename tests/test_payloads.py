@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from agent.messages import Lifecycle, Reason, Rejection, SpeakRequest
-from agent.payloads import SpeakLimits, encode_event, parse_speak
+from agent.core.messages import Lifecycle, Reason, Rejection, SpeakRequest
+from agent.protocol.payloads import SpeakLimits, encode_event, parse_speak
 
 LIMIT = 256
 LIMITS = SpeakLimits(max_bytes=LIMIT, max_text_chars=40)

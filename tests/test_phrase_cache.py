@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.phrase_cache import PhraseCache, cache_key
+from agent.speech.phrase_cache import PhraseCache, cache_key
 
 RATE = 22050
 

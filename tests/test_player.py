@@ -12,7 +12,8 @@ import alsaaudio
 import numpy as np
 import pytest
 
-from agent.messages import (
+from agent.audio.player import BUFFER_CHUNKS, Pcm, PcmOpener, Player, alsa_opener
+from agent.core.messages import (
     AudioStatus,
     Event,
     Priority,
@@ -20,8 +21,7 @@ from agent.messages import (
     UtteranceEnded,
     UtteranceStarted,
 )
-from agent.pcm import Chunk
-from agent.player import BUFFER_CHUNKS, Pcm, PcmOpener, Player, alsa_opener
+from agent.formats.pcm import Chunk
 from harness import FaultyPcm, read_pcm, wait_until
 
 RATE = 22050

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.chimes import BUILTIN, render_notes
+from agent.speech.chimes import BUILTIN, render_notes
 from harness import PulseNullSink, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
 

@@ -29,11 +29,11 @@ import onnx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agent.config import SpeakConfig
-from agent.messages import FINAL_EVENTS
-from agent.states import FINAL_PHASES
-from agent.topics import Topics
-from agent.voice import bundled_voice
+from agent.core.messages import FINAL_EVENTS
+from agent.core.states import FINAL_PHASES
+from agent.protocol.topics import Topics
+from agent.settings.declarations import SpeakConfig
+from agent.speech.voice import bundled_voice
 from harness import (
     AgentProcess,
     Broker,
@@ -436,7 +436,7 @@ def test_the_whole_life_of_a_node_fits_in_384_mb(run_node: StartNode, tmp_path: 
         result = update_result(node, "up1", UPDATE_TIMEOUT)
         update = node.meter.end_phase("update: download, health check, switch")
         assert result["state"] == "installed", result
-        assert "agent.healthcheck" in update.processes, update  # it ran in the group
+        assert "agent.speech.healthcheck" in update.processes, update  # it ran in the group
         speaks_with(node, new, 1, "new")
         assert node.state()["last_update"]["state"] == "installed", node.state()
         node.meter.end_phase("speech, new model")

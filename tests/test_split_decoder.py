@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.chunking import FIRST_FRAMES, MAX_FRAMES, frame_chunks
-from agent.voice import FramePlan, SynthesisParams, Voice, bundled_voice, to_pcm16
+from agent.formats.chunking import FIRST_FRAMES, MAX_FRAMES, frame_chunks
+from agent.speech.voice import FramePlan, SynthesisParams, Voice, bundled_voice, to_pcm16
 from bench.texts import STORY
 from harness import PulseNullSink, wait_until
 from tests.conftest import StartAgent
@@ -89,7 +89,7 @@ def test_a_cold_start_builds_the_parts_in_child_processes_within_bounds(tmp_path
     script = """
 import json, resource, sys
 from pathlib import Path
-from agent.voice import Voice, bundled_voice
+from agent.speech.voice import Voice, bundled_voice
 voice = Voice.load(bundled_voice(), 2, Path(sys.argv[1]))
 voice.prewarm()
 status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())

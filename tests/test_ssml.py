@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.ssml import (
+from agent.formats.ssml import (
     BREAK_STRENGTHS,
     MAX_DEPTH,
     MAX_ELEMENTS,
@@ -27,7 +27,7 @@ from agent.ssml import (
     parse_ssml,
     spoken_text,
 )
-from agent.text import clean_text
+from agent.formats.text import clean_text
 
 FUZZ = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PEAK_BYTES = 2 * 1024 * 1024

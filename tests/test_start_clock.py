@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agent.start_clock import frame_at
+from agent.core.start_clock import frame_at
 
 RATE = 22050
 

@@ -13,13 +13,13 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.chunking import FIRST_FRAMES
-from agent.messages import Event, SpeakRequest, SynthesisDone, UtteranceEnded
-from agent.pcm import PCM16, Chunk
-from agent.phrase_cache import PhraseCache
-from agent.player import Player, alsa_opener
-from agent.synthesizer import Synthesizer, VoiceChoice
-from agent.voice import Cancellation, FramePlan, SynthesisParams, Voice
+from agent.audio.player import Player, alsa_opener
+from agent.core.messages import Event, SpeakRequest, SynthesisDone, UtteranceEnded
+from agent.formats.chunking import FIRST_FRAMES
+from agent.formats.pcm import PCM16, Chunk
+from agent.speech.phrase_cache import PhraseCache
+from agent.speech.synthesizer import Synthesizer, VoiceChoice
+from agent.speech.voice import Cancellation, FramePlan, SynthesisParams, Voice
 from harness import read_pcm, wait_until
 from tests.test_voice import HOP, PARAMS, write_vits_like_voice
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.systemd import Notifier
+from agent.system.systemd import Notifier
 from harness import ROOT, TIMEOUT, Broker, Watcher
 from harness import unit as sandbox
 from tests.conftest import StartAgent
@@ -118,7 +118,7 @@ def test_the_clock_read_is_what_the_filter_lets_through_and_protect_clock_would_
 
 PROBE = """
 import ctypes, json, mmap, os, socket, subprocess, sys
-from agent.clock import clock_sync
+from agent.system.clock import clock_sync
 found = {"uid": os.getuid(), "groups": os.getgroups()}
 status = open("/proc/self/status").read()
 found["bounding"] = status.split("CapBnd:")[1].split()[0]
@@ -290,7 +290,14 @@ def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
     ]
     assert " ERROR " not in output, output
 
-    check = [sys.executable, "-m", "agent.healthcheck", str(voice), "--reference", str(voice)]
+    check = [
+        sys.executable,
+        "-m",
+        "agent.speech.healthcheck",
+        str(voice),
+        "--reference",
+        str(voice),
+    ]
     check += ["--rate", "22050", "--memory-mb", "1024", "--cache-dir", str(cache)]
     checked = run_sandboxed(check, env, [state, cache], [shared])
     assert checked.returncode == 0, checked.stdout + checked.stderr

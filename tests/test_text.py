@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.text import clean_text
+from agent.formats.text import clean_text
 
 
 @pytest.mark.parametrize(

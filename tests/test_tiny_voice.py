@@ -13,7 +13,7 @@ import numpy.typing as npt
 import onnxruntime as ort
 import pytest
 
-from agent.voice import Voice, VoiceInfo
+from agent.speech.voice import Voice, VoiceInfo
 from tests.tiny_voice import (
     CYCLES_PER_ID,
     SAMPLE_RATE,

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import update_store as store
-from agent.config import OtaConfig
-from agent.model_at_start import start_model
-from agent.update_store import Pending, UnsafeFileError, UpdateState, read_state, save_state
+from agent.settings.declarations import OtaConfig
+from agent.updates import update_store as store
+from agent.updates.model_at_start import start_model
+from agent.updates.update_store import Pending, UnsafeFileError, UpdateState, read_state, save_state
 from tests.test_ota_trust import HOSTILE_STATES, _write_hostile
 
 GENERATED = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -158,13 +158,17 @@ def test_a_state_of_an_earlier_version_is_read_and_its_model_checked(tmp_path: P
     state = read_state(tmp_path).state
     assert store.slot_problem(tmp_path, state) is None
     model.write_bytes(b"release thre3")
-    assert store.slot_problem(tmp_path, state) == (
+    problem = store.slot_problem(tmp_path, state)
+    assert problem is not None
+    assert (problem.reason, problem.detail) == (
         "damaged",
         "slots/b/voice3.onnx no longer has the digest it was installed with",
     )
     body.pop("model_sha256")
     (tmp_path / "state.json").write_text(json.dumps(body), encoding="utf-8")
-    assert store.slot_problem(tmp_path, read_state(tmp_path).state) == (
+    problem = store.slot_problem(tmp_path, read_state(tmp_path).state)
+    assert problem is not None
+    assert (problem.reason, problem.detail) == (
         "damaged",
         "slots/b: no digest was recorded for it",
     )

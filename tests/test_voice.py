@@ -18,9 +18,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.chunking import frame_chunks
-from agent.sessions import cache_stem, model_digest
-from agent.voice import FramePlan, SynthesisParams, Voice, to_pcm16
+from agent.formats.chunking import frame_chunks
+from agent.speech.sessions import cache_stem, model_digest
+from agent.speech.voice import FramePlan, SynthesisParams, Voice, to_pcm16
 from harness import TIMEOUT
 from tests.tiny_voice import SAMPLES_PER_ID, write_tiny_voice
 
@@ -319,7 +319,7 @@ def test_a_load_with_a_cold_cache_builds_in_child_processes(
     """The loading process never imports onnx: the graph is split, optimized and checked by
     child processes, and the parts are loaded from what they leave."""
     script = (
-        "import json, sys; from pathlib import Path; from agent.voice import Voice; "
+        "import json, sys; from pathlib import Path; from agent.speech.voice import Voice; "
         f"v = Voice.load(Path({str(vits_voice)!r}), 1, Path({str(tmp_path / 'cache')!r})); "
         "w = Voice.load(Path(sys.argv[1]), 1, None); "
         "print(json.dumps([v.chunked, w.chunked, 'onnx' in sys.modules]))"

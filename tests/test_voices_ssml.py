@@ -16,10 +16,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.catalog import Catalog, VoiceFacts
-from agent.core import SpeakCore
-from agent.egress import EgressPolicy
-from agent.messages import (
+from agent.audio.player import Player, alsa_opener
+from agent.core.catalog import Catalog, VoiceFacts
+from agent.core.egress import EgressPolicy
+from agent.core.messages import (
     Delivery,
     Event,
     Notify,
@@ -31,11 +31,11 @@ from agent.messages import (
     Synthesize,
     UtteranceEnded,
 )
-from agent.payloads import SpeakLimits, parse_speak
-from agent.phrase_cache import PhraseCache
-from agent.player import Player, alsa_opener
-from agent.synthesizer import Synthesizer, VoiceChoice
-from agent.voice import SynthesisParams, Voice, bundled_voice
+from agent.core.scheduler import SpeakCore
+from agent.protocol.payloads import SpeakLimits, parse_speak
+from agent.speech.phrase_cache import PhraseCache
+from agent.speech.synthesizer import Synthesizer, VoiceChoice
+from agent.speech.voice import SynthesisParams, Voice, bundled_voice
 from harness import read_pcm
 from tests.tiny_voice import SAMPLES_PER_ID, Language, speaker_frequency, write_tiny_voice
 
@@ -224,7 +224,7 @@ def test_sentences_and_paragraphs_are_paused(rig: Rig) -> None:
 
 
 def test_audio_plays_a_named_sound_or_says_its_content(tiny_voice: Path, tmp_path: Path) -> None:
-    from agent.media_source import FetchLimits, MediaSource  # noqa: PLC0415 - only here
+    from agent.speech.media_source import FetchLimits, MediaSource  # noqa: PLC0415 - only here
     from tests.test_chimes import write_wav  # noqa: PLC0415
 
     tone = (np.sin(2 * np.pi * 1000 * np.arange(RATE // 5) / RATE) * 10000).astype(np.int16)

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
-from agent.voice import SynthesisParams, Voice
+from agent.speech.voice import SynthesisParams, Voice
 from tiers.audio_distance import (
     F_MAX,
     FLOOR_DB,

@@ -14,8 +14,8 @@ import argparse
 import numpy as np
 import numpy.typing as npt
 
-from agent.chunking import group_clauses
-from agent.voice import SynthesisParams, Voice, bundled_voice
+from agent.formats.chunking import group_clauses
+from agent.speech.voice import SynthesisParams, Voice, bundled_voice
 
 SENTENCES = [
     "Attention please, the delivery van has arrived at the loading dock, and someone from "

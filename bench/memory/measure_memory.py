@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/memory/measure_memory.py [--workdir DIR] [--json FILE] COMMAND [...]
 
-Every measurement runs in a fresh process: component runs drive agent.voice / the agent's
+Every measurement runs in a fresh process: component runs drive agent.speech.voice / the agent's
 Synthesizer directly (bench/memory/memory_workloads.py), whole-agent runs start
 `python -m agent run` against a real Mosquitto with ALSA `null` (bench/memory/memory_agent.py);
 both read /proc/PID/status (VmRSS, VmHWM, RssAnon, RssFile) and smaps_rollup (Pss), and reset
@@ -128,7 +128,7 @@ class Layout:
 
 def prepare(layout: Layout) -> list[Row]:
     """Build the warm caches (once; later calls reuse them)."""
-    from agent.voice import bundled_voice  # noqa: PLC0415
+    from agent.speech.voice import bundled_voice  # noqa: PLC0415
 
     model = bundled_voice()
     if not layout.model_b.is_file():
@@ -548,7 +548,7 @@ def _cut_of_cached_parts(models: Path, digest: str) -> dict[str, list[list[str]]
 
 def cmd_build(layout: Layout, args: argparse.Namespace) -> list[Row]:
     """The lean build, each step in its own process; the probe as long as --probe-seconds."""
-    from agent.voice import bundled_voice  # noqa: PLC0415
+    from agent.speech.voice import bundled_voice  # noqa: PLC0415
 
     model = bundled_voice()
     cut = _cut_of_cached_parts(layout.cache_ext / "models", sha256_of(model))
@@ -588,16 +588,16 @@ def _peak_of_command(command: Sequence[str], env: dict[str, str] | None = None) 
 
 def cmd_check(layout: Layout, args: argparse.Namespace) -> list[Row]:
     """The health check of model B against the bundled model: the real one, then variants."""
-    from agent.voice import bundled_voice  # noqa: PLC0415
+    from agent.speech.voice import bundled_voice  # noqa: PLC0415
 
     current = bundled_voice()
     rows: list[list[Any]] = []
     results: list[Row] = []
-    real = [sys.executable, "-m", "agent.healthcheck", str(layout.model_b)]
+    real = [sys.executable, "-m", "agent.speech.healthcheck", str(layout.model_b)]
     real += ["--reference", str(current), "--rate", "22050", "--threads", "2"]
     measured = _peak_of_command(real)
-    results.append({"variant": "agent.healthcheck as the updater runs it", **measured})
-    rows.append(["agent.healthcheck as the updater runs it", measured["peak"], "—", "—"])
+    results.append({"variant": "agent.speech.healthcheck as the updater runs it", **measured})
+    rows.append(["agent.speech.healthcheck as the updater runs it", measured["peak"], "—", "—"])
     variants: dict[str, dict[str, Any]] = {
         "same steps, re-implemented (no model cache: both models split in process)": {},
         "both parts from the model cache": {"cache": layout.cache},

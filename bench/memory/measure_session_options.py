@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from agent.voice import Voice, bundled_voice
+from agent.speech.voice import Voice, bundled_voice
 
 TEXTS = {
     "short": "The front door is open.",

@@ -31,7 +31,7 @@ from memory_hooks import SETTINGS_ENV, check
 from memory_proc import MemoryCgroup, reset_peak, threads, usage
 from memory_workloads import MARK_EVERY, emit, mix_texts
 
-from agent.states import FINAL_PHASES
+from agent.core.states import FINAL_PHASES
 from harness import TIMEOUT, AgentProcess, Broker, Watcher, agent_config, free_port, write_config
 from ota import release
 

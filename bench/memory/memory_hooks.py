@@ -169,7 +169,7 @@ def install(settings: dict[str, Any]) -> None:
 
 def _default_cache(directory: Path) -> None:
     """Make `Voice.load(..., cache_dir=None)` use this cache directory."""
-    from agent.voice import Voice  # noqa: PLC0415 - only when this hook is asked for
+    from agent.speech.voice import Voice  # noqa: PLC0415 - only when this hook is asked for
 
     original = Voice.load.__func__  # type: ignore[attr-defined]
 
@@ -186,14 +186,16 @@ def _wrap_synthesizer(trim: bool, max_frames: int | None) -> None:
     """Wrap the agent's Synthesizer: its `report` callback trims after each `SynthesisDone`
     (the synthesis thread reports it when an announcement is synthesized), and its decoder
     chunks are at most `max_frames`."""
-    from agent import synthesizer  # noqa: PLC0415 - only when this hook is asked for
-    from agent.messages import SynthesisDone  # noqa: PLC0415 - as above
+    from agent.core.messages import SynthesisDone  # noqa: PLC0415 - as above
+    from agent.speech import synthesizer  # noqa: PLC0415 - only when this hook is asked for
 
     original = synthesizer.Synthesizer.__init__
     signature = inspect.signature(original)
     missing = {"report", "chunk_frames"} - set(signature.parameters)
     if missing:
-        raise RuntimeError(f"agent.synthesizer.Synthesizer no longer takes {sorted(missing)}")
+        raise RuntimeError(
+            f"agent.speech.synthesizer.Synthesizer no longer takes {sorted(missing)}"
+        )
 
     @functools.wraps(original)
     def init(*args: Any, **kwargs: Any) -> None:

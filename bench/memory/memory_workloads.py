@@ -17,7 +17,7 @@ Scenarios (the real bundled voice unless --model; the model cache given by --cac
   `--announcements` of 1-3 sentences, every third uncached; RSS every 10 announcements.
 - `build`: the first start with a cold model cache (the parts built in process), traced at each
   ONNX/onnx step.
-- `check`: a health check of a model, as agent/healthcheck.py does it or leaner (`--cache`,
+- `check`: a health check of a model, as agent/speech/healthcheck.py does it or leaner (`--cache`,
   `--cache-cold`, `--decode whole|chunked`, `--max-frames`, `--phrases`, `--reference`,
   `--release`, `--no-prewarm`, `--hooks`).
 - `switch`: a voice in use, then a second model loaded beside it (`--order both`) or after the
@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any, Final
 from memory_proc import malloc_trim, reset_peak, threads, usage
 
 if TYPE_CHECKING:
-    from agent.phrase_cache import PhraseCache
-    from agent.voice import SynthesisParams, Voice
+    from agent.speech.phrase_cache import PhraseCache
+    from agent.speech.voice import SynthesisParams, Voice
 
 SEED: Final = 1
 """ONNX Runtime's seed: the same noise, hence the same durations, in every process."""
@@ -92,7 +92,7 @@ def agent_params(voice: Voice) -> SynthesisParams:
 
 def load_voice(model: Path, threads_: int, cache: Path | None, *, split: bool = True) -> Voice:
     """Voice.load with the seed set first (as the agent does with `tts.seed`)."""
-    from agent.voice import Voice, seed_random  # noqa: PLC0415
+    from agent.speech.voice import Voice, seed_random  # noqa: PLC0415
 
     seed_random(SEED)
     return Voice.load(model, threads_, cache, split=split)
@@ -108,7 +108,7 @@ def live_sessions() -> int:
 
 def no_cache() -> PhraseCache:
     """A phrase cache that keeps nothing (every sentence is synthesized)."""
-    from agent.phrase_cache import PhraseCache  # noqa: PLC0415
+    from agent.speech.phrase_cache import PhraseCache  # noqa: PLC0415
 
     return PhraseCache(None, 0, 0)
 
@@ -119,9 +119,9 @@ class Runner:
     part is measured in whole-agent runs)."""
 
     def __init__(self, voice: Voice, cache: PhraseCache, max_frames: int) -> None:
-        from agent.chunking import FIRST_FRAMES  # noqa: PLC0415
-        from agent.config import TtsConfig  # noqa: PLC0415
-        from agent.synthesizer import Synthesizer, VoiceChoice  # noqa: PLC0415
+        from agent.formats.chunking import FIRST_FRAMES  # noqa: PLC0415
+        from agent.settings.declarations import TtsConfig  # noqa: PLC0415
+        from agent.speech.synthesizer import Synthesizer, VoiceChoice  # noqa: PLC0415
 
         tts = TtsConfig()
         self._done: queue.Queue[object] = queue.Queue()
@@ -153,7 +153,7 @@ class Runner:
 
     def speak(self, request_id: str, text: str) -> tuple[float, float]:
         """Synthesize one announcement; seconds from submit to its first chunk and to its end."""
-        from agent.messages import SpeakRequest, SynthesisDone  # noqa: PLC0415
+        from agent.core.messages import SpeakRequest, SynthesisDone  # noqa: PLC0415
 
         self._first = None
         self._jobs += 1
@@ -238,7 +238,7 @@ def run_mix(
     voice: Voice, count: int, cache_mb: float, max_frames: int, *, trim: bool
 ) -> dict[str, Any]:
     """The mix through the agent's synthesizer; memory every MARK_EVERY announcements."""
-    from agent.phrase_cache import PhraseCache  # noqa: PLC0415
+    from agent.speech.phrase_cache import PhraseCache  # noqa: PLC0415
 
     cache = PhraseCache(None, int(cache_mb * 1024 * 1024), 0)
     runner = Runner(voice, cache, max_frames)
@@ -468,9 +468,9 @@ def scenario_build(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _check_one(voice: Voice, phrases: tuple[str, ...], decode: str, max_frames: int) -> float:
-    """Synthesize the health check's phrases (noise 0) as agent/healthcheck.py does
+    """Synthesize the health check's phrases (noise 0) as agent/speech/healthcheck.py does
     (`Voice.render`: decoder chunks of `max_frames`), or each clause group whole; seconds."""
-    from agent.voice import FramePlan  # noqa: PLC0415
+    from agent.speech.voice import FramePlan  # noqa: PLC0415
 
     params = replace(voice.default_params, noise_scale=0.0, noise_w=0.0)
     began = time.perf_counter()
@@ -486,7 +486,7 @@ def scenario_check(args: argparse.Namespace) -> dict[str, Any]:
     made to speak the check's phrases."""
     import memory_hooks  # noqa: PLC0415
 
-    from agent.healthcheck import PHRASES  # noqa: PLC0415
+    from agent.speech.healthcheck import PHRASES  # noqa: PLC0415
 
     memory_hooks.install(json.loads(args.hooks))
     phases = Phases()
@@ -577,7 +577,7 @@ SCENARIOS: Final[dict[str, Callable[[argparse.Namespace], dict[str, Any]]]] = {
 
 def parser() -> argparse.ArgumentParser:
     """The command line (one scenario a process)."""
-    from agent.chunking import MAX_FRAMES  # noqa: PLC0415
+    from agent.formats.chunking import MAX_FRAMES  # noqa: PLC0415
 
     parse = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parse.add_argument("scenario", choices=sorted(SCENARIOS))
@@ -608,7 +608,7 @@ def main() -> None:
     """Run one scenario and print its RESULT line."""
     args = parser().parse_args()
     if args.model is None and args.scenario != "imports":
-        from agent.voice import bundled_voice  # noqa: PLC0415
+        from agent.speech.voice import bundled_voice  # noqa: PLC0415
 
         args.model = bundled_voice()
     if args.scenario in ("load", "speak", "mix"):

@@ -1,0 +1,1 @@
+"""The audio edge: the ALSA writer thread."""

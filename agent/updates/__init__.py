@@ -1,0 +1,1 @@
+"""The update edge: the worker, the slots and their files, the model a start begins with."""

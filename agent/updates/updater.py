@@ -1,0 +1,814 @@
+"""Model updates over the air: verify, download, install into the other slot, check, switch.
+
+States and files under the OTA directory:
+- `state.json`: which slot is active, which was before, the installed release, and a pending
+  switch with its start-attempt count. Written atomically (temporary file, fsync, rename, fsync
+  of the directory), so a process killed at any moment finds either the old or the new state.
+- `staging/<sha256>.part`: downloads in progress (resumed with HTTP Range), `staging/<sha256>`
+  when complete and verified.
+- `slots/a`, `slots/b`: the two model slots. The factory model (config `tts.voice`) is release 0.
+
+An offer is verified (Ed25519 over the exact manifest bytes, expiry, target, release order)
+before any model byte is downloaded. Files are fetched with the sha256 computed on the fly,
+never past the manifest length, with bounded retries and a stall timeout; then hard-linked into
+the inactive slot, checked in a subprocess (memory and time limited), loaded and prewarmed here,
+and only then switched to, between announcements. A switch not yet confirmed by a successful
+start is rolled back after `ota.max_start_attempts` starts. Every step can be repeated.
+Every point that picks a model (a start, a rollback, a revocation of the active release, a
+model that does not load) picks only a slot whose release is not revoked and whose files still
+have the digests they were installed with; the configured model otherwise. Every file below
+the OTA directory is opened through `update_store`, which never follows a link. The model
+loader is given: the updater never loads ONNX Runtime itself. The model a start begins with is
+`model_at_start`'s to choose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Generic, TypeVar
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from agent.core.egress import EgressPolicy
+from agent.core.refusal import Refused
+from agent.core.states import FINAL_PHASES, UpdatePhase, UpdateReason, UpdateReport
+from agent.guarded.http_fetch import FetchError, FetchReason, fetch, fetch_bytes
+from agent.protocol import manifest as manifests
+from agent.protocol.manifest import FileEntry, Manifest
+from agent.settings.declarations import OtaConfig
+from agent.updates import update_store as store
+from agent.updates.model_at_start import recovered_state
+from agent.updates.update_store import (
+    Pending,
+    UnsafeFileError,
+    UpdateState,
+    on_factory,
+    rolled_back,
+    save_state,
+    slot_problem,
+    without_previous,
+)
+
+_LOGGER = logging.getLogger(__name__)
+M = TypeVar("M")
+"""A loaded model, as the agent's loader makes it (the updater only hands it over)."""
+
+_CHUNK: Final = 64 * 1024
+_SPARE_BYTES: Final = 32 * 1024 * 1024
+"""Free disk kept on top of the release's size."""
+STAGING_MAX_AGE: Final = 7 * 86400.0
+"""Staged downloads of a release that was never installed are removed at start after this long
+(seconds): long enough for an operator to offer it again and resume."""
+STAGING_MAX_FILES: Final = 8
+"""At most this many staged files are kept at start (the newest)."""
+FAULT_ENV: Final = "VOICE_AGENT_FAULT_AT"
+"""Test hook: the agent kills itself (SIGKILL) when it reaches this step of an update."""
+CHECK_ENVIRONMENT: Final = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "65536"}
+"""glibc settings of the health check (and the build processes it starts) unless the agent's
+environment sets them: the agent's own (`allocator`, set there with mallopt, which a child does
+not inherit). Measured: the check's peak 181 MB with them, 227 without (docs/memory.md)."""
+
+
+class _Cancelled(Exception):  # noqa: N818 - control flow, not an error
+    pass
+
+
+def fault_point(step: str) -> None:
+    """The test hook: SIGKILL this process at `step` when $VOICE_AGENT_FAULT_AT names it."""
+    if os.environ.get(FAULT_ENV) == step:
+        _LOGGER.warning("Fault injection: killed at %s", step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Updater(Generic[M]):
+    """Runs one update at a time in its own thread; reports through `report`."""
+
+    def __init__(  # noqa: PLR0917 - the composition root passes every collaborator
+        self,
+        config: OtaConfig,
+        directory: Path,
+        factory_model: Path,
+        rate: int,
+        threads: int,
+        report: Callable[[UpdateReport], object],
+        load: Callable[[Path], M],
+        swap: Callable[[M], bool],
+        *,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self._config = config
+        self._hosts = EgressPolicy.parse(config.hosts, "ota.hosts")
+        self._cache_dir = cache_dir
+        """The model cache `load` uses: the health check builds the candidate's parts there, so
+        `load` finds them (None: the check builds in a temporary directory, `load` again)."""
+        self._load = load
+        self._dir = directory
+        self._factory = factory_model
+        self._rate = rate
+        self._threads = threads
+        self._send = report
+        self._finals: list[UpdateReport] = []
+        self._swap = swap
+        self._trusted: dict[str, Ed25519PublicKey] = {}
+        for text in config.trusted_keys:
+            key = manifests.public_key_from_text(text)
+            self._trusted[manifests.key_id(key)] = key
+        self._offers: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue(maxsize=1)
+        self._revocations: deque[tuple[str, dict[str, Any]]] = deque(maxlen=16)
+        self._busy = threading.Event()
+        self._cancel = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run_blocking, name="updater", daemon=True)
+        self._running: str | None = None
+        self.state = recovered_state(directory)
+
+    # ---- start-up -----------------------------------------------------------------------------
+
+    def active_model(self) -> Path:
+        """The model file of the active slot, or the factory model."""
+        return self._model_of(self.state)
+
+    def started(self) -> None:
+        """The agent is up with the active model: confirm a pending switch; deliver the
+        results kept for after the start."""
+        if self.state.pending is not None:
+            fault_point("commit")
+            pending = self.state.pending
+            self.state = replace(self.state, pending=None)
+            self._save()
+            self._report(
+                UpdateReport(
+                    pending.offer,
+                    UpdatePhase.INSTALLED,
+                    release=pending.release,
+                    version=pending.version,
+                )
+            )
+        for earlier in self.state.reports:  # results reached while nobody could be told
+            self._report(UpdateReport(**{**earlier, "state": UpdatePhase(earlier["state"])}))
+        if self.state.reports:
+            self.state = replace(self.state, reports=[])
+            self._save()
+
+    def _save(self) -> None:
+        """Persist the state at start; a disk that refuses is said, never a failed start."""
+        try:
+            save_state(self._dir, self.state)
+        except OSError as err:
+            _LOGGER.error("The update state could not be saved: %s", err)
+
+    @property
+    def installed_version(self) -> str | None:
+        """The installed release's display version (None for the factory model)."""
+        return self.state.version
+
+    # ---- commands (any thread; never blocking) ------------------------------------------
+
+    def start(self) -> None:
+        """Clean up what an interrupted update left, then start the worker thread."""
+        self._clean_up()
+        self._thread.start()
+
+    def _clean_up(self) -> None:
+        """Slots neither active nor previous (an install that never switched) and temporary
+        state files go; staged downloads stay a while, so offering the release again resumes
+        them, but not for ever (STAGING_MAX_AGE, STAGING_MAX_FILES). A link or a special file
+        where the updater keeps its own is removed (never followed) and reported `noted`,
+        `unsafe_file`."""
+        unsafe: list[str] = []
+        try:
+            if self._dir.is_dir():
+                self._clean_up_root(unsafe)
+                self._clean_up_staging(unsafe)
+                self._clean_up_slots(unsafe)
+        except OSError as err:
+            _LOGGER.error("Cleaning up %s failed: %s", self._dir, err)
+        for what in unsafe:
+            _LOGGER.error("Removed %s (never followed)", what)
+            detail = f"{what}: removed, never followed"
+            self._report(
+                UpdateReport("start", UpdatePhase.NOTED, reason="unsafe_file", detail=detail)
+            )
+
+    def _clean_up_root(self, unsafe: list[str]) -> None:
+        with store.directory(self._dir) as root:
+            for name, info in store.entries(root):
+                if name.endswith(".partial"):
+                    store.remove(root, name)
+                elif name in {"staging", "slots"} and not stat.S_ISDIR(info.st_mode):
+                    unsafe.append(f"{name} was {store.kind_of(info)}")
+                    store.remove(root, name)
+
+    def _clean_up_staging(self, unsafe: list[str]) -> None:
+        if not (self._dir / "staging").is_dir():
+            return
+        with store.directory(self._dir, "staging") as staging:
+            staged: list[tuple[float, str]] = []
+            for name, info in store.entries(staging):
+                if stat.S_ISREG(info.st_mode):
+                    staged.append((info.st_mtime, name))
+                else:
+                    unsafe.append(f"staging/{name} was {store.kind_of(info)}")
+                    store.remove(staging, name)
+            now = time.time()
+            for rank, (mtime, name) in enumerate(sorted(staged, reverse=True)):
+                if rank >= STAGING_MAX_FILES or now - mtime > STAGING_MAX_AGE:
+                    _LOGGER.info(
+                        "Removing the staged download %s of a release never installed", name
+                    )
+                    store.remove(staging, name)
+
+    def _clean_up_slots(self, unsafe: list[str]) -> None:
+        if not (self._dir / "slots").is_dir():
+            return
+        keep = {self.state.active, self.state.previous}
+        with store.directory(self._dir, "slots") as slots:
+            for name, info in store.entries(slots):
+                if name not in keep:
+                    _LOGGER.info("Removing the unused slot %s", name)
+                    store.remove(slots, name)
+                elif not stat.S_ISDIR(info.st_mode):
+                    unsafe.append(f"slots/{name} was {store.kind_of(info)}")
+                    store.remove(slots, name)
+                else:
+                    with store.directory(self._dir, "slots", name) as slot:
+                        for inner, kind in store.entries(slot):
+                            if not stat.S_ISREG(kind.st_mode):
+                                unsafe.append(f"slots/{name}/{inner} was {store.kind_of(kind)}")
+                                store.remove(slot, inner)
+
+    def stop(self) -> None:
+        """Stop: an update in progress is cancelled (what was downloaded stays for a resume)."""
+        self._stopping.set()
+        self._cancel.set()
+        self._thread.join(timeout=10)
+
+    def command(self, offer_id: str, body: dict[str, Any]) -> None:
+        """An offer, `{"cancel": true}`, `{"rollback": true}` or `{"revocation": {...}}`."""
+        if body.get("cancel") is True:
+            if self._busy.is_set():
+                self._cancel.set()
+            return
+        if "revocation" in body:  # never refused as busy: it waits for the update under way
+            self._revocations.append((offer_id, body))
+            return
+        if offer_id == self._running:
+            _LOGGER.info("Offer %s is already being carried out (delivered again)", offer_id)
+            return
+        if self._busy.is_set():
+            self._report(UpdateReport(offer_id, UpdatePhase.BUSY, reason="already_in_progress"))
+            return
+        try:
+            self._offers.put_nowait((offer_id, body))
+        except queue.Full:
+            self._report(UpdateReport(offer_id, UpdatePhase.BUSY, reason="already_in_progress"))
+
+    # ---- the worker -------------------------------------------------------------------------
+
+    def _run_blocking(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                offer_id, body = self._revocations.popleft()
+            except IndexError:
+                try:
+                    offer_id, body = self._offers.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+            self._busy.set()
+            self._running = offer_id
+            self._cancel.clear()
+            try:
+                if body.get("rollback") is True:
+                    self._rollback_blocking(offer_id)
+                elif "revocation" in body:
+                    self._revoke_blocking(offer_id, body["revocation"])
+                else:
+                    self._update_blocking(offer_id, body)
+            except _Cancelled:
+                self._report(UpdateReport(offer_id, UpdatePhase.CANCELLED))
+            except UnsafeFileError as err:  # a link planted where the updater keeps its files
+                _LOGGER.error("Update %s refused a file: %s", offer_id, err.strerror)
+                self._report(
+                    UpdateReport(
+                        offer_id, UpdatePhase.FAILED, reason="unsafe_file", detail=str(err.strerror)
+                    )
+                )
+            except Refused as err:  # refused or failed, and said so in its event
+                _LOGGER.warning("Update %s failed: %s", offer_id, err)
+                self._report(
+                    UpdateReport(offer_id, UpdatePhase.FAILED, reason=err.reason, detail=err.detail)
+                )
+            except Exception as err:
+                _LOGGER.exception("Update %s failed", offer_id)
+                self._report(
+                    UpdateReport(offer_id, UpdatePhase.FAILED, reason="internal", detail=str(err))
+                )
+            finally:
+                self._running = None
+                self._busy.clear()  # before the result goes out: its reader may command again
+                finals, self._finals = self._finals, []
+                for report in finals:
+                    self._send(report)
+
+    def _report(self, report: UpdateReport) -> None:
+        """Report progress at once; the result of the job under way once it is over."""
+        if report.offer == self._running and report.state in FINAL_PHASES:
+            self._finals.append(report)
+        else:
+            self._send(report)
+
+    def _update_blocking(self, offer_id: str, body: dict[str, Any]) -> None:
+        self._report(UpdateReport(offer_id, UpdatePhase.VERIFYING))
+        release = self._verified(body)
+        if self.state.revoked(release.release):
+            raise Refused(UpdateReason.REVOKED, f"release {release.release} was revoked")
+        refusal = manifests.admissible(
+            release, datetime.now(UTC), self.state.release, self._config.device_class, "default"
+        )
+        if refusal is not None and refusal.reason == "already_installed":
+            self._report(
+                UpdateReport(offer_id, UpdatePhase.ALREADY_INSTALLED, release=release.release)
+            )
+            return
+        if refusal is not None:
+            raise refusal
+        base = body.get("base_url")
+        if not isinstance(base, str) or urllib.parse.urlsplit(base).scheme not in ("http", "https"):
+            raise Refused(UpdateReason.MALFORMED, "base_url: expected an http(s) URL")
+        if (problem := self._hosts.url_problem(base)) is not None:
+            raise Refused(UpdateReason.URL_NOT_ALLOWED, f"base_url: {problem}")
+        staged = self._download_blocking(offer_id, release, base)
+        fault_point("verify")
+        slot = self._install_blocking(offer_id, release, staged)
+        candidate = self._check_blocking(offer_id, release, slot)
+        self._switch_blocking(offer_id, release, slot, candidate)
+
+    def _verified(self, body: dict[str, Any]) -> Manifest:
+        if not self._trusted:
+            raise Refused(UpdateReason.NO_TRUSTED_KEYS, "ota.trusted_keys is empty")
+        envelope = body.get("manifest")
+        if isinstance(envelope, dict):
+            data = json.dumps(envelope).encode()
+        elif isinstance(body.get("manifest_url"), str):
+            url = str(body["manifest_url"])
+            if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+                raise Refused(UpdateReason.MALFORMED, "manifest_url: expected an http(s) URL")
+            if (problem := self._hosts.url_problem(url)) is not None:
+                raise Refused(UpdateReason.URL_NOT_ALLOWED, f"manifest_url: {problem}")
+            data = self._fetch_small(url)
+        else:
+            raise Refused(UpdateReason.MALFORMED, "expected `manifest` or `manifest_url`")
+        checked = manifests.verify(data, self._trusted)
+        if isinstance(checked, Refused):
+            raise checked
+        return checked
+
+    def _fetch_small(self, url: str) -> bytes:
+        try:
+            return fetch_bytes(
+                url,
+                policy=self._hosts,
+                max_bytes=manifests.MAX_ENVELOPE_BYTES + 1,
+                timeout=self._config.download_timeout,
+                stall_timeout=self._config.download_timeout,
+                cancel=self._cancel,
+            )
+        except FetchError as err:
+            if err.reason == FetchReason.CANCELLED:
+                raise _Cancelled from None
+            _LOGGER.debug("The manifest could not be fetched: %s (%s)", err, err.cause)
+            raise Refused(UpdateReason.DOWNLOAD_FAILED, f"manifest: {err}") from None
+
+    # ---- download -----------------------------------------------------------------------------
+
+    def _download_blocking(self, offer_id: str, release: Manifest, base: str) -> dict[str, Path]:
+        staging = self._dir / "staging"
+        store.make_directory(self._dir, "staging")  # never a link
+        free = shutil.disk_usage(staging).free
+        if free < release.total_bytes + _SPARE_BYTES:
+            raise Refused(UpdateReason.NO_SPACE, f"{free} bytes free, {release.total_bytes} needed")
+        done = 0
+        reported = [-1]  # the last percent reported
+        staged: dict[str, Path] = {}
+        for entry in release.files:
+            url = urllib.parse.urljoin(base if base.endswith("/") else base + "/", entry.path)
+
+            def progress(got: int, before: int = done) -> None:
+                percent = int(100 * (before + got) / max(release.total_bytes, 1))
+                if percent == reported[0]:
+                    return  # at most one report per percent, however small the reads
+                reported[0] = percent
+                self._report(
+                    UpdateReport(
+                        offer_id,
+                        UpdatePhase.DOWNLOADING,
+                        progress=percent,
+                        release=release.release,
+                        version=release.version,
+                        notes=release.notes,
+                    )
+                )
+
+            staged[entry.path] = self._fetch_file_blocking(url, staging, entry, progress)
+            done += entry.length
+        return staged
+
+    def _fetch_file_blocking(
+        self, url: str, staging: Path, entry: FileEntry, progress: Callable[[int], None]
+    ) -> Path:
+        final = staging / entry.sha256
+        if self._staged_digest(entry.sha256) == entry.sha256:
+            return final
+        part = staging / f"{entry.sha256}.part"
+        retrying = Retrying(
+            stop=stop_after_attempt(self._config.download_retries),
+            wait=wait_random_exponential(multiplier=0.5, max=10),
+            retry=retry_if_exception(_worth_retrying),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    self._fetch_part(url, part, entry, progress)
+        except FetchError as err:
+            if err.reason == FetchReason.CANCELLED:
+                raise _Cancelled from None
+            _LOGGER.debug("%s could not be fetched: %s (%s)", entry.path, err, err.cause)
+            if err.reason == FetchReason.RANGE_UNSUPPORTED:
+                raise Refused(UpdateReason.NO_RANGE_SUPPORT, str(err)) from None
+            if err.reason == FetchReason.TOO_LARGE:  # it says it is longer than the manifest
+                raise Refused(UpdateReason.CHECKSUM_MISMATCH, f"{entry.path}: {err}") from None
+            raise Refused(UpdateReason.DOWNLOAD_FAILED, str(err)) from None
+        if store.sha256_of(self._dir, ("staging", part.name)) != entry.sha256:
+            part.unlink(missing_ok=True)
+            raise Refused(
+                UpdateReason.CHECKSUM_MISMATCH, f"{entry.path}: sha256 differs from the manifest"
+            )
+        os.replace(part, final)
+        return final
+
+    def _fetch_part(
+        self, url: str, part: Path, entry: FileEntry, progress: Callable[[int], None]
+    ) -> None:
+        """Fetch the rest of one file into its `.part` (resumed from what is there), never past
+        the manifest's length, within `ota.download_deadline`; a cancel is seen within a
+        second, even from a server that sends a byte now and then."""
+        have = store.file_size(self._dir, ("staging", part.name)) or 0  # never through a link
+        if have > entry.length:
+            part.unlink()
+            have = 0
+        if have == entry.length:
+            return  # complete before a restart: only its hash is left to check
+        got = [have]
+
+        with store.open_append(self._dir, ("staging", part.name)) as out:
+
+            def write(block: bytes) -> None:
+                out.write(block)
+                got[0] += len(block)
+                progress(got[0])
+
+            fault_point("download")
+            try:
+                fetch(
+                    url,
+                    write,
+                    policy=self._hosts,
+                    max_bytes=entry.length - have,  # never past the manifest's length
+                    timeout=self._config.download_deadline,
+                    stall_timeout=self._config.download_timeout,
+                    cancel=self._cancel,
+                    start=have,
+                )
+            except FetchError as err:
+                if err.reason == FetchReason.TOO_LARGE and got[0] == entry.length:
+                    pass  # it sent more after the file's length: cut there, the digest decides
+                elif err.reason == FetchReason.RANGE_UNSUPPORTED or err.status == 416:
+                    part.unlink(missing_ok=True)  # nothing to resume from
+                    raise
+                else:
+                    raise
+            finally:
+                out.flush()
+                os.fsync(out.fileno())
+        if got[0] < entry.length:
+            raise FetchError(
+                FetchReason.INCOMPLETE, f"{entry.path}: {got[0]} of {entry.length} bytes"
+            )
+
+    def _staged_digest(self, name: str) -> str | None:
+        """The sha256 of a complete staged download, None if there is none."""
+        try:
+            return store.sha256_of(self._dir, ("staging", name))
+        except FileNotFoundError:
+            return None
+
+    def _sleep(self, seconds: float) -> None:
+        if self._cancel.wait(seconds):
+            raise _Cancelled
+
+    # ---- install, check, switch -----------------------------------------------------------------
+
+    def _install_blocking(self, offer_id: str, release: Manifest, staged: dict[str, Path]) -> str:
+        self._report(UpdateReport(offer_id, UpdatePhase.INSTALLING, release=release.release))
+        slot = "b" if self.state.active == "a" else "a"
+        if self.state.previous == slot:  # about to be overwritten: no longer a rollback target
+            self.state = without_previous(self.state)
+            save_state(self._dir, self.state)
+        store.make_directory(self._dir, "slots")
+        with (
+            store.directory(self._dir, "staging") as staging,
+            store.directory(self._dir, "slots") as slots,
+        ):
+            store.remove(slots, slot)  # what was there, a link included (never followed)
+            os.mkdir(slot, 0o755, dir_fd=slots)
+            with store.directory(self._dir, "slots", slot) as target:
+                for name, source in staged.items():
+                    os.link(
+                        source.name,
+                        name,
+                        src_dir_fd=staging,
+                        dst_dir_fd=target,
+                        follow_symlinks=False,
+                    )
+                os.fsync(target)
+            os.fsync(slots)
+        fault_point("install")
+        return slot
+
+    def _check_blocking(self, offer_id: str, release: Manifest, slot: str) -> M:
+        self._report(UpdateReport(offer_id, UpdatePhase.CHECKING, release=release.release))
+        if self._cancel.is_set():
+            raise _Cancelled
+        model = self._dir / "slots" / slot / release.model.path
+        fault_point("healthcheck")
+        command = [
+            sys.executable,
+            "-m",
+            "agent.speech.healthcheck",
+            str(model),
+            "--rate",
+            str(self._rate),
+        ]
+        command += ["--reference", str(self.active_model()), "--threads", str(self._threads)]
+        command += ["--memory-mb", str(self._config.health_memory_mb)]  # it limits itself
+        if self._cache_dir is not None:
+            command += ["--cache-dir", str(self._cache_dir)]
+        returncode, stdout, stderr = self._run_check(command)
+        verdict = _last_json(stdout)
+        if returncode != 0 or not verdict.get("ok"):
+            problems = verdict.get("problems") or [_exit_reason(returncode, stderr)]
+            raise Refused(UpdateReason.HEALTH_CHECK, "; ".join(str(p) for p in problems)[:300])
+        if self._cancel.is_set():
+            raise _Cancelled
+        files = {entry.path: entry.sha256 for entry in release.files}
+        problem = store.files_problem(self._dir, slot, files)  # what is loaded is what was verified
+        if problem is not None:
+            raise Refused(UpdateReason.CHECKSUM_MISMATCH, problem)
+        return self._load(model)  # as a start loads it: from the parts the check left in the cache
+
+    def _run_check(self, command: list[str]) -> tuple[int, str, str]:
+        """Run the health check in a process group of its own; a timeout, a cancel or a stop
+        kills the group (the check and the build processes it started)."""
+        deadline = time.monotonic() + self._config.health_timeout
+        environment = {**CHECK_ENVIRONMENT, **os.environ}
+        with subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+            start_new_session=True,
+        ) as child:
+            while True:
+                try:
+                    stdout, stderr = child.communicate(timeout=0.25)
+                    return child.returncode, stdout, stderr
+                except subprocess.TimeoutExpired as err:
+                    cancelled, late = self._cancel.is_set(), time.monotonic() > deadline
+                    if not (cancelled or late):
+                        continue
+                    os.killpg(child.pid, signal.SIGKILL)  # not reaped yet: the group is its own
+                    child.communicate()
+                    if cancelled:
+                        raise _Cancelled from err
+                    raise Refused(
+                        UpdateReason.HEALTH_CHECK, f"no answer in {self._config.health_timeout:g} s"
+                    ) from err
+
+    def _switch_blocking(self, offer_id: str, release: Manifest, slot: str, voice: M) -> None:
+        if self.state.revoked(release.release):  # a revocation came while it was downloaded
+            raise Refused(UpdateReason.REVOKED, f"release {release.release} was revoked")
+        self._report(UpdateReport(offer_id, UpdatePhase.SWITCHING, release=release.release))
+        old = self.state
+        new = replace(
+            old,
+            release=release.release,
+            version=release.version,
+            active=slot,
+            model=release.model.path,
+            previous=old.active,
+            previous_release=old.release,
+            previous_version=old.version,
+            previous_model=old.model,
+            model_sha256=release.model.sha256,
+            previous_model_sha256=old.model_sha256,
+            files={entry.path: entry.sha256 for entry in release.files},
+            previous_files=old.files,
+            pending=Pending(slot, release.release, release.version, offer=offer_id),
+        )
+        fault_point("switch")
+        save_state(self._dir, new)  # the pointer: from here a restart starts with the new model
+        self.state = new
+        if not self._swap(voice):  # in this process, between two announcements
+            _LOGGER.warning("Back to release %d: the agent could not switch", old.release)
+            self.state = rolled_back(self.state, keep_other=False)
+            save_state(self._dir, self.state)
+            raise Refused(
+                UpdateReason.SWITCH_FAILED, "the running agent could not take the new model"
+            )
+        fault_point("commit")
+        self.state = replace(self.state, pending=None)  # confirmed: this process speaks with it
+        save_state(self._dir, self.state)
+        self._report(
+            UpdateReport(
+                offer_id, UpdatePhase.INSTALLED, release=release.release, version=release.version
+            )
+        )
+        self._clean_staging(release)
+
+    def _rollback_blocking(self, offer_id: str) -> None:
+        """Back to the rollback target: a slot only if its release is not revoked and its files
+        still have the digests they were installed with (else refused with `revoked` or
+        `damaged`, and the model speaking goes on); the configured model when the slot left
+        behind is no target."""
+        if self.state.previous is None and self.state.active is None:
+            raise Refused(UpdateReason.NOTHING_TO_ROLL_BACK, "the factory model is active")
+        fault_point("rollback")
+        target = rolled_back(self.state)
+        problem = slot_problem(self._dir, target)
+        if problem is not None:
+            raise Refused(
+                problem.reason,
+                f"the rollback target, release {target.release}: {problem.detail}; release "
+                f"{self.state.release} goes on speaking",
+            )
+        _LOGGER.warning("Rolling back from release %d to %d", self.state.release, target.release)
+        try:  # loaded first: the pointer moves only to a model that loads
+            voice = self._load(self._model_of(target))
+        except Exception as err:
+            raise Refused(
+                UpdateReason.SWITCH_FAILED, f"the previous model does not load: {err}"
+            ) from err
+        self._switch_to(target, voice)
+        self._report(
+            UpdateReport(
+                offer_id,
+                UpdatePhase.ROLLED_BACK,
+                release=self.state.release,
+                version=self.state.version,
+            )
+        )
+
+    def _switch_to(self, target: UpdateState, voice: M) -> None:
+        """Move the pointer to `target` and the running agent to its loaded model; the pointer
+        moves back if the agent cannot switch."""
+        before = self.state
+        self.state = target
+        save_state(self._dir, self.state)
+        if not self._swap(voice):
+            self.state = before
+            save_state(self._dir, self.state)
+            raise Refused(UpdateReason.SWITCH_FAILED, "the running agent could not take the model")
+
+    def _revoke_blocking(self, offer_id: str, envelope: object) -> None:
+        """A signed revocation: kept if newer than the one known; the active release, if it
+        is revoked, is left at once for the previous one (if that one is not revoked too, its
+        files still have their digests and it loads) or the configured model."""
+        if not self._trusted:
+            raise Refused(UpdateReason.NO_TRUSTED_KEYS, "ota.trusted_keys is empty")
+        if not isinstance(envelope, dict):
+            raise Refused(UpdateReason.MALFORMED, "revocation: expected a signed envelope")
+        revocation = manifests.verify_revocation(json.dumps(envelope).encode(), self._trusted)
+        if isinstance(revocation, Refused):
+            raise revocation
+        if revocation.device_class != self._config.device_class:
+            raise Refused(UpdateReason.WRONG_TARGET, f"for {revocation.device_class}")
+        known = self.state.revocation
+        if known is not None and revocation.issued <= datetime.fromisoformat(known["issued"]):
+            _LOGGER.debug("Revocation %s is not newer than the one kept", offer_id)
+            return  # the retained one, read again at every connect
+        stored = {
+            "issued": revocation.issued.isoformat(),
+            "min_release": revocation.min_release,
+            "revoked": sorted(revocation.revoked),
+        }
+        self.state = replace(self.state, revocation=stored)
+        save_state(self._dir, self.state)
+        if not self.state.revoked(self.state.release):
+            self._report(UpdateReport(offer_id, UpdatePhase.NOTED, release=self.state.release))
+            return
+        revoked = self.state.release
+        detail = f"release {revoked} was revoked"
+        target = on_factory(self.state)
+        if self.state.previous is not None:
+            back = rolled_back(self.state, keep_other=False)
+            problem = slot_problem(self._dir, back)
+            if problem is None:
+                target = back
+            else:
+                detail += f"; not release {back.release}: {problem.detail}"
+        try:  # loaded first, as a rollback does
+            voice = self._load(self._model_of(target))
+        except Exception as err:
+            if target.active is None:
+                raise
+            _LOGGER.exception("Release %d does not load", target.release)
+            detail += f"; not release {target.release}: it does not load ({err})"
+            target = on_factory(self.state)
+            voice = self._load(self._factory)
+        _LOGGER.warning("Leaving the revoked release %d for %d", revoked, target.release)
+        self._switch_to(target, voice)
+        self._report(
+            UpdateReport(
+                offer_id,
+                UpdatePhase.ROLLED_BACK,
+                reason="revoked",
+                detail=detail[:300],
+                release=self.state.release,
+            )
+        )
+
+    def _model_of(self, state: UpdateState) -> Path:
+        if state.active is None or state.model is None:
+            return self._factory
+        return self._dir / "slots" / state.active / state.model
+
+    def _clean_staging(self, release: Manifest) -> None:
+        """The installed release's staged files go (the slot holds them now)."""
+        try:
+            with store.directory(self._dir, "staging") as staging:
+                for entry in release.files:
+                    store.remove(staging, entry.sha256)
+        except OSError as err:  # installed all the same; the next start cleans up
+            _LOGGER.error("The staged files of release %d stay: %s", release.release, err)
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+
+_RETRIED: Final = frozenset(
+    {
+        FetchReason.INCOMPLETE,
+        FetchReason.STALLED,
+        FetchReason.CONNECTION_FAILED,
+        FetchReason.TIMEOUT,
+        FetchReason.BAD_RESPONSE,
+    }
+)
+"""Download failures worth another attempt (from where the file stopped)."""
+
+
+def _worth_retrying(err: BaseException) -> bool:
+    if isinstance(err, UnsafeFileError):  # a planted link stays where it is: no second try
+        return False
+    if isinstance(err, FetchError):
+        server_error = err.reason == FetchReason.HTTP_ERROR and (err.status or 0) >= 500
+        return err.reason in _RETRIED or server_error
+    return isinstance(err, OSError)
+
+
+def _exit_reason(code: int, stderr: str) -> str:
+    """Why the health check process ended without a verdict: its signal or its last words."""
+    if code < 0:
+        return f"the check process was killed by {signal.Signals(-code).name}"
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return f"the check process failed (exit code {code}): {lines[-1] if lines else 'no output'}"
+
+
+def _last_json(text: str) -> Mapping[str, Any]:
+    for line in reversed(text.strip().splitlines()):
+        with contextlib.suppress(ValueError):
+            value = json.loads(line)
+            if isinstance(value, dict):
+                return value
+    return {}
