@@ -24,35 +24,23 @@ from typing import Final
 
 from agent.audio.player import PcmOpener, announce_role
 from agent.core.messages import (
-    Acknowledge,
-    Action,
     AudioStatus,
-    Cut,
     Delivery,
     Event,
-    LetGo,
     Lifecycle,
     Notify,
-    Prepare,
     Reason,
-    Record,
-    Remember,
-    SetVolume,
     SpeakReceived,
     SpeakRequest,
     SwapCancelled,
     SwapRequested,
-    SwitchDeclined,
-    SwitchVoice,
     SynthesisDone,
-    Synthesize,
     Tick,
     UtteranceEnded,
     UtteranceStarted,
 )
 from agent.core.states import UpdatePhase, UpdateReport
 from agent.loop.voice_swap import SwapAsked, SwapWithdrawn
-from agent.protocol.discovery import result_message
 from agent.protocol.inputs import (
     Connected,
     HermesRequest,
@@ -62,14 +50,15 @@ from agent.protocol.inputs import (
     Ignored,
     OtaCommand,
 )
-from agent.protocol.payloads import encode_event
 from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
 from agent.speech.synthesizer import VoiceChoice
 from agent.speech.voice import Voice
 
 from .assembly import InboxEvent, assemble, new_id
+from .execution import Execution
 from .fact_sheet import FactSheet
+from .housekeeping import Housekeeping
 from .voices import choice_for
 
 _LOGGER = logging.getLogger(__name__)
@@ -102,7 +91,6 @@ class App:
         self._synthesizer = parts.synthesizer
         self._status = parts.status
         self._hermes = parts.hermes
-        self._flood = parts.flood
         self._systemd = parts.systemd
         self._swaps = parts.swaps
         self._updater = parts.updater
@@ -115,6 +103,10 @@ class App:
         self._sheet = FactSheet(parts, voices)
         self._stopping = False
         self._failures: set[tuple[str, str]] = set()
+        self._execution = Execution(config.node_id, parts, self._switch_voice)
+        self._housekeeping = Housekeeping(
+            parts, self._execution, self._facts, config.homeassistant.prefix
+        )
 
     def request_stop(self) -> None:
         """Ask `serve` to return (safe from a signal handler: it only sets a flag)."""
@@ -133,7 +125,7 @@ class App:
         self._link.start()
         self._systemd.notify("READY=1", f"STATUS=Serving {self._topics.speak}")
         _LOGGER.info("Serving node %s on %s/…", self._config.node_id, self._topics.speak[:-6])
-        next_tick = next_ping = time.monotonic()
+        next_tick = time.monotonic()
         try:
             while not self._stopping:
                 if self._link.failed.is_set():
@@ -146,7 +138,7 @@ class App:
                     self._guarded(Tick(), now)
                     next_tick = now + _TICK_SECONDS
                 self._guarded(event, now)
-                next_ping = self._housekeeping(now, next_ping)
+                self._housekeeping(now)
         finally:
             self._systemd.notify("STOPPING=1")
             self._inbox.close()  # workers waiting to report are released
@@ -191,7 +183,7 @@ class App:
             case HermesRequest():
                 replies, core_event = self._hermes.request(event)
                 for topic, payload in replies:
-                    self._publish(topic, payload)
+                    self._execution.publish(topic, payload)
                 core_event = self._spoken_somehow(core_event)
                 if core_event is None:
                     self._link.ack(event.delivery)
@@ -202,7 +194,7 @@ class App:
                 self._status.changed()
                 self._link.ack(delivery)
             case HermesVoicesAsked(request_id, delivery):
-                self._publish(*self._hermes.voices(request_id, self._voice_names))
+                self._execution.publish(*self._hermes.voices(request_id, self._voice_names))
                 self._link.ack(delivery)
             case OtaCommand(offer_id, body, delivery, problem):
                 assert self._updater is not None  # noqa: S101 - only routed with an updater
@@ -219,8 +211,8 @@ class App:
     def _update_reported(self, report: UpdateReport, now: float) -> None:
         notify = self._status.update_reported(report)
         if notify is not None:
-            self._handle_notify(notify, now)
-        self._publish(*self._status.update_entity(self._facts(now)))
+            self._execution.notify(notify, now)
+        self._execution.publish(*self._status.update_entity(self._facts(now)))
 
     def _spoken_somehow(self, event: Event | None) -> Event | None:
         """A Hermes say whose `lang` no voice speaks is said by the selected voice (Rhasspy
@@ -241,21 +233,11 @@ class App:
             event = replace(event, wall=time.time())
         with self._ledger.transaction():
             for action in self._core.handle(event, now):
-                self._execute(action, now, wall)
+                self._execution.execute(action, now, wall)
         if isinstance(event, AudioStatus):
             self._audio_available = event.available
         if not isinstance(event, Tick | SynthesisDone):
             self._status.changed()
-
-    def _guarded_notify(self, notify: Notify, now: float) -> None:
-        try:
-            self._handle_notify(notify, now)
-        except Exception:
-            _LOGGER.exception("Publishing %s failed", notify.event)
-
-    def _handle_notify(self, notify: Notify, now: float) -> None:
-        with self._ledger.transaction():
-            self._execute(notify, now)
 
     def _failed(self, event: InboxEvent | Tick, err: Exception, now: float) -> None:
         """The guard's answer to a fault while handling `event`: the traceback is logged once
@@ -275,61 +257,14 @@ class App:
             if subject is not None:
                 with self._ledger.transaction():
                     for action in self._core.discard(subject, now):
-                        self._execute(action, now)
+                        self._execution.execute(action, now)
             if isinstance(delivery, Delivery) or subject is not None:
                 ended = Lifecycle.REJECTED if isinstance(delivery, Delivery) else Lifecycle.FAILED
                 details = {"reason": str(Reason.INTERNAL), "detail": type(err).__name__}
-                self._handle_notify(Notify(subject or new_id(), ended, details), now)
+                self._execution.notify(Notify(subject or new_id(), ended, details), now)
         finally:
             if isinstance(delivery, Delivery):
                 self._link.ack(delivery)
-
-    def _execute(self, action: Action, now: float, wall: float | None = None) -> None:
-        """Carry out one action; `wall` is the time its events carry (default: now)."""
-        match action:
-            case Record(request, fingerprint):
-                if request.audio is None:  # recorded audio (Hermes) is real-time only
-                    self._ledger.record(request, fingerprint)
-            case Acknowledge(delivery):
-                self._ledger.acknowledge(delivery)  # after the journal is synced
-            case Notify():
-                self._notify(action, now, time.time() if wall is None else wall)
-            case Synthesize(request, play, job, start_at):
-                self._ledger.activated(request.id)  # crash loops: counted before it begins
-                self._ledger.after_sync(lambda: self._synthesizer.submit(request, job, start_at))
-                _LOGGER.debug("Synthesizing %s, play %d (job %d)", request.id, play, job)
-            case Cut(_, job):
-                self._synthesizer.cancel(job)
-                self._player.cut(job)
-            case Prepare(request):  # made ready while it waits: its sounds, its recording
-                self._media.prepare(request)
-            case LetGo(request_id):
-                self._media.let_go(request_id)
-            case SetVolume(volume):
-                self._player.volume = volume
-            case Remember(name, value):
-                self._ledger.remember(name, value)
-            case SwitchVoice(token):
-                self._swaps.answer(token, self._switch_voice(self._swaps.voice(token)))
-            case SwitchDeclined(token):
-                self._swaps.answer(token, False)
-
-    def _notify(self, notify: Notify, now: float, at: float) -> None:
-        """A lifecycle event: its Hermes reply, the status, the event itself (counted instead in
-        a flood), Home Assistant's event entity, the log."""
-        request_id, event, details = notify.id, notify.event, notify.details
-        for topic, reply in self._hermes.notified(notify):
-            self._publish(topic, reply)  # every Hermes request has its answer, flood or not
-        self._status.record(notify, now, at)
-        if event == Lifecycle.REJECTED and not self._flood.allow(str(details.get("reason")), now):
-            self._ledger.unreported(notify)  # its journal entry ends all the same
-            return  # counted: one `suppressed` event per interval says how many
-        payload = encode_event(self._config.node_id, request_id, event, details, at)
-        self._ledger.event(notify, payload)
-        result = result_message(event, request_id, details)
-        if result is not None:  # Home Assistant's event entity
-            self._publish(self._topics.result, result)
-        _LOGGER.info("%s %s %r", request_id, event, dict(details) or "")
 
     # ---- around the events ------------------------------------------------------------------
 
@@ -346,55 +281,13 @@ class App:
         settings = self._ledger.settings()
         with self._ledger.transaction():
             for notify in restored.damaged:
-                self._execute(notify, now)
+                self._execution.execute(notify, now)
             actions = self._core.restore(
                 restored.pending, restored.ids, restored.fingerprints, now, settings
             )
             for action in actions:
-                self._execute(action, now)
+                self._execution.execute(action, now)
         self._notes += self._ledger.notes
-
-    def _housekeeping(self, now: float, next_ping: float) -> float:
-        """Watchdog pings, discovery when due, the state when changed or due; next ping time."""
-        self._ledger.settle()
-        refused = self._inbox.refusals_to_redeliver()
-        if refused:  # the broker sent more than the inbox holds: have it send them again
-            _LOGGER.warning("%d messages found the inbox full; reconnecting to get them", refused)
-            self._link.redeliver()
-        held = self._flood.summary(now)
-        if held is not None:
-            count = sum(held.values())
-            _LOGGER.warning("Flood: %d rejections not reported one by one: %s", count, held)
-            suppressed = Notify(
-                f"flood-{new_id()[:8]}", Lifecycle.SUPPRESSED, {"count": count, "reasons": held}
-            )
-            self._guarded_notify(suppressed, now)
-        if self._ledger.recovered(now):
-            self._status.changed()
-            if self._ledger.held_back:  # not recorded, so not acknowledged: get them again
-                self._ledger.held_back = 0
-                self._link.redeliver()
-        interval = self._systemd.watchdog_interval
-        if interval is not None and now >= next_ping:
-            self._systemd.notify("WATCHDOG=1")  # from the main loop: a stuck loop stops pinging
-            next_ping = now + interval
-        if self._status.announce_due(now):
-            self._announce(now)
-        if self._status.state_due(now):
-            self._publish(*self._status.state(self._facts(now), now, time.time()))
-        return next_ping
-
-    def _announce(self, now: float) -> None:
-        messages = self._status.announce(self._facts(now))
-        for topic, payload, retain in messages:
-            self._publish(topic, payload, retain)
-        if len(messages) > 1:
-            _LOGGER.info(
-                "Published Home Assistant discovery under %s/", self._config.homeassistant.prefix
-            )
-
-    def _publish(self, topic: str, payload: bytes, retain: bool = False) -> None:
-        self._link.publish(topic, payload, retain=retain)
 
     def _facts(self, now: float) -> NodeFacts:
         return self._sheet.facts(now, self._audio_available, self._notes)

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from typing import Final
 
 from agent.audio.player import IdlePolicy, PcmOpener, Player, alsa_opener
+from agent.core.admission import Timing
 from agent.core.catalog import Catalog
 from agent.core.egress import EgressPolicy
 from agent.core.flood import FloodGate
 from agent.core.messages import Delivery, Priority
-from agent.core.scheduler import SpeakCore, Timing
+from agent.core.scheduler import SpeakCore
 from agent.core.states import UpdateReport
 from agent.formats.media import MAX_AUDIO_BYTES
 from agent.link.mqtt_link import MessageHandler, MqttLink

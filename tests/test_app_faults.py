@@ -81,7 +81,7 @@ def test_a_fault_while_handling_one_message_ends_that_message_not_the_agent(
 ) -> None:
     """A handler that raises (a bug) while one delivery is handled: that delivery is rejected
     with reason `internal` and acknowledged, and the same process speaks the next one."""
-    import agent.app as app_module  # noqa: PLC0415 - the module whose collaborators are broken
+    from agent import execution  # noqa: PLC0415 - the module whose collaborators break
 
     encode_event = payloads.encode_event
 
@@ -91,7 +91,7 @@ def test_a_fault_while_handling_one_message_ends_that_message_not_the_agent(
         return encode_event(*args, **kwargs)  # type: ignore[arg-type]
 
     if where == "event":
-        monkeypatch.setattr(app_module, "encode_event", encode_breaking)
+        monkeypatch.setattr(execution, "encode_event", encode_breaking)
     config = from_mapping(
         agent_config(
             broker,

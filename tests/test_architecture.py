@@ -53,7 +53,8 @@ OWNED |= {"paho": "link", "sqlite3": "storage"}
 SHARED = {"guarded"}
 """Client libraries of our own that own no outside thing (no state, no thread): HTTP within the
 egress policy, files opened without following links; any edge may use them."""
-ROOTS = {"app", "assembly", "fact_sheet", "voices", "__main__", "__init__", "settings.loading"}
+ROOTS = {"app", "assembly", "execution", "fact_sheet", "housekeeping", "voices", "__main__"}
+ROOTS |= {"__init__", "settings.loading"}
 """The composition (the modules at the top of `agent/`, and the config's loader): may import
 anything; nothing imports them (but `__main__`, the modules it runs)."""
 RUN_AS_PROCESSES = {"speech.healthcheck", "speech.split_graph"}

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from agent.core.admission import Timing
 from agent.core.messages import (
     UNTIL_ACKNOWLEDGED,
     Acknowledge,
@@ -35,7 +36,7 @@ from agent.core.messages import (
     UtteranceStarted,
     VolumeRequested,
 )
-from agent.core.scheduler import RecentIds, SpeakCore, Timing
+from agent.core.scheduler import RecentIds, SpeakCore
 
 CHAT, INFO, WARNING, ALARM, CRITICAL = (
     Priority.CHAT,

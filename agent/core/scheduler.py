@@ -36,6 +36,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from agent.core.admission import Admission, Timing
 from agent.core.catalog import Catalog, VoiceFacts
 from agent.core.messages import (
     FALLBACK_CACHED,
@@ -53,7 +54,6 @@ from agent.core.messages import (
     LetGo,
     Lifecycle,
     MediaHeld,
-    Notify,
     Prepare,
     Priority,
     Reason,
@@ -78,23 +78,10 @@ from agent.core.messages import (
     UtteranceStarted,
     VoiceSelected,
     VolumeRequested,
-    is_url,
 )
-from agent.core.program import named_voices
+from agent.core.waiting import Item, WaitingQueue, notify, rejected
 
 REQUEUED_WHEN_PREEMPTED = frozenset({Priority.INFO, Priority.WARNING, Priority.ALARM})
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """The bounds of timed requests (`at`), in seconds: how far ahead, how late, and how long
-    before its start one is made ready."""
-
-    max_lead: float = 3600.0
-    max_late: float = 10.0
-    prepare: float = 5.0
-
-
 """Classes that are played again after a preemption; chat is dropped (critical is never cut)."""
 
 
@@ -117,29 +104,10 @@ class RecentIds:
 
 
 @dataclass(slots=True)
-class _Item:
-    """An accepted announcement and its schedule."""
-
-    request: SpeakRequest
-    seq: int
-    deadline: float | None
-    not_before: float = 0.0
-    plays: int = 0
-    """Plays finished so far."""
-    held: int = 0
-    """Bytes of media held for it (counted against the budget while it waits)."""
-
-    @property
-    def order(self) -> tuple[int, int]:
-        """Queue order: highest class first, then first in, first out."""
-        return (-self.request.priority, self.seq)
-
-
-@dataclass(slots=True)
 class _Active:
     """The announcement handed to the synthesizer and the player."""
 
-    item: _Item
+    item: Item
     job: int
     """The token of this activation (reports of earlier ones are ignored)."""
     started: bool = False
@@ -168,17 +136,13 @@ class SpeakCore:
         catalog: Catalog | None = None,
         media_budget: int | None = None,
     ) -> None:
-        self._queue_size = queue_size
-        self._media_budget = media_budget
-        """Most bytes of media held for waiting announcements (None: no bound)."""
         self._handed: set[str] = set()
         """Requests whose media the edges may hold (prepared or synthesized): let go of once
         they leave the core."""
         self._timing = timing or Timing()
         self._catalog = catalog or Catalog({v: VoiceFacts() for v in voices}, chimes)
-        self._voices = frozenset(self._catalog.voices)
-        self._chimes = self._catalog.chimes
-        self._queue: list[_Item] = []
+        self._admission = Admission(self._catalog, self._timing)
+        self._queue = WaitingQueue(queue_size, media_budget)
         self._active: _Active | None = None
         self._audio_available = True
         self._seq = 0
@@ -214,7 +178,7 @@ class SpeakCore:
         actions: list[Action] = []
         settings = settings or {}
         voice = settings.get("voice")
-        if isinstance(voice, str) and self._voice_is_known(voice):
+        if isinstance(voice, str) and self._admission.voice_is_known(voice):
             self._selected_voice = voice
         volume = _volume(settings.get("volume"))
         if volume is not None:
@@ -228,10 +192,10 @@ class SpeakCore:
             self._seen.add(request.id)
             self._seq += 1
             ttl_left = unfinished.ttl_left
-            item = _Item(request, self._seq, None if ttl_left is None else now + ttl_left)
+            item = Item(request, self._seq, None if ttl_left is None else now + ttl_left)
             if unfinished.crashed and request.priority < Priority.ALARM:
                 actions.append(
-                    _notify(
+                    notify(
                         item,
                         Lifecycle.FAILED,
                         reason=str(Reason.CRASH_LOOP),
@@ -244,23 +208,17 @@ class SpeakCore:
                 fallback = FALLBACK_CHIME if reading else FALLBACK_CACHED
                 item.request = replace(request, fallback=fallback, repeat=1, dedupe_key=None)
                 self._loops[request.id] = _loop(unfinished)
-            self._enqueue(item)
+            self._queue.add(item)
             if unfinished.started:
-                actions.append(_notify(item, Lifecycle.INTERRUPTED, queue_depth=len(self._queue)))
+                actions.append(notify(item, Lifecycle.INTERRUPTED, queue_depth=len(self._queue)))
         return [*actions, *self._expire(now), *self._next(now)]
-
-    def _voice_is_known(self, voice: str) -> bool:
-        """Whether a remembered voice (`id` or `id#speaker`) is still one of the catalog's."""
-        voice_id, hash_sign, speaker = voice.partition("#")
-        facts = self._catalog.voices.get(voice_id)
-        return facts is not None and (not hash_sign or facts.has_speaker(speaker))
 
     def discard(self, request_id: str, now: float) -> list[Action]:
         """Forget a request whose handling failed half-way (it was answered `rejected`): drop it
         if it waits; if it was made active, cut it and free the worker at once (whether or not
         its synthesis began: later reports of that activation are ignored). No event: its last
         one is out."""
-        self._queue = [i for i in self._queue if i.request.id != request_id]
+        self._queue.drop(lambda i: i.request.id == request_id)
         active = self._active
         if active is None or active.item.request.id != request_id:
             return self._let_go()
@@ -296,7 +254,7 @@ class SpeakCore:
                 admitted = self._admit(request, delivery, now, wall)
                 return [*admitted, Acknowledge(delivery), *self._next(now)]
             case SpeakInvalid(rejection, delivery):
-                return [_rejected(rejection), Acknowledge(delivery)]
+                return [rejected(rejection), Acknowledge(delivery)]
             case StopRequested(clear, delivery, current):
                 return [*self._stop(clear, current), Acknowledge(delivery), *self._next(now)]
             case AckRequested(request_id, delivery):
@@ -337,16 +295,16 @@ class SpeakCore:
     def _admit(
         self, request: SpeakRequest, delivery: Delivery, now: float, wall: float = 0.0
     ) -> list[Action]:
-        chosen = self._voice_of(request)
+        chosen = self._admission.voice_of(request, self._selected_voice)
         if isinstance(chosen, Rejection):
-            return [_rejected(chosen)]
+            return [rejected(chosen)]
         request = chosen
-        refusal = self._refusal(request) or self._untimely(request, wall)
+        refusal = self._duplicate(request) or self._admission.refusal(request, wall)
         if refusal is not None:
-            return [_rejected(refusal)]
+            return [rejected(refusal)]
         if delivery.expiry is not None and (request.ttl is None or delivery.expiry < request.ttl):
             request = replace(request, ttl=max(delivery.expiry, 0.001))  # MQTT 5 expiry
-        replaced = self._waiting_with_key(request.dedupe_key)
+        replaced = self._queue.with_key(request.dedupe_key)
         if replaced is not None and replaced.request.priority > request.priority:
             request = replace(request, priority=replaced.request.priority)  # never lowered
         self._seq += 1
@@ -354,15 +312,15 @@ class SpeakCore:
         arrived = request
         if request.audio is not None:  # its bytes go to the edges (Prepare); the size stays
             request = replace(request, audio=AudioClip(b""))
-        item = _Item(request, self._seq, deadline, held=arrived.media_bytes)
+        item = Item(request, self._seq, deadline, held=arrived.media_bytes)
         if request.at is not None:  # made ready `prepare` before its start: not before
             item.not_before = now + (request.at - wall) - self._timing.prepare
         actions: list[Action] = []
         if replaced is not None:
             self._queue.remove(replaced)
             item.seq = replaced.seq  # the newcomer takes its place in the queue
-            actions.append(_notify(replaced, Lifecycle.COALESCED, into=request.id))
-        bounded = self._enqueue_bounded(item)
+            actions.append(notify(replaced, Lifecycle.COALESCED, into=request.id))
+        bounded = self._queue.add_bounded(item)
         actions += bounded
         if item not in self._queue:  # the newcomer was the lowest, oldest: refused
             return actions
@@ -376,121 +334,16 @@ class SpeakCore:
         details: dict[str, object] = {"queue_depth": len(self._queue)}
         if request.unknown_fields:
             details["unknown_fields"] = list(request.unknown_fields)
-        actions.insert(0, _notify(item, Lifecycle.ACCEPTED, **details))
+        actions.insert(0, notify(item, Lifecycle.ACCEPTED, **details))
         if item.not_before > now:  # a timed one cuts in when it falls due (`_preempt_for_due`)
             return actions
         return [*actions, *self._preempt_for(item)]
 
-    def _refusal(self, request: SpeakRequest) -> Rejection | None:
-        priority = request.priority
-        if request.id in self._seen:
-            return Rejection(
-                request.id, Reason.DUPLICATE_ID, "this id was already accepted", None, priority
-            )
-        if request.voice not in self._voices:
-            known = ", ".join(sorted(self._voices))
-            return Rejection(
-                request.id, Reason.UNKNOWN_VOICE, f"known voices: {known}", "voice", priority
-            )
-        if isinstance(request.chime, str) and request.chime not in self._chimes:
-            known = ", ".join(sorted(self._chimes))
-            return Rejection(
-                request.id, Reason.UNKNOWN_CHIME, f"known chimes: {known}", "chime", priority
-            )
-        return self._unplayable(request)
-
-    def _voice_of(self, request: SpeakRequest) -> SpeakRequest | Rejection:
-        """The request with its voice (and speaker) decided: as it names them, else the voice
-        of its `lang`, else the selected voice and speaker."""
-        if request.voice is not None:
-            return request
-        if request.lang is not None:
-            voice = self._catalog.voice_for(request.lang)
-            if voice is None:
-                known = sorted({f.language for f in self._catalog.voices.values() if f.language})
-                detail = f"no voice speaks {request.lang!r} (languages: {', '.join(known)})"
-                return Rejection(
-                    request.id, Reason.UNKNOWN_LANGUAGE, detail, "lang", request.priority
-                )
-            return replace(request, voice=voice)
-        voice, _, speaker = self._selected_voice.partition("#")
-        return replace(request, voice=voice, speaker=request.speaker or speaker or None)
-
-    def _unplayable(self, request: SpeakRequest) -> Rejection | None:
-        """Why a request's speaker, SSML voices or sounds cannot be played, if they cannot."""
-        priority, facts = request.priority, self._catalog.voices[request.voice or "default"]
-        if request.speaker is not None and not facts.has_speaker(request.speaker):
-            known = ", ".join(facts.speakers) or f"0 to {facts.speaker_count - 1}"
-            detail = f"{request.speaker[:64]!r} is no speaker of {request.voice}: {known}"
-            return Rejection(request.id, Reason.UNKNOWN_SPEAKER, detail, "speaker", priority)
-        unknown = sorted(named_voices(request) - self._voices)
-        if unknown:
-            detail = f"<voice name={unknown[0][:64]!r}>: known voices: {', '.join(self._voices)}"
-            return Rejection(request.id, Reason.UNKNOWN_VOICE, detail, "ssml", priority)
-        for name in ("sound", "sound_after"):
-            sound = getattr(request, name)
-            if sound is not None and is_url(sound):
-                problem = self._catalog.media_hosts.url_problem(sound)
-                if problem is not None:
-                    return Rejection(request.id, Reason.URL_NOT_ALLOWED, problem, name, priority)
-            elif sound is not None and sound not in self._catalog.sounds:
-                known = ", ".join(sorted(self._catalog.sounds)) or "none configured"
-                detail = f"{sound!r} is none of audio.media: {known}"
-                return Rejection(request.id, Reason.UNKNOWN_SOUND, detail, name, priority)
-        return None
-
-    def _untimely(self, request: SpeakRequest, wall: float) -> Rejection | None:
-        """Why a timed request cannot start at its `at`, if it cannot."""
-        if request.at is None:
+    def _duplicate(self, request: SpeakRequest) -> Rejection | None:
+        if request.id not in self._seen:
             return None
-        ahead = request.at - wall
-        if ahead > self._timing.max_lead:
-            detail = f"{ahead:.0f} s ahead, at most {self._timing.max_lead:g} s"
-            return Rejection(request.id, Reason.AT_TOO_FAR, detail, "at", request.priority)
-        if ahead < -self._timing.max_late:
-            detail = f"{-ahead:.1f} s ago, at most {self._timing.max_late:g} s late"
-            return Rejection(request.id, Reason.AT_PASSED, detail, "at", request.priority)
-        return None
-
-    def _waiting_with_key(self, key: str | None) -> _Item | None:
-        if key is None:
-            return None
-        return next((i for i in self._queue if i.request.dedupe_key == key), None)
-
-    def _enqueue(self, item: _Item) -> None:
-        self._queue.append(item)
-        self._queue.sort(key=lambda i: i.order)
-
-    def _enqueue_bounded(self, item: _Item) -> list[Action]:
-        """Queue an item; when full, the lowest-class, oldest of all (maybe it) is refused."""
-        actions: list[Action] = []
-        if len(self._queue) >= self._queue_size:
-            victim = min([*self._queue, item], key=lambda i: (i.request.priority, i.seq))
-            full = f"{self._queue_size} announcements waiting; dropped the lowest, oldest"
-            actions.append(_rejected(_rejection(victim, Reason.QUEUE_FULL, full)))
-            if victim is item:
-                return actions
-            self._queue.remove(victim)
-        self._enqueue(item)
-        return [*actions, *self._bounded_bytes()]
-
-    def _bounded_bytes(self) -> list[Action]:
-        """Within the media budget: the lowest-class, oldest waiting announcement that holds
-        media is refused until the rest fits (so a higher class never goes for a lower one)."""
-        budget, actions = self._media_budget, list[Action]()
-        if budget is None:
-            return actions
-        while (held := sum(i.held for i in self._queue)) > budget:
-            victim = min(
-                (i for i in self._queue if i.held), key=lambda i: (i.request.priority, i.seq)
-            )
-            full = (
-                f"{held} bytes of sounds held for waiting announcements, at most {budget}; "
-                "dropped the lowest, oldest"
-            )
-            actions.append(_rejected(_rejection(victim, Reason.QUEUE_FULL, full)))
-            self._queue.remove(victim)
-        return actions
+        detail = "this id was already accepted"
+        return Rejection(request.id, Reason.DUPLICATE_ID, detail, None, request.priority)
 
     def _media_held(self, request_id: str, held: int) -> list[Action]:
         """The edges hold this much for a request now: within the budget, if it waits."""
@@ -498,11 +351,11 @@ class SpeakCore:
         if active is not None and active.item.request.id == request_id:
             active.item.held = held  # playing: counted again if it comes back to wait
             return []
-        item = next((i for i in self._queue if i.request.id == request_id), None)
+        item = self._queue.find(request_id)
         if item is None:
             return []  # gone: its bytes are let go
         item.held = held
-        return self._bounded_bytes()
+        return [*self._queue.within_budget()]
 
     def _let_go(self) -> list[Action]:
         """LetGo for every request handed to the edges that has left the core."""
@@ -517,7 +370,7 @@ class SpeakCore:
         active = self._active
         return active is not None and active.item.request.id == request_id and active.job == job
 
-    def _preempt_for(self, item: _Item) -> list[Action]:
+    def _preempt_for(self, item: Item) -> list[Action]:
         active = self._active
         if active is None or not active.cuttable or not item.request.interrupts:
             return []
@@ -527,22 +380,22 @@ class SpeakCore:
         active.cut = True
         actions: list[Action] = [
             Cut(current.request.id, active.job),
-            _notify(current, Lifecycle.PREEMPTED, by=item.request.id),
+            notify(current, Lifecycle.PREEMPTED, by=item.request.id),
         ]
         if current.request.priority in REQUEUED_WHEN_PREEMPTED:
             if active.started or current.request.at is None:  # played again when it can
                 current.not_before = 0.0
                 current.request = replace(current.request, at=None)
             # a timed one cut while it waited for its instant keeps it: still in step
-            refused = self._enqueue_bounded(current)
+            refused = self._queue.add_bounded(current)
             if current in self._queue:
-                actions.append(_notify(current, Lifecycle.REQUEUED, queue_depth=len(self._queue)))
+                actions.append(notify(current, Lifecycle.REQUEUED, queue_depth=len(self._queue)))
             actions += refused
         return actions
 
     def _preempt_for_due(self, now: float) -> list[Action]:
         """A waiting announcement that became due (a repeat) may preempt what plays."""
-        ready = next((i for i in self._queue if i.not_before <= now), None)
+        ready = self._queue.first_ready(now)
         return [] if ready is None else self._preempt_for(ready)
 
     # ---- operator commands ------------------------------------------------------------------
@@ -554,14 +407,14 @@ class SpeakCore:
         if facts is None or (hash_sign and not facts.has_speaker(speaker)):
             known = ", ".join(v if s is None else f"{v}#{s}" for v, s in self._catalog.pairs())
             detail = f"{voice[:64]!r} is none of: {known}"
-            return [_rejected(Rejection("select-voice", Reason.UNKNOWN_VOICE, detail, "voice"))]
+            return [rejected(Rejection("select-voice", Reason.UNKNOWN_VOICE, detail, "voice"))]
         self._selected_voice = voice
         return [Remember("voice", voice)]
 
     def _replay(self, delivery: Delivery, now: float) -> list[Action]:
         if self._last is None:
             nothing = Rejection("replay", Reason.UNKNOWN_ID, "nothing was spoken yet to replay")
-            return [_rejected(nothing)]
+            return [rejected(nothing)]
         self._replays += 1
         again = replace(  # said again now: a timed one's instant has passed
             self._last,
@@ -579,41 +432,39 @@ class SpeakCore:
             active.cut = True
             actions += [
                 Cut(active.item.request.id, active.job),
-                _notify(active.item, Lifecycle.STOPPED),
+                notify(active.item, Lifecycle.STOPPED),
             ]
         # a repeating announcement between two plays is also "what is playing"
-        ending = self._queue if clear else [i for i in self._queue if i.plays > 0 and current]
-        actions += [_notify(i, Lifecycle.STOPPED, cleared=clear) for i in ending]
-        self._queue = [i for i in self._queue if i not in ending]
+        ending = self._queue.drop(lambda i: clear or (i.plays > 0 and current))
+        actions += [notify(i, Lifecycle.STOPPED, cleared=clear) for i in ending]
         return actions
 
     def _acknowledge(self, request_id: str) -> list[Action]:
         active = self._active
         if active is not None and active.cuttable and active.item.request.id == request_id:
             active.cut = True
-            return [Cut(request_id, active.job), _notify(active.item, Lifecycle.ACKNOWLEDGED)]
-        waiting = next((i for i in self._queue if i.request.id == request_id), None)
+            return [Cut(request_id, active.job), notify(active.item, Lifecycle.ACKNOWLEDGED)]
+        waiting = self._queue.find(request_id)
         if waiting is not None:
             self._queue.remove(waiting)
-            return [_notify(waiting, Lifecycle.ACKNOWLEDGED)]
+            return [notify(waiting, Lifecycle.ACKNOWLEDGED)]
         nothing = Rejection(
             request_id, Reason.UNKNOWN_ID, "nothing with this id is playing or waiting"
         )
-        return [_rejected(nothing)]
+        return [rejected(nothing)]
 
     # ---- time -------------------------------------------------------------------------------
 
     def _expire(self, now: float) -> list[Action]:
         actions: list[Action] = []
-        for item in [i for i in self._queue if _past(i.deadline, now)]:
-            self._queue.remove(item)
-            actions.append(_notify(item, Lifecycle.EXPIRED))
+        for item in self._queue.drop(lambda i: _past(i.deadline, now)):
+            actions.append(notify(item, Lifecycle.EXPIRED))
         active = self._active
         if active is None or not active.cuttable or active.started:
             return actions
         if _past(active.item.deadline, now):  # e.g. it waited for the audio device
             active.cut = True
-            expired = _notify(active.item, Lifecycle.EXPIRED)
+            expired = notify(active.item, Lifecycle.EXPIRED)
             actions += [Cut(active.item.request.id, active.job), expired]
         return actions
 
@@ -621,7 +472,7 @@ class SpeakCore:
         if self._active is not None or not self._audio_available or self._swap is not None:
             return []
         actions = self._expire(now)
-        ready = next((i for i in self._queue if i.not_before <= now), None)
+        ready = self._queue.first_ready(now)
         if ready is None:
             return actions
         self._queue.remove(ready)
@@ -642,7 +493,7 @@ class SpeakCore:
         details: dict[str, object] = {"play": active.item.plays + 1}
         if late_ms is not None:
             details["late_ms"] = round(late_ms, 1)
-        return [_notify(active.item, Lifecycle.STARTED, **details)]
+        return [notify(active.item, Lifecycle.STARTED, **details)]
 
     def _ended(self, event: UtteranceEnded, now: float) -> list[Action]:
         active = self._active
@@ -656,13 +507,13 @@ class SpeakCore:
             detail = self._loops.pop(item.request.id, "the agent died on it") + ": said another way"
             said = {"fallback": item.request.fallback, "text": item.request.text[:TEXT_REPORTED]}
             crash_loop = str(Reason.CRASH_LOOP)
-            failed = _notify(item, Lifecycle.FAILED, reason=crash_loop, detail=detail, **said)
+            failed = notify(item, Lifecycle.FAILED, reason=crash_loop, detail=detail, **said)
             return [replace(failed, details={**failed.details, **event.info})]
         if event.error is not None:
             # nothing was heard of one refused by its size (speech estimated, a sound's header)
             refused = event.error in (Reason.TOO_LONG, Reason.TOO_LARGE) and not active.started
             ended = Lifecycle.REJECTED if refused else Lifecycle.FAILED
-            return [_notify(item, ended, reason=str(event.error), detail=event.detail)]
+            return [notify(item, ended, reason=str(event.error), detail=event.detail)]
         item.plays += 1
         request = item.request
         self._last = request
@@ -672,7 +523,7 @@ class SpeakCore:
             if request.repeat == UNTIL_ACKNOWLEDGED
             else (request.repeat - item.plays)
         )
-        finished = _notify(
+        finished = notify(
             item,
             Lifecycle.FINISHED,
             audio_seconds=round(event.audio_seconds, 3),
@@ -685,7 +536,7 @@ class SpeakCore:
         item.not_before = now + request.repeat_interval
         self._seq += 1
         item.seq = self._seq  # a repeat waits behind its class's others: it cannot starve them
-        return [finished, *self._enqueue_bounded(item)]
+        return [finished, *self._queue.add_bounded(item)]
 
     def _finish_active(self, now: float) -> list[Action]:
         active = self._active
@@ -722,20 +573,3 @@ def _loop(unfinished: Unfinished) -> str:
 
 def _past(deadline: float | None, now: float) -> bool:
     return deadline is not None and now >= deadline
-
-
-def _notify(item: _Item, event: Lifecycle, **details: object) -> Notify:
-    return Notify(item.request.id, event, {"priority": item.request.priority.label, **details})
-
-
-def _rejection(item: _Item, reason: Reason, detail: str) -> Rejection:
-    return Rejection(item.request.id, reason, detail, None, item.request.priority)
-
-
-def _rejected(rejection: Rejection) -> Notify:
-    details: dict[str, object] = {"reason": str(rejection.reason), "detail": rejection.detail}
-    if rejection.field is not None:
-        details["field"] = rejection.field
-    if rejection.priority is not None:
-        details["priority"] = rejection.priority.label
-    return Notify(rejection.id, Lifecycle.REJECTED, details)
