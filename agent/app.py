@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Final
 
-from agent.audio.player import PcmOpener, announce_role
+from agent.audio.device import PcmOpener
+from agent.audio.player import announce_role
 from agent.core.messages import (
     AudioStatus,
     Delivery,
@@ -39,7 +40,7 @@ from agent.core.messages import (
     UtteranceEnded,
     UtteranceStarted,
 )
-from agent.core.states import UpdatePhase, UpdateReport
+from agent.core.states import UpdatePhase, UpdateReason, UpdateReport
 from agent.loop.voice_swap import SwapAsked, SwapWithdrawn
 from agent.protocol.inputs import (
     Connected,
@@ -200,7 +201,9 @@ class App:
                 assert self._updater is not None  # noqa: S101 - only routed with an updater
                 if body is None:
                     failed = UpdatePhase.FAILED
-                    report = UpdateReport(offer_id, failed, reason="malformed", detail=problem)
+                    report = UpdateReport(
+                        offer_id, failed, reason=UpdateReason.MALFORMED, detail=problem
+                    )
                     self._update_reported(report, now)
                 else:
                     self._updater.command(offer_id, body)

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from agent.audio.player import IdlePolicy, PcmOpener, Player, alsa_opener
+from agent.audio.device import PcmOpener, alsa_opener
+from agent.audio.player import IdlePolicy, Player
 from agent.core.admission import Timing
 from agent.core.catalog import Catalog
 from agent.core.egress import EgressPolicy

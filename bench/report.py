@@ -50,7 +50,7 @@ def write_markdown(
         "after the one before (ONNX Runtime's threads keep spinning ~40 ms after a run). The "
         "chunked-decoding rows compare the agent's streaming of a text with its decoder chunks "
         "against the same clause groups decoded whole (the voice run unsplit), in process. Raw "
-        "samples: `results.json`; distributions: `latency.png`.",
+        "samples: `results.json`; distributions: `docs/images/latency.png`.",
         "",
     ]
     path.write_text("\n".join(lines), encoding="utf-8")

@@ -12,7 +12,7 @@ import alsaaudio
 import numpy as np
 import numpy.typing as npt
 
-from agent.audio.player import Pcm
+from agent.audio.device import Pcm
 
 from .wait import wait_until
 

@@ -12,7 +12,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from agent.app import App
-from agent.audio.player import Pcm, alsa_opener
+from agent.audio.device import Pcm, alsa_opener
 from agent.core.messages import Action, Event, SpeakRequest, SynthesisDone
 from agent.protocol import payloads
 from agent.settings.loading import from_mapping

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agent.audio.player import Player, alsa_opener
+from agent.audio.device import alsa_opener
+from agent.audio.player import Player
 from agent.core.messages import Event, Priority, SpeakRequest, UtteranceEnded
 from agent.formats.pcm import Chunk
 from agent.speech.sessions import cache_stem, cached_session, usable_cache_dir

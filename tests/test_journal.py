@@ -88,11 +88,11 @@ def test_ended_ids_are_kept_only_for_the_window(tmp_path: Path) -> None:
 def test_the_outbox_keeps_events_until_acknowledged(tmp_path: Path) -> None:
     path = tmp_path / "j.sqlite3"
     journal = Journal(path, remembered=3)
-    first = journal.outbox_add("voice/n/events", b"one")
+    first = journal.outbox.add("voice/n/events", b"one")
     journal.note_event("nobody", None, "voice/n/events", b"two")
-    journal.outbox_done([first])
+    journal.outbox.done([first])
     journal.close()
-    assert [(t, p) for _, t, p in Journal(path, 3).outbox_pending()] == [("voice/n/events", b"two")]
+    assert [(t, p) for _, t, p in Journal(path, 3).outbox.pending()] == [("voice/n/events", b"two")]
 
 
 def test_a_restored_core_requeues_refuses_known_ids_and_expires_stale_ones() -> None:

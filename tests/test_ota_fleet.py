@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agent.core.states import FINAL_PHASES as FINAL_STATES
-from agent.updates.updater import FAULT_ENV
+from agent.updates.steps import FAULT_ENV
 from harness import TIMEOUT, Broker, Watcher, wait_until
 from harness.fleet_sim import tool
 from ota import release, rollout_state

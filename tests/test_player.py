@@ -12,7 +12,8 @@ import alsaaudio
 import numpy as np
 import pytest
 
-from agent.audio.player import BUFFER_CHUNKS, Pcm, PcmOpener, Player, alsa_opener
+from agent.audio.device import Pcm, PcmOpener, alsa_opener
+from agent.audio.player import BUFFER_CHUNKS, Player
 from agent.core.messages import (
     AudioStatus,
     Event,

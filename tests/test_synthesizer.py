@@ -13,7 +13,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.audio.player import Player, alsa_opener
+from agent.audio.device import alsa_opener
+from agent.audio.player import Player
 from agent.core.messages import Event, SpeakRequest, SynthesisDone, UtteranceEnded
 from agent.formats.chunking import FIRST_FRAMES
 from agent.formats.pcm import PCM16, Chunk

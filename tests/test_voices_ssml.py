@@ -16,7 +16,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.audio.player import Player, alsa_opener
+from agent.audio.device import alsa_opener
+from agent.audio.player import Player
 from agent.core.catalog import Catalog, VoiceFacts
 from agent.core.egress import EgressPolicy
 from agent.core.messages import (

@@ -20,12 +20,12 @@ import time
 from collections import deque
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, replace
-from typing import Final, Protocol
+from typing import Final
 
 import numpy as np
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
-from agent.core.messages import AudioStatus, Event, Reason, UtteranceEnded, UtteranceStarted
+from agent.audio.device import AudioUnavailableError, Device, PcmOpener
+from agent.core.messages import Event, Reason, UtteranceEnded, UtteranceStarted
 from agent.core.start_clock import frame_at
 from agent.core.volume import effective_volume
 from agent.formats.pcm import Chunk
@@ -44,56 +44,6 @@ _OBSERVATIONS: Final = 40
 are needed before the start is placed)."""
 _SILENT: Final = 64
 """A sample this small (about -54 dBFS) ends a sound without an audible click."""
-
-
-class Pcm(Protocol):
-    """The part of an ALSA playback PCM the player uses (pyalsaaudio's PCM has it)."""
-
-    def write(self, data: bytes) -> int:
-        """Write frames; returns frames written, or a negative errno after an underrun."""
-
-    def drain(self) -> int:
-        """Block until every written frame has been played."""
-
-    def close(self) -> None:
-        """Release the device."""
-
-
-PcmOpener = Callable[[], tuple[Pcm, int]]
-"""Opens the PCM; returns it with its period size in frames."""
-
-
-class AudioUnavailableError(OSError):
-    """The device cannot be opened or failed while in use."""
-
-
-def alsa_opener(device: str, rate: int, period_ms: int, periods: int) -> PcmOpener:
-    """Open `device` for 16-bit mono playback at `rate` with the given period geometry."""
-
-    def open_pcm() -> tuple[Pcm, int]:
-        import alsaaudio  # noqa: PLC0415 - the C extension is loaded by the edge that needs it
-
-        pcm = alsaaudio.PCM(
-            type=alsaaudio.PCM_PLAYBACK,
-            mode=alsaaudio.PCM_NORMAL,
-            device=device,
-            rate=rate,
-            channels=1,
-            format=alsaaudio.PCM_FORMAT_S16_LE,
-            periodsize=max(1, rate * period_ms // 1000),
-            periods=periods,
-        )
-        info = pcm.info()
-        _LOGGER.info(
-            "Opened ALSA PCM %s: %d Hz, period %d frames, buffer %d frames",
-            device,
-            info["rate"],
-            info["period_size"],
-            info["buffer_size"],
-        )
-        return pcm, int(info["period_size"])
-
-    return open_pcm
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +86,6 @@ class Player:
         floor: float = 0.0,
         idle: IdlePolicy | None = None,
     ) -> None:
-        self._open_pcm = open_pcm
         self._idle = idle or IdlePolicy()
         self._last_sound = time.monotonic()
         self._rate = rate
@@ -144,16 +93,12 @@ class Player:
         self._buffer: queue.Queue[Chunk] = queue.Queue(maxsize=BUFFER_CHUNKS)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run_blocking, name="alsa-writer", daemon=True)
-        self._pcm: Pcm | None = None
-        self._period_frames = 0
         self._lock = threading.Lock()
         self._cuts: set[int] = set()
         self._wakeup = threading.Event()
         self._volume = float(volume) if _valid_volume(volume) else 1.0
         self._floor = floor
-        self._available: bool | None = None
-        self.underruns = 0
-        """Buffer underruns reported by ALSA since start (each was recovered)."""
+        self._device = Device(open_pcm, report, self._wakeup)
 
     # ---- any thread -------------------------------------------------------------------------
 
@@ -179,10 +124,8 @@ class Player:
 
     def open(self) -> None:
         """Open the device now, so a problem shows at start; a failure is retried later."""
-        try:
-            self._open_once()
-        except AudioUnavailableError as err:
-            self._set_available(False, str(err))
+        with contextlib.suppress(AudioUnavailableError):  # reported unavailable
+            self._device.open()
 
     def start(self) -> None:
         """Start the writer thread."""
@@ -207,7 +150,12 @@ class Player:
         if self._thread.is_alive():
             _LOGGER.warning("The ALSA writer did not stop; leaving the device to process exit")
             return
-        self._close()
+        self._device.close()
+
+    @property
+    def underruns(self) -> int:
+        """Buffer underruns reported by ALSA since start (each was recovered)."""
+        return self._device.underruns
 
     # ---- the writer thread ------------------------------------------------------------------
 
@@ -217,11 +165,12 @@ class Player:
             try:
                 chunk = self._buffer.get(timeout=_POLL_SECONDS)
             except queue.Empty:
-                if self._pcm is None and self._available is False:
-                    self._reopen_blocking()  # nothing starts until the device is back
-                elif self._pcm is not None and self._idle_too_long():
+                if self._device.pcm is None and self._device.available is False:
+                    with contextlib.suppress(AudioUnavailableError):  # nothing starts till then
+                        self._device.ensure_open(self._stopping.is_set)
+                elif self._device.pcm is not None and self._idle_too_long():
                     _LOGGER.info("Audio device idle: released until the next announcement")
-                    self._close()  # other programs may use a hw: device meanwhile
+                    self._device.close()  # other programs may use a hw: device meanwhile
                 continue
             if current is None or current.job != chunk.job:
                 current = _Utterance(chunk.id, chunk.job, start_at=chunk.start_at)
@@ -245,7 +194,7 @@ class Player:
         assert chunk.pcm is not None  # noqa: S101 - checked by the caller
         if not self._ready(current):
             return
-        step = self._period_frames
+        step = self._device.period_frames
         for start in range(0, len(chunk.pcm), step):
             if self._stopping.is_set():
                 return
@@ -258,7 +207,7 @@ class Player:
                 period *= np.linspace(1.0, 0.0, len(period), dtype=np.float32)  # no click
             samples = np.round(period).astype(np.int16)
             try:
-                self._write(samples.tobytes())
+                self._device.write(samples.tobytes())
             except AudioUnavailableError as err:
                 current.error = (Reason.AUDIO_ERROR, str(err))
                 return
@@ -275,7 +224,7 @@ class Player:
         """The device open and, before an utterance's first sample, its start: on its instant
         (timed) or after a lead-in (a sleeping speaker); False if it will not play."""
         try:
-            self._ensure_open(current.job)
+            self._device.ensure_open(lambda: self._stopping.is_set() or self._is_cut(current.job))
         except AudioUnavailableError as err:
             current.error = (Reason.AUDIO_ERROR, str(err))
             return False
@@ -291,7 +240,7 @@ class Player:
         plays at `start_at` on this machine's clock. Late: start at once and say by how much.
         False if it was cut (or the player stops) while it waited."""
         assert current.start_at is not None  # noqa: S101 - checked by the caller
-        rate, period = self._rate, self._period_frames
+        rate, period = self._rate, self._device.period_frames
         observing = (_OBSERVATIONS // 2 + 2) * period / rate  # after the buffer fills: paced
         run_before = (
             max(RUN_BEFORE_SECONDS, self._idle.lead_in) + self._buffer_seconds() + observing
@@ -307,17 +256,17 @@ class Player:
                     self._wakeup.wait(min(ahead - run_before, _POLL_SECONDS))
                     self._wakeup.clear()  # a cut or a stop ends the wait; checked above
                     continue
-                if not written and (ahead <= 0 or self._queued_frames() is None):
+                if not written and (ahead <= 0 or self._device.queued_frames() is None):
                     return self._start_unpadded(current, ahead)
                 if len(observed) >= _OBSERVATIONS // 2:
                     pad = frame_at(observed, rate, current.start_at) - written
                     if pad < period:
-                        self._write(bytes(2 * max(0, pad)))
+                        self._device.write(bytes(2 * max(0, pad)))
                         current.late_ms = max(0.0, -pad * 1000 / rate)
                         return True
-                self._write(silence)  # blocks while the device buffer is full: paced
+                self._device.write(silence)  # blocks while the device buffer is full: paced
                 written += period
-                taken = written - (self._queued_frames() or 0)
+                taken = written - (self._device.queued_frames() or 0)
                 if taken == written and not observed:  # took it all at once: not real time
                     return self._start_unpadded(current, current.start_at - time.time())
                 if written > settled:  # while it fills, where the stream is is not known
@@ -338,11 +287,8 @@ class Player:
         return ahead <= 0
 
     def _buffer_seconds(self) -> float:
-        info = getattr(self._pcm, "info", None)
-        try:
-            return int(info()["buffer_size"]) / self._rate if info else 0.0
-        except Exception:  # noqa: BLE001 - a device that cannot tell
-            return 0.0
+        frames = self._device.buffer_frames()
+        return 0.0 if frames is None else frames / self._rate
 
     def _lead_in(self, current: _Utterance) -> bool:
         """Silence before the first sample when the device has been idle a while: a speaker
@@ -351,53 +297,25 @@ class Player:
         frames = round(self._idle.lead_in * self._rate)
         if frames <= 0 or time.monotonic() - self._last_sound < self._idle.wake_after:
             return True
-        period = self._period_frames
+        period = self._device.period_frames
         try:
             for start in range(0, frames, period):  # a period at a time, as speech is written
                 if self._is_cut(current.job) or self._stopping.is_set():
                     return False
-                self._write(bytes(2 * min(period, frames - start)))
+                self._device.write(bytes(2 * min(period, frames - start)))
         except AudioUnavailableError as err:
             current.error = (Reason.AUDIO_ERROR, str(err))
             return False
         return True
 
-    def _queued_frames(self) -> int | None:
-        """Frames written to the device and not yet taken by it (None: it cannot say)."""
-        avail = getattr(self._pcm, "avail", None)
-        info = getattr(self._pcm, "info", None)
-        if avail is None or info is None:
-            return None
-        try:
-            return max(0, int(info()["buffer_size"]) - int(avail()))
-        except Exception:  # noqa: BLE001 - a device that cannot tell
-            return None
-
-    def _write(self, data: bytes) -> None:
-        assert self._pcm is not None  # noqa: S101 - called after _ensure_open
-        try:
-            while data:
-                written = self._pcm.write(data)
-                if written < 0:  # underrun: ALSA re-prepared the stream, the data was not taken
-                    self.underruns += 1
-                    _LOGGER.warning("Audio underrun (%d so far); recovered", self.underruns)
-                    continue
-                data = data[written * 2 :]
-        except Exception as err:
-            self._close()
-            self._set_available(False, str(err))
-            raise AudioUnavailableError(str(err)) from err
-
     def _end(self, current: _Utterance, chunk: Chunk) -> None:
         if self._is_cut(current.job) and not current.cut and current.error is None:
             current.cut = True  # cut between two chunks: the last one ended where it ended
             self._fade_tail(current)
-        if current.error is None and current.frames and not current.cut and self._pcm is not None:
+        if current.error is None and current.frames and not current.cut:
             try:
-                self._pcm.drain()
-            except Exception as err:  # noqa: BLE001 - a device lost while draining
-                self._close()
-                self._set_available(False, str(err))
+                self._device.drain()
+            except AudioUnavailableError as err:  # a device lost while draining
                 current.error = (Reason.AUDIO_ERROR, str(err))
         with self._lock:
             self._cuts.discard(current.job)
@@ -416,71 +334,12 @@ class Player:
 
     def _fade_tail(self, current: _Utterance) -> None:
         """Ramp from the last sample written to silence in 5 ms, so a cut never clicks."""
-        if abs(current.last_sample) < _SILENT or self._pcm is None:
+        if abs(current.last_sample) < _SILENT or self._device.pcm is None:
             return
         ramp = np.linspace(current.last_sample, 0, max(2, self._rate // 200))[1:]
         with contextlib.suppress(AudioUnavailableError):
-            self._write(np.round(ramp).astype(np.int16).tobytes())
+            self._device.write(np.round(ramp).astype(np.int16).tobytes())
             current.frames += len(ramp)
-
-    # ---- the device -------------------------------------------------------------------------
-
-    def _reopen_blocking(self) -> None:
-        with contextlib.suppress(AudioUnavailableError):
-            self._ensure_open(None)
-
-    def _ensure_open(self, job: int | None) -> None:
-        """Open the PCM if needed, retrying with backoff until it opens, or the announcement
-        waiting for it is cut (its ttl ran out, a stop), or the player stops."""
-        if self._pcm is not None:
-            return
-
-        def give_up(state: RetryCallState) -> bool:
-            cut = job is not None and self._is_cut(job)
-            return self._stopping.is_set() or cut
-
-        retrying = Retrying(
-            wait=wait_exponential(multiplier=0.5, max=_REOPEN_MAX_SECONDS),
-            retry=retry_if_exception_type(AudioUnavailableError),
-            stop=give_up,
-            sleep=self._sleep,
-            reraise=True,
-        )
-        for attempt in retrying:
-            with attempt:
-                self._open_once()
-
-    def _open_once(self) -> None:
-        try:
-            self._pcm, self._period_frames = self._open_pcm()
-        except Exception as err:
-            self._set_available(False, str(err))
-            raise AudioUnavailableError(str(err)) from err
-        with contextlib.suppress(Exception):  # a device that cannot drain yet is no failure
-            self._pcm.drain()  # idle until written: a sound server sees no stream playing
-        self._set_available(True)
-
-    def _sleep(self, seconds: float) -> None:
-        self._wakeup.wait(seconds)  # cut() and stop() end the wait at once
-        self._wakeup.clear()
-
-    def _set_available(self, available: bool, detail: str = "") -> None:
-        if self._available == available:
-            return
-        self._available = available
-        if available:
-            _LOGGER.info("Audio device available")
-        else:
-            _LOGGER.error("Audio device unavailable: %s", detail)
-        self._report(AudioStatus(available, detail))
-
-    def _close(self) -> None:
-        if self._pcm is not None:
-            try:
-                self._pcm.close()
-            except Exception:
-                _LOGGER.debug("Closing the PCM raised", exc_info=True)
-            self._pcm = None
 
 
 def announce_role(device: str, role: str | None, environ: MutableMapping[str, str]) -> None:

@@ -34,6 +34,8 @@ from typing import Any, Final
 from agent.core.messages import FALLBACKS, Priority, SpeakRequest
 from agent.core.states import EntryState
 from agent.guarded import nofollow
+from agent.storage.outbox import KEPT, Outbox
+from agent.storage.set_aside import SetAside
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -78,16 +80,8 @@ _COLUMNS: Final = {
     "outbox": (("rank", "INTEGER NOT NULL DEFAULT 9"),),  # before the outbox was bounded
 }
 """Columns added since the first journal: added to an older file when it is opened."""
-DAMAGED_KEPT: Final = 100
-"""Rows set aside that are kept for inspection (the newest)."""
 BOOT_SETTING: Final = "boot"
 """The setting that holds the boot id of the machine at the agent's last start."""
-
-
-OUTBOX_MAX: Final = 5000
-"""Events kept for a broker that does not acknowledge them (an outage of hours)."""
-KEPT: Final = 9
-"""The rank of events never dropped from the outbox (alarm and critical announcements')."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,8 +133,6 @@ class Journal:
         directory cannot be used, JournalDamagedError when the file cannot."""
         self.path = path
         self._remembered = remembered
-        self.notes: list[str] = []
-        """Problems met while reading rows back (rows set aside): for the log and the state."""
         if path is not None:
             _check_place(path)
         # autocommit: each write is durable; one thread at a time (the app loop), which need not
@@ -170,6 +162,11 @@ class Journal:
         if not checked or checked[0] != "ok":
             self._db.close()
             raise JournalDamagedError(f"integrity check: {checked[0] if checked else 'no answer'}")
+        self._set_aside = SetAside(self._db)
+        self.notes = self._set_aside.notes
+        """Problems met while reading rows back (rows set aside): for the log and the state."""
+        self.outbox = Outbox(self._db, self._set_aside)
+        """Events kept until the broker acknowledges them."""
 
     @classmethod
     def open_or_renew(cls, path: Path, remembered: int) -> tuple[Journal, str | None]:
@@ -259,8 +256,10 @@ class Journal:
             try:
                 out.append(_pending(row))
                 if _counts(row) is None:
-                    self._note(f"announcement {row[1]}: its crash counts are unreadable; reset")
-                    self._quietly(
+                    self._set_aside.note(
+                        f"announcement {row[1]}: its crash counts are unreadable; reset"
+                    )
+                    self._set_aside.quietly(
                         "UPDATE announcements SET begun = 0, crashes = 0, crash_step = NULL "
                         "WHERE seq = ?",
                         (row[0],),
@@ -268,10 +267,10 @@ class Journal:
             except _BadRowError as err:
                 found = _salvage(row, str(err))
                 damaged.append(found)
-                self._set_aside("announcements", row, found.problem)
+                self._set_aside.keep("announcements", row, found.problem)
                 if found.id is None:  # no event can end it: noted, and kept in `damaged`
-                    self._note(f"an announcement without a readable id set aside ({err})")
-                    self._quietly("DELETE FROM announcements WHERE seq = ?", (row[0],))
+                    self._set_aside.note(f"an announcement without a readable id set aside ({err})")
+                    self._set_aside.quietly("DELETE FROM announcements WHERE seq = ?", (row[0],))
         return out, damaged
 
     def remembered(self) -> tuple[list[str], list[str]]:
@@ -287,7 +286,7 @@ class Journal:
             if _usable_id(request_id):
                 ids.append(request_id)
             else:
-                self._note(f"an announcement's id is unreadable ({_kind(request_id)})")
+                self._set_aside.note(f"an announcement's id is unreadable ({_kind(request_id)})")
             if isinstance(fingerprint, str) and fingerprint and len(fingerprint) <= _MAX_NAME:
                 fingerprints.append(fingerprint)
         return ids, fingerprints
@@ -343,28 +342,12 @@ class Journal:
             if problem is None:
                 out[name] = value
                 continue
-            self._note(f"setting {_shown(name)}: {problem}; removed")
-            self._set_aside("settings", (name, value), problem)
-            self._quietly("DELETE FROM settings WHERE name IS ?", (name,))
+            self._set_aside.note(f"setting {_shown(name)}: {problem}; removed")
+            self._set_aside.keep("settings", (name, value), problem)
+            self._set_aside.quietly("DELETE FROM settings WHERE name IS ?", (name,))
         return out
 
     # ---- outbox -------------------------------------------------------------------------------
-
-    def outbox_add(self, topic: str, payload: bytes, rank: int = KEPT) -> int:
-        """Keep an event until the broker acknowledges it; returns its key. Beyond OUTBOX_MAX
-        events (a long broker outage) the lowest-ranked, oldest one is dropped first; one of
-        rank KEPT never is."""
-        cursor = self._db.execute(
-            "INSERT INTO outbox (topic, payload, rank) VALUES (?, ?, ?)", (topic, payload, rank)
-        )
-        (count,) = self._db.execute("SELECT COUNT(*) FROM outbox").fetchone()
-        if count > OUTBOX_MAX:
-            self._db.execute(
-                "DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE rank < ? "
-                "ORDER BY rank, seq LIMIT ?)",
-                (KEPT, count - OUTBOX_MAX),
-            )
-        return int(cursor.lastrowid or 0)
 
     def note_event(
         self,
@@ -380,7 +363,7 @@ class Journal:
             self.ended(request_id)
         elif state is not None:
             self._set(request_id, state)
-        return self.outbox_add(topic, payload, rank)
+        return self.outbox.add(topic, payload, rank)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -406,65 +389,6 @@ class Journal:
         if self._db.in_transaction:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
-
-    def outbox_done(self, keys: list[int]) -> None:
-        """The broker acknowledged these."""
-        self._db.executemany("DELETE FROM outbox WHERE seq = ?", [(k,) for k in keys])
-
-    def outbox_pending(self) -> list[tuple[int, str, bytes]]:
-        """Events published but never acknowledged, oldest first (an unreadable one is removed,
-        noted)."""
-        rows = self._db.execute("SELECT seq, topic, payload FROM outbox ORDER BY seq").fetchall()
-        out = []
-        for seq, topic, stored in rows:
-            payload = stored.encode() if isinstance(stored, str) else stored
-            if (
-                isinstance(seq, int)
-                and isinstance(topic, str)
-                and 0 < len(topic) <= _MAX_NAME
-                and topic.isprintable()
-                and not any(c in topic for c in "+#")
-                and isinstance(payload, bytes)
-            ):
-                out.append((seq, topic, payload))
-                continue
-            self._note("an unsent event is unreadable; dropped")
-            self._set_aside("outbox", (seq, topic, payload), "unreadable event")
-            self._quietly("DELETE FROM outbox WHERE seq IS ?", (seq,))
-        return out
-
-    def drop_unsent(self, key: int, topic: str) -> None:
-        """An unsent event that is not to be published (not this node's): removed, noted."""
-        self._note(f"an unsent event for {topic!r} is not this node's; dropped")
-        self._db.execute("DELETE FROM outbox WHERE seq = ?", (key,))
-
-    # ---- rows set aside -----------------------------------------------------------------------
-
-    def _note(self, problem: str) -> None:
-        _LOGGER.warning("Journal: %s", problem)
-        self.notes.append(problem)
-
-    def _set_aside(self, table: str, row: tuple[object, ...], problem: str) -> None:
-        """Keep a copy of a row that cannot be used (its values' repr, bounded) for
-        inspection."""
-        shown = repr(tuple(_plain(v) for v in row))[:4000]
-        self._quietly(
-            "INSERT INTO damaged (source, row, problem, at) VALUES (?, ?, ?, ?)",
-            (table, shown, problem, time.time()),
-        )
-        self._quietly(
-            "DELETE FROM damaged WHERE seq <= (SELECT seq FROM damaged ORDER BY seq DESC "
-            "LIMIT 1 OFFSET ?)",
-            (DAMAGED_KEPT,),
-        )
-
-    def _quietly(self, statement: str, values: tuple[object, ...]) -> None:
-        """A write made while reading back (a row set aside): a disk that refuses it does not
-        stop the reading (the row is set aside again at the next start)."""
-        try:
-            self._db.execute(statement, values)
-        except sqlite3.Error as err:
-            _LOGGER.warning("Journal: a damaged row could not be set aside: %s", err)
 
 
 def _check_place(path: Path) -> None:
@@ -753,12 +677,3 @@ def _kind(value: object) -> str:
 
 def _shown(name: object) -> str:
     return repr(name)[:66] if isinstance(name, str) else _kind(name)
-
-
-def _plain(value: object) -> object:
-    """A value as it can be kept in the `damaged` table's text."""
-    if isinstance(value, bytes):
-        return bytes(value[:1000])
-    if isinstance(value, str):
-        return value[:1000]
-    return value

@@ -49,7 +49,8 @@ from agent.core.messages import (
     Unfinished,
 )
 from agent.core.states import FINAL_PHASES, EntryState
-from agent.storage.journal import BOOT_SETTING, KEPT, Damaged, Journal, Pending
+from agent.storage.journal import BOOT_SETTING, Damaged, Journal, Pending
+from agent.storage.outbox import KEPT
 from agent.storage.step_marker import Death
 
 _LOGGER = logging.getLogger(__name__)
@@ -225,11 +226,11 @@ class Ledger:
         payload digests."""
         self._count_death(death, boot_id)
         unsent: list[tuple[int, str, bytes]] = self._read(
-            "unsent events", self._journal.outbox_pending, []
+            "unsent events", self._journal.outbox.pending, []
         )
         for key, topic, payload in unsent:
             if topic != self._events_topic:  # the outbox only ever holds this node's events
-                self._write(functools.partial(self._journal.drop_unsent, key, topic[:64]))
+                self._write(functools.partial(self._journal.outbox.drop_unsent, key, topic[:64]))
                 continue
             self._outbox[self._broker.publish(topic, payload)] = key
         wall = time.time()
@@ -286,7 +287,7 @@ class Ledger:
             if key is not None:
                 keys.append(key)
         if keys and self.problem is None:
-            self._write(lambda: self._journal.outbox_done(keys))
+            self._write(lambda: self._journal.outbox.done(keys))
 
     def recovered(self, now: float) -> bool:
         """While volatile: try a small write (every PROBE_SECONDS); True when it worked, i.e.

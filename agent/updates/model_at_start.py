@@ -14,7 +14,7 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-from agent.core.states import UpdatePhase, UpdateReport
+from agent.core.states import UpdatePhase, UpdateReason, UpdateReport
 from agent.settings.declarations import OtaConfig
 from agent.updates import update_store as store
 from agent.updates.update_store import (
@@ -59,7 +59,10 @@ def _chosen_at_start(config: OtaConfig, directory: Path) -> UpdateState:
             )
             state = rolled_back(state, keep_other=False)
             report = UpdateReport(
-                failed.offer, UpdatePhase.ROLLED_BACK, reason="start_failed", release=failed.release
+                failed.offer,
+                UpdatePhase.ROLLED_BACK,
+                reason=UpdateReason.START_FAILED,
+                release=failed.release,
             )
             state.reports.append(asdict(report))
         save_state(directory, state)
@@ -103,7 +106,7 @@ def recovered_state(directory: Path) -> UpdateState:
         what = "; ".join(found.set_aside)
         _LOGGER.error("%s: set aside %s", store.STATE_FILE, what)
         phase, detail = UpdatePhase.NOTED, f"{store.STATE_FILE}: set aside {what}"
-    report = UpdateReport("start", phase, reason="state_damaged", detail=detail[:300])
+    report = UpdateReport("start", phase, reason=UpdateReason.STATE_DAMAGED, detail=detail[:300])
     state.reports.append(asdict(report))
     try:
         save_state(directory, state)

@@ -29,9 +29,7 @@ import json
 import logging
 import os
 import queue
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -45,17 +43,18 @@ from pathlib import Path
 from typing import Any, Final, Generic, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from agent.core.egress import EgressPolicy
 from agent.core.refusal import Refused
 from agent.core.states import FINAL_PHASES, UpdatePhase, UpdateReason, UpdateReport
-from agent.guarded.http_fetch import FetchError, FetchReason, fetch, fetch_bytes
 from agent.protocol import manifest as manifests
-from agent.protocol.manifest import FileEntry, Manifest
+from agent.protocol.manifest import Manifest
 from agent.settings.declarations import OtaConfig
 from agent.updates import update_store as store
+from agent.updates.clean_up import clean_up
+from agent.updates.downloads import Downloads
 from agent.updates.model_at_start import recovered_state
+from agent.updates.steps import Cancelled, fault_point
 from agent.updates.update_store import (
     Pending,
     UnsafeFileError,
@@ -71,31 +70,10 @@ _LOGGER = logging.getLogger(__name__)
 M = TypeVar("M")
 """A loaded model, as the agent's loader makes it (the updater only hands it over)."""
 
-_CHUNK: Final = 64 * 1024
-_SPARE_BYTES: Final = 32 * 1024 * 1024
-"""Free disk kept on top of the release's size."""
-STAGING_MAX_AGE: Final = 7 * 86400.0
-"""Staged downloads of a release that was never installed are removed at start after this long
-(seconds): long enough for an operator to offer it again and resume."""
-STAGING_MAX_FILES: Final = 8
-"""At most this many staged files are kept at start (the newest)."""
-FAULT_ENV: Final = "VOICE_AGENT_FAULT_AT"
-"""Test hook: the agent kills itself (SIGKILL) when it reaches this step of an update."""
 CHECK_ENVIRONMENT: Final = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "65536"}
 """glibc settings of the health check (and the build processes it starts) unless the agent's
 environment sets them: the agent's own (`allocator`, set there with mallopt, which a child does
 not inherit). Measured: the check's peak 181 MB with them, 227 without (docs/memory.md)."""
-
-
-class _Cancelled(Exception):  # noqa: N818 - control flow, not an error
-    pass
-
-
-def fault_point(step: str) -> None:
-    """The test hook: SIGKILL this process at `step` when $VOICE_AGENT_FAULT_AT names it."""
-    if os.environ.get(FAULT_ENV) == step:
-        _LOGGER.warning("Fault injection: killed at %s", step)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Updater(Generic[M]):
@@ -138,6 +116,7 @@ class Updater(Generic[M]):
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run_blocking, name="updater", daemon=True)
         self._running: str | None = None
+        self._downloads = Downloads(config, directory, self._hosts, self._cancel)
         self.state = recovered_state(directory)
 
     # ---- start-up -----------------------------------------------------------------------------
@@ -188,72 +167,16 @@ class Updater(Generic[M]):
         self._thread.start()
 
     def _clean_up(self) -> None:
-        """Slots neither active nor previous (an install that never switched) and temporary
-        state files go; staged downloads stay a while, so offering the release again resumes
-        them, but not for ever (STAGING_MAX_AGE, STAGING_MAX_FILES). A link or a special file
-        where the updater keeps its own is removed (never followed) and reported `noted`,
-        `unsafe_file`."""
-        unsafe: list[str] = []
-        try:
-            if self._dir.is_dir():
-                self._clean_up_root(unsafe)
-                self._clean_up_staging(unsafe)
-                self._clean_up_slots(unsafe)
-        except OSError as err:
-            _LOGGER.error("Cleaning up %s failed: %s", self._dir, err)
-        for what in unsafe:
+        """What an interrupted update left goes (`clean_up`); a link or a special file where the
+        updater keeps its own is removed (never followed) and reported `noted`, `unsafe_file`."""
+        for what in clean_up(self._dir, self.state):
             _LOGGER.error("Removed %s (never followed)", what)
             detail = f"{what}: removed, never followed"
             self._report(
-                UpdateReport("start", UpdatePhase.NOTED, reason="unsafe_file", detail=detail)
+                UpdateReport(
+                    "start", UpdatePhase.NOTED, reason=UpdateReason.UNSAFE_FILE, detail=detail
+                )
             )
-
-    def _clean_up_root(self, unsafe: list[str]) -> None:
-        with store.directory(self._dir) as root:
-            for name, info in store.entries(root):
-                if name.endswith(".partial"):
-                    store.remove(root, name)
-                elif name in {"staging", "slots"} and not stat.S_ISDIR(info.st_mode):
-                    unsafe.append(f"{name} was {store.kind_of(info)}")
-                    store.remove(root, name)
-
-    def _clean_up_staging(self, unsafe: list[str]) -> None:
-        if not (self._dir / "staging").is_dir():
-            return
-        with store.directory(self._dir, "staging") as staging:
-            staged: list[tuple[float, str]] = []
-            for name, info in store.entries(staging):
-                if stat.S_ISREG(info.st_mode):
-                    staged.append((info.st_mtime, name))
-                else:
-                    unsafe.append(f"staging/{name} was {store.kind_of(info)}")
-                    store.remove(staging, name)
-            now = time.time()
-            for rank, (mtime, name) in enumerate(sorted(staged, reverse=True)):
-                if rank >= STAGING_MAX_FILES or now - mtime > STAGING_MAX_AGE:
-                    _LOGGER.info(
-                        "Removing the staged download %s of a release never installed", name
-                    )
-                    store.remove(staging, name)
-
-    def _clean_up_slots(self, unsafe: list[str]) -> None:
-        if not (self._dir / "slots").is_dir():
-            return
-        keep = {self.state.active, self.state.previous}
-        with store.directory(self._dir, "slots") as slots:
-            for name, info in store.entries(slots):
-                if name not in keep:
-                    _LOGGER.info("Removing the unused slot %s", name)
-                    store.remove(slots, name)
-                elif not stat.S_ISDIR(info.st_mode):
-                    unsafe.append(f"slots/{name} was {store.kind_of(info)}")
-                    store.remove(slots, name)
-                else:
-                    with store.directory(self._dir, "slots", name) as slot:
-                        for inner, kind in store.entries(slot):
-                            if not stat.S_ISREG(kind.st_mode):
-                                unsafe.append(f"slots/{name}/{inner} was {store.kind_of(kind)}")
-                                store.remove(slot, inner)
 
     def stop(self) -> None:
         """Stop: an update in progress is cancelled (what was downloaded stays for a resume)."""
@@ -274,12 +197,16 @@ class Updater(Generic[M]):
             _LOGGER.info("Offer %s is already being carried out (delivered again)", offer_id)
             return
         if self._busy.is_set():
-            self._report(UpdateReport(offer_id, UpdatePhase.BUSY, reason="already_in_progress"))
+            self._report(
+                UpdateReport(offer_id, UpdatePhase.BUSY, reason=UpdateReason.ALREADY_IN_PROGRESS)
+            )
             return
         try:
             self._offers.put_nowait((offer_id, body))
         except queue.Full:
-            self._report(UpdateReport(offer_id, UpdatePhase.BUSY, reason="already_in_progress"))
+            self._report(
+                UpdateReport(offer_id, UpdatePhase.BUSY, reason=UpdateReason.ALREADY_IN_PROGRESS)
+            )
 
     # ---- the worker -------------------------------------------------------------------------
 
@@ -302,13 +229,16 @@ class Updater(Generic[M]):
                     self._revoke_blocking(offer_id, body["revocation"])
                 else:
                     self._update_blocking(offer_id, body)
-            except _Cancelled:
+            except Cancelled:
                 self._report(UpdateReport(offer_id, UpdatePhase.CANCELLED))
             except UnsafeFileError as err:  # a link planted where the updater keeps its files
                 _LOGGER.error("Update %s refused a file: %s", offer_id, err.strerror)
                 self._report(
                     UpdateReport(
-                        offer_id, UpdatePhase.FAILED, reason="unsafe_file", detail=str(err.strerror)
+                        offer_id,
+                        UpdatePhase.FAILED,
+                        reason=UpdateReason.UNSAFE_FILE,
+                        detail=str(err.strerror),
                     )
                 )
             except Refused as err:  # refused or failed, and said so in its event
@@ -319,7 +249,9 @@ class Updater(Generic[M]):
             except Exception as err:
                 _LOGGER.exception("Update %s failed", offer_id)
                 self._report(
-                    UpdateReport(offer_id, UpdatePhase.FAILED, reason="internal", detail=str(err))
+                    UpdateReport(
+                        offer_id, UpdatePhase.FAILED, reason=UpdateReason.INTERNAL, detail=str(err)
+                    )
                 )
             finally:
                 self._running = None
@@ -373,7 +305,7 @@ class Updater(Generic[M]):
                 raise Refused(UpdateReason.MALFORMED, "manifest_url: expected an http(s) URL")
             if (problem := self._hosts.url_problem(url)) is not None:
                 raise Refused(UpdateReason.URL_NOT_ALLOWED, f"manifest_url: {problem}")
-            data = self._fetch_small(url)
+            data = self._downloads.manifest(url)
         else:
             raise Refused(UpdateReason.MALFORMED, "expected `manifest` or `manifest_url`")
         checked = manifests.verify(data, self._trusted)
@@ -381,150 +313,22 @@ class Updater(Generic[M]):
             raise checked
         return checked
 
-    def _fetch_small(self, url: str) -> bytes:
-        try:
-            return fetch_bytes(
-                url,
-                policy=self._hosts,
-                max_bytes=manifests.MAX_ENVELOPE_BYTES + 1,
-                timeout=self._config.download_timeout,
-                stall_timeout=self._config.download_timeout,
-                cancel=self._cancel,
-            )
-        except FetchError as err:
-            if err.reason == FetchReason.CANCELLED:
-                raise _Cancelled from None
-            _LOGGER.debug("The manifest could not be fetched: %s (%s)", err, err.cause)
-            raise Refused(UpdateReason.DOWNLOAD_FAILED, f"manifest: {err}") from None
-
     # ---- download -----------------------------------------------------------------------------
 
     def _download_blocking(self, offer_id: str, release: Manifest, base: str) -> dict[str, Path]:
-        staging = self._dir / "staging"
-        store.make_directory(self._dir, "staging")  # never a link
-        free = shutil.disk_usage(staging).free
-        if free < release.total_bytes + _SPARE_BYTES:
-            raise Refused(UpdateReason.NO_SPACE, f"{free} bytes free, {release.total_bytes} needed")
-        done = 0
-        reported = [-1]  # the last percent reported
-        staged: dict[str, Path] = {}
-        for entry in release.files:
-            url = urllib.parse.urljoin(base if base.endswith("/") else base + "/", entry.path)
-
-            def progress(got: int, before: int = done) -> None:
-                percent = int(100 * (before + got) / max(release.total_bytes, 1))
-                if percent == reported[0]:
-                    return  # at most one report per percent, however small the reads
-                reported[0] = percent
-                self._report(
-                    UpdateReport(
-                        offer_id,
-                        UpdatePhase.DOWNLOADING,
-                        progress=percent,
-                        release=release.release,
-                        version=release.version,
-                        notes=release.notes,
-                    )
+        def progress(percent: int) -> None:
+            self._report(
+                UpdateReport(
+                    offer_id,
+                    UpdatePhase.DOWNLOADING,
+                    progress=percent,
+                    release=release.release,
+                    version=release.version,
+                    notes=release.notes,
                 )
-
-            staged[entry.path] = self._fetch_file_blocking(url, staging, entry, progress)
-            done += entry.length
-        return staged
-
-    def _fetch_file_blocking(
-        self, url: str, staging: Path, entry: FileEntry, progress: Callable[[int], None]
-    ) -> Path:
-        final = staging / entry.sha256
-        if self._staged_digest(entry.sha256) == entry.sha256:
-            return final
-        part = staging / f"{entry.sha256}.part"
-        retrying = Retrying(
-            stop=stop_after_attempt(self._config.download_retries),
-            wait=wait_random_exponential(multiplier=0.5, max=10),
-            retry=retry_if_exception(_worth_retrying),
-            sleep=self._sleep,
-            reraise=True,
-        )
-        try:
-            for attempt in retrying:
-                with attempt:
-                    self._fetch_part(url, part, entry, progress)
-        except FetchError as err:
-            if err.reason == FetchReason.CANCELLED:
-                raise _Cancelled from None
-            _LOGGER.debug("%s could not be fetched: %s (%s)", entry.path, err, err.cause)
-            if err.reason == FetchReason.RANGE_UNSUPPORTED:
-                raise Refused(UpdateReason.NO_RANGE_SUPPORT, str(err)) from None
-            if err.reason == FetchReason.TOO_LARGE:  # it says it is longer than the manifest
-                raise Refused(UpdateReason.CHECKSUM_MISMATCH, f"{entry.path}: {err}") from None
-            raise Refused(UpdateReason.DOWNLOAD_FAILED, str(err)) from None
-        if store.sha256_of(self._dir, ("staging", part.name)) != entry.sha256:
-            part.unlink(missing_ok=True)
-            raise Refused(
-                UpdateReason.CHECKSUM_MISMATCH, f"{entry.path}: sha256 differs from the manifest"
-            )
-        os.replace(part, final)
-        return final
-
-    def _fetch_part(
-        self, url: str, part: Path, entry: FileEntry, progress: Callable[[int], None]
-    ) -> None:
-        """Fetch the rest of one file into its `.part` (resumed from what is there), never past
-        the manifest's length, within `ota.download_deadline`; a cancel is seen within a
-        second, even from a server that sends a byte now and then."""
-        have = store.file_size(self._dir, ("staging", part.name)) or 0  # never through a link
-        if have > entry.length:
-            part.unlink()
-            have = 0
-        if have == entry.length:
-            return  # complete before a restart: only its hash is left to check
-        got = [have]
-
-        with store.open_append(self._dir, ("staging", part.name)) as out:
-
-            def write(block: bytes) -> None:
-                out.write(block)
-                got[0] += len(block)
-                progress(got[0])
-
-            fault_point("download")
-            try:
-                fetch(
-                    url,
-                    write,
-                    policy=self._hosts,
-                    max_bytes=entry.length - have,  # never past the manifest's length
-                    timeout=self._config.download_deadline,
-                    stall_timeout=self._config.download_timeout,
-                    cancel=self._cancel,
-                    start=have,
-                )
-            except FetchError as err:
-                if err.reason == FetchReason.TOO_LARGE and got[0] == entry.length:
-                    pass  # it sent more after the file's length: cut there, the digest decides
-                elif err.reason == FetchReason.RANGE_UNSUPPORTED or err.status == 416:
-                    part.unlink(missing_ok=True)  # nothing to resume from
-                    raise
-                else:
-                    raise
-            finally:
-                out.flush()
-                os.fsync(out.fileno())
-        if got[0] < entry.length:
-            raise FetchError(
-                FetchReason.INCOMPLETE, f"{entry.path}: {got[0]} of {entry.length} bytes"
             )
 
-    def _staged_digest(self, name: str) -> str | None:
-        """The sha256 of a complete staged download, None if there is none."""
-        try:
-            return store.sha256_of(self._dir, ("staging", name))
-        except FileNotFoundError:
-            return None
-
-    def _sleep(self, seconds: float) -> None:
-        if self._cancel.wait(seconds):
-            raise _Cancelled
+        return self._downloads.release(release, base, progress)
 
     # ---- install, check, switch -----------------------------------------------------------------
 
@@ -558,7 +362,7 @@ class Updater(Generic[M]):
     def _check_blocking(self, offer_id: str, release: Manifest, slot: str) -> M:
         self._report(UpdateReport(offer_id, UpdatePhase.CHECKING, release=release.release))
         if self._cancel.is_set():
-            raise _Cancelled
+            raise Cancelled
         model = self._dir / "slots" / slot / release.model.path
         fault_point("healthcheck")
         command = [
@@ -579,7 +383,7 @@ class Updater(Generic[M]):
             problems = verdict.get("problems") or [_exit_reason(returncode, stderr)]
             raise Refused(UpdateReason.HEALTH_CHECK, "; ".join(str(p) for p in problems)[:300])
         if self._cancel.is_set():
-            raise _Cancelled
+            raise Cancelled
         files = {entry.path: entry.sha256 for entry in release.files}
         problem = store.files_problem(self._dir, slot, files)  # what is loaded is what was verified
         if problem is not None:
@@ -610,7 +414,7 @@ class Updater(Generic[M]):
                     os.killpg(child.pid, signal.SIGKILL)  # not reaped yet: the group is its own
                     child.communicate()
                     if cancelled:
-                        raise _Cancelled from err
+                        raise Cancelled from err
                     raise Refused(
                         UpdateReason.HEALTH_CHECK, f"no answer in {self._config.health_timeout:g} s"
                     ) from err
@@ -654,7 +458,7 @@ class Updater(Generic[M]):
                 offer_id, UpdatePhase.INSTALLED, release=release.release, version=release.version
             )
         )
-        self._clean_staging(release)
+        self._downloads.clean(release)
 
     def _rollback_blocking(self, offer_id: str) -> None:
         """Back to the rollback target: a slot only if its release is not revoked and its files
@@ -752,7 +556,7 @@ class Updater(Generic[M]):
             UpdateReport(
                 offer_id,
                 UpdatePhase.ROLLED_BACK,
-                reason="revoked",
+                reason=UpdateReason.REVOKED,
                 detail=detail[:300],
                 release=self.state.release,
             )
@@ -763,38 +567,8 @@ class Updater(Generic[M]):
             return self._factory
         return self._dir / "slots" / state.active / state.model
 
-    def _clean_staging(self, release: Manifest) -> None:
-        """The installed release's staged files go (the slot holds them now)."""
-        try:
-            with store.directory(self._dir, "staging") as staging:
-                for entry in release.files:
-                    store.remove(staging, entry.sha256)
-        except OSError as err:  # installed all the same; the next start cleans up
-            _LOGGER.error("The staged files of release %d stay: %s", release.release, err)
-
 
 # ---- helpers ------------------------------------------------------------------------------------
-
-
-_RETRIED: Final = frozenset(
-    {
-        FetchReason.INCOMPLETE,
-        FetchReason.STALLED,
-        FetchReason.CONNECTION_FAILED,
-        FetchReason.TIMEOUT,
-        FetchReason.BAD_RESPONSE,
-    }
-)
-"""Download failures worth another attempt (from where the file stopped)."""
-
-
-def _worth_retrying(err: BaseException) -> bool:
-    if isinstance(err, UnsafeFileError):  # a planted link stays where it is: no second try
-        return False
-    if isinstance(err, FetchError):
-        server_error = err.reason == FetchReason.HTTP_ERROR and (err.status or 0) >= 500
-        return err.reason in _RETRIED or server_error
-    return isinstance(err, OSError)
 
 
 def _exit_reason(code: int, stderr: str) -> str:
