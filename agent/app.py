@@ -30,7 +30,6 @@ from agent.core.messages import (
     Event,
     Lifecycle,
     Notify,
-    Reason,
     SpeakReceived,
     SpeakRequest,
     SwapCancelled,
@@ -40,6 +39,7 @@ from agent.core.messages import (
     UtteranceEnded,
     UtteranceStarted,
 )
+from agent.core.reasons import Reason
 from agent.core.states import UpdatePhase, UpdateReason, UpdateReport
 from agent.loop.voice_swap import SwapAsked, SwapWithdrawn
 from agent.protocol.inputs import (

@@ -21,7 +21,6 @@ from agent.core.messages import (
     Lifecycle,
     Notify,
     Priority,
-    Reason,
     Rejection,
     ReplayRequested,
     SetVolume,
@@ -36,6 +35,7 @@ from agent.core.messages import (
     UtteranceStarted,
     VolumeRequested,
 )
+from agent.core.reasons import Reason
 from agent.core.scheduler import RecentIds, SpeakCore
 
 CHAT, INFO, WARNING, ALARM, CRITICAL = (

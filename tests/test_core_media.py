@@ -24,11 +24,11 @@ from agent.core.messages import (
     Notify,
     Prepare,
     Priority,
-    Reason,
     StopRequested,
     Synthesize,
     UtteranceEnded,
 )
+from agent.core.reasons import Reason
 from tests.test_core import CHAT, CRITICAL, INFO, Driver, details, kinds
 
 BUDGET = 10_000

@@ -22,7 +22,8 @@ from agent.core.egress import (
     parse_entry,
     special_class,
 )
-from agent.core.messages import Delivery, Notify, Reason, SpeakReceived, SpeakRequest, Synthesize
+from agent.core.messages import Delivery, Notify, SpeakReceived, SpeakRequest, Synthesize
+from agent.core.reasons import Reason
 from agent.core.scheduler import SpeakCore
 
 EVERYWHERE: Final = EgressPolicy.parse(["0.0.0.0/0:*", "[::/0]:*"], "audio.media_hosts")

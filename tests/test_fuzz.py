@@ -17,7 +17,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.core.messages import Lifecycle, Reason, Rejection, SpeakRequest
+from agent.core.messages import Lifecycle, Rejection, SpeakRequest
+from agent.core.reasons import Reason
 from agent.core.refusal import Refused
 from agent.protocol import hermes
 from agent.protocol import manifest as manifests

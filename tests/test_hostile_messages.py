@@ -35,7 +35,6 @@ from agent.core.messages import (
     Delivery,
     Lifecycle,
     Notify,
-    Reason,
     Rejection,
     ReplayRequested,
     SpeakInvalid,
@@ -45,6 +44,7 @@ from agent.core.messages import (
     VoiceSelected,
     VolumeRequested,
 )
+from agent.core.reasons import Reason
 from agent.core.scheduler import SpeakCore
 from agent.formats.ssml import MAX_PAUSE, MAX_RATE, MIN_RATE, Pause, Speech, parse_ssml
 from agent.protocol import hermes

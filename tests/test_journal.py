@@ -36,6 +36,7 @@ from agent.core.messages import (
 )
 from agent.core.scheduler import SpeakCore
 from agent.core.states import EntryState
+from agent.formats.ssml import Speech, parse_ssml
 from agent.storage import step_marker
 from agent.storage.journal import REQUEST_FIELDS, UNJOURNALED, Journal, _dump
 from agent.storage.ledger import DEATHS_IN_A_ROW, Ledger, Restored
@@ -68,6 +69,26 @@ def test_pending_announcements_and_ids_survive_reopening(tmp_path: Path) -> None
         "a", priority=Priority.ALARM, ttl=30.0, unknown_fields=("x",)
     )
     assert again.remembered() == (["a", "b", "c"], ["fa", "fb"])
+
+
+def test_an_ssml_announcement_comes_back_parsed(tmp_path: Path) -> None:
+    """The parsed document is not journaled: it is parsed again from the text read back, as it
+    was on arrival, and a text that no longer parses is set aside (an edit, a damaged card)."""
+    document = '<speak>Gate <say-as interpret-as="cardinal">21</say-as>.</speak>'
+    path = unconstrained_journal(tmp_path)
+    journal = Journal(path, remembered=10)
+    journal.record(SpeakRequest("a", document, ssml=True, document=parse_ssml(document)), "", 1.0)
+    journal.close()
+    body = json.loads(_dump(SpeakRequest("b", document, ssml=True, document=parse_ssml(document))))
+    assert "document" not in body
+    write_row(path, {"id": "b", "request": json.dumps(body | {"text": "<speak>Gate"})})
+    restored, _ = read_back(path)
+    (back,) = restored.pending
+    assert back.request.document == parse_ssml(document)
+    assert [s.text for s in back.request.document if isinstance(s, Speech)] == ["Gate twenty-one."]
+    (failed,) = restored.damaged
+    assert (failed.id, failed.details["reason"]) == ("b", "damaged_journal")
+    assert "no SSML document" in str(failed.details["detail"])
 
 
 def test_ended_ids_are_kept_only_for_the_window(tmp_path: Path) -> None:

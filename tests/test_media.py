@@ -16,7 +16,7 @@ import soundfile as sf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.core.messages import Reason
+from agent.core.reasons import Reason
 from agent.formats.media import (
     MAX_AUDIO_BYTES,
     MAX_CHANNELS,

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.core.messages import Reason
+from agent.core.reasons import Reason
 from agent.formats.media import MEDIA_REASONS, MediaError, decode_audio
 from agent.speech.media_decoder import DecodeAbortedError, DecoderLimits, MediaDecoder
 from harness import wait_until

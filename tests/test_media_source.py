@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from agent.core.egress import EgressPolicy
-from agent.core.messages import AudioClip, Event, MediaHeld, Priority, Reason, SpeakRequest
+from agent.core.messages import AudioClip, Event, MediaHeld, Priority, SpeakRequest
+from agent.core.reasons import Reason
 from agent.core.refusal import Refused
 from agent.formats.media import MAX_AUDIO_SECONDS, MAX_DECODE_SAMPLES, DecodedAudio
 from agent.speech.media_decoder import MediaDecoder

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from agent.core.messages import Lifecycle, Reason, Rejection, SpeakRequest
+from agent.core.messages import Lifecycle, Rejection, SpeakRequest
+from agent.core.reasons import Reason
 from agent.protocol.payloads import SpeakLimits, encode_event, parse_speak
 
 LIMIT = 256

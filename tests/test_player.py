@@ -14,14 +14,8 @@ import pytest
 
 from agent.audio.device import Pcm, PcmOpener, alsa_opener
 from agent.audio.player import BUFFER_CHUNKS, Player
-from agent.core.messages import (
-    AudioStatus,
-    Event,
-    Priority,
-    Reason,
-    UtteranceEnded,
-    UtteranceStarted,
-)
+from agent.core.messages import AudioStatus, Event, Priority, UtteranceEnded, UtteranceStarted
+from agent.core.reasons import Reason
 from agent.formats.pcm import Chunk
 from harness import FaultyPcm, read_pcm, wait_until
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.formats import ssml
 from agent.formats.ssml import (
     BREAK_STRENGTHS,
     MAX_DEPTH,
@@ -23,6 +24,7 @@ from agent.formats.ssml import (
     Sound,
     Speech,
     SsmlError,
+    in_language,
     is_ssml,
     parse_ssml,
     spoken_text,
@@ -319,6 +321,35 @@ def test_say_as_numbers_follow_the_voice_language() -> None:
     )
     assert texts(speak(document, lang="de_DE")) == ["einundzwanzig dritte"]
     assert texts(speak(document, lang="xx")) == ["21 3"]  # no words known: espeak reads digits
+
+
+def test_a_document_parsed_once_is_said_in_any_voice_language_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parsed on arrival (in English), said later in the language of the voice chosen for it:
+    the same as parsing it in that language, with no second parse (the parser is broken after
+    the first)."""
+    document = (
+        '<speak>Gate <say-as interpret-as="cardinal">21</say-as>, <break time="1s"/>'
+        '<audio src="bell"><say-as interpret-as="ordinal">3</say-as> bell</audio> now.</speak>'
+    )
+    arrived, plain = parse_ssml(document), speak("No numbers here.")
+    expected = {lang: parse_ssml(document, lang=lang) for lang in ("de_DE", "fr", "xx")}
+
+    def no_parse(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(ssml, "_Builder", no_parse)
+    assert texts(arrived) == ["Gate twenty-one,", "now."]
+    for lang, parsed in expected.items():
+        said = in_language(arrived, lang)
+        assert said == parsed
+        assert [s.text for s in said if isinstance(s, Speech)] == texts(parsed)
+        sound = next(s for s in said if isinstance(s, Sound))
+        assert sound.fallback == next(s for s in parsed if isinstance(s, Sound)).fallback
+    assert texts(in_language(arrived, "de_DE")) == ["Gate einundzwanzig,", "now."]
+    assert texts(in_language(arrived, "xx")) == ["Gate 21,", "now."]  # espeak reads digits
+    assert in_language(plain, "de_DE") == plain  # nothing in it depends on the language
 
 
 def test_say_as_reads_the_text_of_nested_elements_as_one() -> None:

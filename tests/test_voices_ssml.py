@@ -24,7 +24,6 @@ from agent.core.messages import (
     Delivery,
     Event,
     Notify,
-    Reason,
     Rejection,
     SpeakReceived,
     SpeakRequest,
@@ -32,7 +31,9 @@ from agent.core.messages import (
     Synthesize,
     UtteranceEnded,
 )
+from agent.core.reasons import Reason
 from agent.core.scheduler import SpeakCore
+from agent.formats.ssml import parse_ssml
 from agent.protocol.payloads import SpeakLimits, parse_speak
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import Synthesizer, VoiceChoice
@@ -135,7 +136,8 @@ def near(value: float, target: float, tolerance: float = 0.08) -> bool:
 
 
 def ssml(rig: Rig, document: str, **fields: object) -> tuple[UtteranceEnded, np.ndarray]:
-    request = SpeakRequest("s", document, ssml=True, **fields)  # type: ignore[arg-type]
+    parsed = parse_ssml(document)  # on arrival, as `payloads` does
+    request = SpeakRequest("s", document, ssml=True, document=parsed, **fields)  # type: ignore[arg-type]
     return rig.say(request)
 
 
@@ -345,7 +347,8 @@ def test_what_the_node_cannot_play_is_rejected_on_arrival(
 
 def test_an_ssml_voice_the_node_does_not_have_is_rejected_on_arrival() -> None:
     document = '<speak>Hi <voice name="klingon">Qapla</voice></speak>'
-    refused = admitted(core_with_voices(), SpeakRequest("a", document, ssml=True))
+    request = SpeakRequest("a", document, ssml=True, document=parse_ssml(document))
+    refused = admitted(core_with_voices(), request)
     assert isinstance(refused, Rejection)
     assert refused.reason == Reason.UNKNOWN_VOICE
 

@@ -25,7 +25,8 @@ from typing import Final
 import numpy as np
 
 from agent.audio.device import AudioUnavailableError, Device, PcmOpener
-from agent.core.messages import Event, Reason, UtteranceEnded, UtteranceStarted
+from agent.core.messages import Event, UtteranceEnded, UtteranceStarted
+from agent.core.reasons import Reason
 from agent.core.start_clock import frame_at
 from agent.core.volume import effective_volume
 from agent.formats.pcm import Chunk

@@ -7,8 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from agent.core.catalog import Catalog
-from agent.core.messages import Reason, Rejection, SpeakRequest, is_url
+from agent.core.messages import Rejection, SpeakRequest, is_url
 from agent.core.program import named_voices
+from agent.core.reasons import Reason
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Final
 
+from agent.core.reasons import Reason
+from agent.formats.ssml import Segment
+
 
 class Lifecycle(StrEnum):
     """The `event` field of messages on `<prefix>/<node_id>/events`."""
@@ -46,60 +49,6 @@ FINAL_EVENTS: Final = frozenset(
 )
 """Events that end an announcement (`finished` of a repeat is the last): its journal entry
 ends and a Hermes request gets its reply."""
-
-
-class Reason(StrEnum):
-    """The `reason` field of `rejected` and `failed` events."""
-
-    PAYLOAD_TOO_LARGE = "payload_too_large"
-    INVALID_UTF8 = "invalid_utf8"
-    INVALID_JSON = "invalid_json"
-    INVALID_FIELD = "invalid_field"
-    EMPTY_TEXT = "empty_text"
-    TEXT_TOO_LONG = "text_too_long"
-    UNKNOWN_VOICE = "unknown_voice"
-    UNKNOWN_CHIME = "unknown_chime"
-    UNKNOWN_ID = "unknown_id"
-    DUPLICATE_ID = "duplicate_id"
-    QUEUE_FULL = "queue_full"
-    SYNTHESIS_ERROR = "synthesis_error"
-    NO_SPEECH = "no_speech"
-    AUDIO_ERROR = "audio_error"
-    UNSUPPORTED_AUDIO = "unsupported_audio"
-    """A sound file that is no audio the agent can decode (damaged, or a format, channel count
-    or sample rate it does not read), or whose decoder died on it."""
-    AT_TOO_FAR = "at_too_far"
-    """Its `at` is further ahead than `speak.max_lead_seconds`."""
-    AT_PASSED = "at_passed"
-    """Its `at` passed more than `speak.max_late_seconds` ago."""
-    UNKNOWN_SOUND = "unknown_sound"
-    """A `sound` that is no name of `audio.media`."""
-    SOUND_UNAVAILABLE = "sound_unavailable"
-    """A sound that could not be had: its URL failed (the detail starts with a coarse code:
-    refused_by_policy, unreachable, http_error, too_large, timeout, incomplete) or its file is
-    gone."""
-    URL_NOT_ALLOWED = "url_not_allowed"
-    """A sound URL that `audio.media_hosts` does not allow (its host or port), or that carries
-    credentials: refused on arrival, nothing is fetched."""
-    UNKNOWN_SPEAKER = "unknown_speaker"
-    """A `speaker` the voice does not have."""
-    UNKNOWN_LANGUAGE = "unknown_language"
-    """A `lang` no configured voice speaks."""
-    INVALID_SSML = "invalid_ssml"
-    """SSML that is malformed, hostile or too big (the detail gives line and column)."""
-    TOO_LONG = "too_long"
-    """Its speech would last longer than `speak.max_audio_seconds`, or a sound longer than a
-    minute (from its header, or as it decodes)."""
-    TOO_LARGE = "too_large"
-    """A sound with more to decode than the agent does for one (over `audio.max_media_bytes`,
-    a sample rate over 192 kHz, over 24 M samples of all its channels, or beyond the decoder's
-    time or memory)."""
-    CRASH_LOOP = "crash_loop"
-    """The agent died twice in the same step of this announcement's work (see `ledger`)."""
-    DAMAGED_JOURNAL = "damaged_journal"
-    """Its journal row, read back after a restart, cannot be used (a damaged card, an edit)."""
-    INTERNAL = "internal"
-    """The agent failed while handling the message (a bug: logged with its traceback)."""
 
 
 class Priority(IntEnum):
@@ -190,6 +139,9 @@ class SpeakRequest:
     common start across the nodes of a group); None: as soon as it can."""
     ssml: bool = False
     """`text` is an SSML document (checked when it arrived)."""
+    document: tuple[Segment, ...] = field(default=(), compare=False, repr=False)
+    """With `ssml`: the document parsed, once, on arrival (or read back from the journal), its
+    `say-as` said in English; `program` says it in the voice's language. Empty otherwise."""
     speaker: str | None = None
     """A speaker of a multi-speaker voice: a name from its `speaker_id_map`, or a number."""
     lang: str | None = None

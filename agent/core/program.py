@@ -2,6 +2,9 @@
 
 Pure: the request's fields become `ssml` segments (speech, pauses, sounds), with the request's
 voice, speaker, rate and volume applied to every piece of speech that does not name its own.
+An SSML document is not parsed here: it was, once, on arrival (`SpeakRequest.document`); what
+the voice chosen for it changes is said here, plainly: its voice and speaker where the document
+names none, and every `say-as` said in that voice's language.
 """
 
 from __future__ import annotations
@@ -9,18 +12,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agent.core.messages import SpeakRequest
-from agent.formats.ssml import Segment, Sound, Speech, parse_ssml
+from agent.formats.ssml import Segment, Sound, Speech, in_language
 
 
 def program(request: SpeakRequest, voice: str, lang: str) -> tuple[Segment, ...]:
-    """The segments of a request whose voice is `voice` (its language `lang`, for numbers in
-    SSML `say-as`). Raises ssml.SsmlError for a document that no longer parses (it was checked
-    on arrival)."""
+    """The segments of a request whose voice is `voice` (its language `lang`, for `say-as`)."""
     parts: list[Segment] = []
     if request.sound:
         parts.append(Sound(request.sound))
     if request.ssml:
-        parts += (_voiced(s, request, voice) for s in parse_ssml(request.text, lang=lang))
+        parts += (_voiced(s, request, voice) for s in in_language(request.document, lang))
     elif request.text:
         parts.append(Speech(request.text, voice=voice, speaker=request.speaker))
     if request.sound_after:
@@ -43,9 +44,7 @@ def _voiced(segment: Segment, request: SpeakRequest, voice: str) -> Segment:
 
 def named_voices(request: SpeakRequest) -> frozenset[str]:
     """The voices an SSML request switches to with `<voice name>` (to check on arrival)."""
-    if not request.ssml:
-        return frozenset()
-    return frozenset(_voices(parse_ssml(request.text)))
+    return frozenset(_voices(request.document))
 
 
 def _voices(segments: tuple[Segment, ...]) -> list[str]:

@@ -56,7 +56,6 @@ from agent.core.messages import (
     MediaHeld,
     Prepare,
     Priority,
-    Reason,
     Record,
     Rejection,
     Remember,
@@ -79,6 +78,7 @@ from agent.core.messages import (
     VoiceSelected,
     VolumeRequested,
 )
+from agent.core.reasons import Reason
 from agent.core.waiting import Item, WaitingQueue, notify, rejected
 
 REQUEUED_WHEN_PREEMPTED = frozenset({Priority.INFO, Priority.WARNING, Priority.ALARM})

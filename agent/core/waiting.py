@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from agent.core.messages import Lifecycle, Notify, Reason, Rejection, SpeakRequest
+from agent.core.messages import Lifecycle, Notify, Rejection, SpeakRequest
+from agent.core.reasons import Reason
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ import numpy.typing as npt
 import soundfile as sf
 import soxr
 
-from agent.core.messages import Reason
+from agent.core.reasons import Reason
 from agent.core.refusal import Refused
 from agent.formats.pcm import PCM16
 

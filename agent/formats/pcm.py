@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from agent.core.messages import Priority, Reason
+from agent.core.messages import Priority
+from agent.core.reasons import Reason
 
 PCM16 = npt.NDArray[np.int16]
 """Mono 16-bit samples at the device's rate."""

@@ -27,7 +27,7 @@ from defusedxml import DefusedXmlException, DTDForbidden, EntitiesForbidden
 from defusedxml.ElementTree import DefusedXMLParser
 from num2words import CONVERTER_CLASSES, num2words
 
-from agent.core.messages import Reason
+from agent.core.reasons import Reason
 from agent.core.refusal import Refused
 from agent.formats.text import clean_text
 
@@ -124,11 +124,22 @@ _SSML_START: Final = re.compile(r"[\s\ufeff]*(?:<\?xml[^>]{0,200}\?>\s*)?<speak[
 
 
 @dataclass(frozen=True, slots=True)
+class SayAs:
+    """A `say-as` as written: its words depend on the language of the voice that reads it
+    (numbers, ordinals, dates, times), so they are made when that voice is known."""
+
+    text: str
+    interpret_as: str
+    format: str
+
+
+@dataclass(frozen=True, slots=True)
 class Speech:
     """Text to synthesize, with the voice and prosody in force where it stands."""
 
     text: str
-    """Cleaned text (see `text.clean_text`), never empty; `say-as` and `sub` already applied."""
+    """Cleaned text (see `text.clean_text`), never empty; `sub` applied, and `say-as` in the
+    language the document was parsed for (`in_language` says it in another)."""
     rate: float = 1.0
     """Speaking-rate factor, MIN_RATE to MAX_RATE (4 decimals): the voice's length scale is
     divided by it."""
@@ -138,6 +149,9 @@ class Speech:
     """Voice id from `<voice name>`; None: the request's voice."""
     speaker: str | None = None
     """Speaker of a multi-speaker voice (a name or a number, as written); None: its default."""
+    said: tuple[str | SayAs, ...] = field(default=(), compare=False)
+    """The text as written, with its `say-as` pieces, when it has any (else empty): what
+    `in_language` says again for another voice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,10 +205,9 @@ def is_ssml(text: str) -> bool:
 def parse_ssml(
     document: str, *, lang: str = "en", max_chars: int = MAX_SSML_CHARS
 ) -> tuple[Segment, ...]:
-    """The segments of an SSML document, in order (empty when it says nothing).
-
-    `lang` is the voice's language (e.g. `en`, `de_DE`) for numbers read out by `say-as`.
-    Raises SsmlError.
+    """The segments of an SSML document, in order (empty when it says nothing): parsed once, on
+    arrival. `lang` is the language `say-as` is said in (e.g. `en`, `de_DE`: numbers, dates,
+    times); `in_language` says it in a voice's own language later. Raises SsmlError.
     """
     if len(document) > max_chars:
         raise SsmlError(f"{len(document)} characters, at most {max_chars} allowed", 1, 1)
@@ -205,7 +218,7 @@ def parse_ssml(
     except UnicodeEncodeError as err:
         line, column = _position_of(body, err.start)
         raise _shifted(SsmlError("a lone surrogate character", line, column), prefix) from None
-    builder = _Builder(_number_lang(lang))
+    builder = _Builder()
     parser = DefusedXMLParser(
         target=builder, encoding="utf-8", forbid_dtd=True, forbid_entities=True
     )
@@ -222,7 +235,22 @@ def parse_ssml(
     except (DefusedXmlException, expat.ExpatError) as err:
         line, column = builder.where()
         raise _shifted(SsmlError(_defused_detail(err), line, column), prefix) from None
-    return builder.segments()
+    return in_language(builder.segments(), lang)
+
+
+def in_language(segments: tuple[Segment, ...], lang: str) -> tuple[Segment, ...]:
+    """The segments with every `say-as` said in `lang` (the language of the voice that reads
+    them): the only thing a voice's choice changes in a parsed document."""
+    numbers = _number_lang(lang)
+    out: list[Segment] = []
+    for segment in segments:
+        if isinstance(segment, Speech) and segment.said:
+            out.append(replace(segment, text=_said(segment.said, numbers) or segment.text))
+        elif isinstance(segment, Sound) and segment.fallback:
+            out.append(replace(segment, fallback=in_language(segment.fallback, lang)))
+        else:
+            out.append(segment)
+    return tuple(out)
 
 
 def spoken_text(segments: tuple[Segment, ...]) -> str:
@@ -276,13 +304,13 @@ class _Output:
 
     def __init__(self) -> None:
         self.segments: list[Segment] = []
-        self._text: list[str] = []
+        self._text: list[str | SayAs] = []
         self._style = _Style()
         self._break = 0.0
         self._boundary = 0.0
 
-    def add_text(self, text: str, style: _Style) -> None:
-        if not self._text and not text.strip():
+    def add_text(self, text: str | SayAs, style: _Style) -> None:
+        if not self._text and isinstance(text, str) and not text.strip():
             return
         if self._text and style != self._style:
             self.flush_text()
@@ -306,13 +334,15 @@ class _Output:
         self.segments.append(segment)
 
     def flush_text(self) -> None:
-        text = _SPACE_BEFORE_PUNCTUATION.sub("", clean_text("".join(self._text)))
+        pieces = tuple(self._text)
         self._text.clear()
+        text = _said(pieces, None)  # `say-as` as written until a language is given
         if text:
             style = self._style
             rate = round(min(MAX_RATE, max(MIN_RATE, style.rate)), 4)
             volume = round(min(1.0, style.volume), 4)
-            self.segments.append(Speech(text, rate, volume, style.voice, style.speaker))
+            said = pieces if any(isinstance(p, SayAs) for p in pieces) else ()
+            self.segments.append(Speech(text, rate, volume, style.voice, style.speaker, said))
 
     def finish(self) -> tuple[Segment, ...]:
         self.flush_text()
@@ -334,9 +364,8 @@ class _Output:
 class _Builder:
     """The parser's target: turns element and text events into segments as they come."""
 
-    def __init__(self, lang: str | None) -> None:
+    def __init__(self) -> None:
         self.parser: expat.XMLParserType | None = None
-        self._lang = lang
         self._frames: list[_Frame] = []
         self._outputs: list[_Output] = [_Output()]
         self._elements = 0
@@ -413,8 +442,7 @@ class _Builder:
     def end(self, tag: str) -> None:
         frame = self._frames.pop()
         if frame.say_as is not None:
-            words = _say_as("".join(frame.captured), *frame.say_as, lang=self._lang)
-            self.data(f" {words} ")
+            self._said_as(SayAs("".join(frame.captured), *frame.say_as))
         if frame.boundary:
             self._output.add_boundary(frame.boundary)
         if frame.sound is not None:
@@ -436,6 +464,17 @@ class _Builder:
 
     def close(self) -> None:
         """Called by the parser at the end of the document."""
+
+    def _said_as(self, said: SayAs) -> None:
+        """A `say-as` ended: kept as written where speech goes on (said in the voice's
+        language later); inside another one's text, said in English there."""
+        if not self._frames:
+            return
+        frame = self._frames[-1]
+        if frame.mode is _Mode.SPEAK:
+            self._output.add_text(said, frame.style)
+        elif frame.mode is _Mode.CAPTURE:
+            self.data(f" {_said((said,), _number_lang('en'))} ")
 
     # -- attributes --
 
@@ -558,6 +597,18 @@ def _defused_detail(err: Exception) -> str:
 
 
 # ---- say-as -------------------------------------------------------------------------------
+
+
+def _said(pieces: tuple[str | SayAs, ...], numbers: str | None) -> str:
+    """Text pieces and `say-as` as one cleaned text, the `say-as` said in the num2words
+    language `numbers` (None: as written)."""
+    text = "".join(
+        piece
+        if isinstance(piece, str)
+        else f" {_say_as(piece.text, piece.interpret_as, piece.format, lang=numbers)} "
+        for piece in pieces
+    )
+    return _SPACE_BEFORE_PUNCTUATION.sub("", clean_text(text))
 
 
 def _number_lang(lang: str) -> str | None:

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agent.core.messages import AudioClip, Reason, Rejection, SpeakRequest
+from agent.core.messages import AudioClip, Rejection, SpeakRequest
+from agent.core.reasons import Reason
 from agent.core.states import HermesKind
 from agent.protocol.payloads import LANGUAGE as _LANGUAGE
 from agent.protocol.payloads import (

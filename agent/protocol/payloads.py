@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from agent.core.messages import Lifecycle, Priority, Reason, Rejection, SpeakRequest, is_url
+from agent.core.messages import Lifecycle, Priority, Rejection, SpeakRequest, is_url
+from agent.core.reasons import Reason
 from agent.formats.ssml import SsmlError, is_ssml, parse_ssml, spoken_text
 from agent.formats.text import clean_text
 
@@ -480,8 +481,8 @@ def finish_request(request: SpeakRequest, limits: SpeakLimits) -> SpeakRequest |
 def _finish_ssml(
     request: SpeakRequest, limits: SpeakLimits, field: str
 ) -> SpeakRequest | Rejection:
-    """An SSML request: a document that parses (the synthesizer parses it again, for the
-    voice's language), whose words are within the text limit."""
+    """An SSML request: a document that parses (kept parsed in the request, `document`), whose
+    words are within the text limit."""
     try:
         segments = parse_ssml(request.text)
     except SsmlError as err:
@@ -492,7 +493,7 @@ def _finish_ssml(
     if len(words) > limits.max_text_chars:
         detail = f"{len(words)} characters of speech, at most {limits.max_text_chars} allowed"
         return Rejection(request.id, Reason.TEXT_TOO_LONG, detail, None, request.priority)
-    return request
+    return replace(request, document=segments)
 
 
 def _kind(value: object) -> str:

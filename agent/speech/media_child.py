@@ -23,7 +23,7 @@ import struct
 import sys
 from typing import BinaryIO, Final
 
-from agent.core.messages import Reason
+from agent.core.reasons import Reason
 from agent.formats.media import MediaError, decode_audio
 
 FRAME: Final = struct.Struct("<I")

@@ -29,7 +29,7 @@ from typing import Final
 
 import numpy as np
 
-from agent.core.messages import Reason
+from agent.core.reasons import Reason
 from agent.formats.media import (
     MAX_AUDIO_SECONDS,
     MAX_DECODE_SAMPLES,

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Final
 
 from agent.core.egress import EgressPolicy
-from agent.core.messages import Event, MediaHeld, Reason, SpeakRequest, is_url
+from agent.core.messages import Event, MediaHeld, SpeakRequest, is_url
+from agent.core.reasons import Reason
 from agent.core.refusal import Refused
 from agent.formats.pcm import PCM16
 from agent.guarded.http_fetch import FetchError, fetch_bytes, redact

@@ -33,13 +33,14 @@ from typing import Final, Protocol
 
 import numpy as np
 
-from agent.core.messages import FALLBACK_CACHED, Event, Reason, SpeakRequest, SynthesisDone, is_url
+from agent.core.messages import FALLBACK_CACHED, Event, SpeakRequest, SynthesisDone, is_url
 from agent.core.program import program
+from agent.core.reasons import Reason
 from agent.core.refusal import Refused
 from agent.formats.chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
 from agent.formats.media import Resampler
 from agent.formats.pcm import PCM16, Chunk
-from agent.formats.ssml import Pause, Segment, Sound, SsmlError
+from agent.formats.ssml import Pause, Segment, Sound
 from agent.formats.text import clean_text
 from agent.speech.chimes import ChimePlan
 from agent.speech.media_source import MediaSource
@@ -334,10 +335,7 @@ class Synthesizer:
     def _steps_to_say(self, request: SpeakRequest) -> list[_Say]:
         """A request's speech, read into sentences (no sound is fetched or decoded)."""
         choice = self._voices[request.voice or "default"]
-        try:
-            segments = program(request, choice.id, choice.voice.info.language or "en")
-        except SsmlError:
-            return []
+        segments = program(request, choice.id, choice.voice.info.language or "en")
         says: list[_Say] = []
         for segment in segments:
             if not isinstance(segment, Pause | Sound):
@@ -357,8 +355,7 @@ class Synthesizer:
         its speech is estimated beyond the cap), pauses, and its sounds as samples."""
         choice = self._voices[request.voice or "default"]
         lang = choice.voice.info.language or "en"
-        segments = program(request, choice.id, lang)  # SsmlError: checked on arrival, but a
-        # voice's language may read a number otherwise (a refusal like any other)
+        segments = program(request, choice.id, lang)  # parsed on arrival; said in `lang`
         steps: list[_Step] = []
         estimate = 0.0
         for segment in segments:  # the cap checked as it grows: no sound past it is decoded

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from agent.core.messages import FALLBACKS, Priority, SpeakRequest
 from agent.core.states import EntryState
+from agent.formats.ssml import SsmlError, parse_ssml
 from agent.guarded import nofollow
 from agent.storage.outbox import KEPT, Outbox
 from agent.storage.set_aside import SetAside
@@ -439,6 +440,7 @@ def _dump(request: SpeakRequest) -> str:
     body["priority"] = int(request.priority)
     body["unknown_fields"] = list(request.unknown_fields)
     body.pop("audio", None)  # recorded audio is not journaled (see app: Hermes playBytes)
+    body.pop("document", None)  # parsed again from the text
     return json.dumps(body)
 
 
@@ -465,6 +467,13 @@ def _load(text: object) -> SpeakRequest:
     for name in ("id", "text"):
         if name not in values:
             raise _BadRowError(f"request field {name}: missing")
+    if values.get("ssml"):  # parsed again, as it was on arrival
+        try:
+            values["document"] = parse_ssml(values["text"])
+        except SsmlError as err:
+            raise _BadRowError(
+                f"request field ssml: its text is no SSML document ({err.detail})"
+            ) from None
     return SpeakRequest(**values)
 
 
@@ -636,8 +645,9 @@ REQUEST_FIELDS: Final[Mapping[str, Check]] = {
 """How each journaled field of a request is checked when read back: types, finite numbers,
 bounds wide enough for anything the parser accepts (the journal only holds what it did), so
 that a damaged or edited value is found here, not in the synthesizer or the player."""
-UNJOURNALED: Final = frozenset({"audio"})
-"""Request fields never written to the journal (recorded audio is real-time only)."""
+UNJOURNALED: Final = frozenset({"audio", "document"})
+"""Request fields never written to the journal: recorded audio (real-time only), and the parsed
+SSML document (parsed again from `text` when it is read back)."""
 
 
 def _setting_problem(name: object, value: object) -> str | None:

@@ -44,10 +44,10 @@ from agent.core.messages import (
     Delivery,
     Lifecycle,
     Notify,
-    Reason,
     SpeakRequest,
     Unfinished,
 )
+from agent.core.reasons import Reason
 from agent.core.states import FINAL_PHASES, EntryState
 from agent.storage.journal import BOOT_SETTING, Damaged, Journal, Pending
 from agent.storage.outbox import KEPT
