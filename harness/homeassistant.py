@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import json
 import re
 import shutil
@@ -70,9 +71,11 @@ CONFIGURED: Final = (
     "binary_sensor",
     "update",
     "event",
+    "frontend",
 )
 """The integrations the tests need (mqtt comes from its config entry, the rest from
-configuration.yaml); Home Assistant adds its core and default integrations itself."""
+configuration.yaml; the frontend for the device page's screenshot); Home Assistant adds its core
+and default integrations itself."""
 
 _ALWAYS_LOADED: Final = (
     "import json, os, homeassistant, homeassistant.bootstrap as b; print(json.dumps({"
@@ -152,7 +155,8 @@ def install(cache: Path = CACHE) -> Installation:
     Built in a temporary folder next to the cache entry and renamed into place when complete,
     under a lock, so a cached venv is always whole and two runs never build the same one."""
     release, python, version = choose_release()
-    key = f"{release}-py{'.'.join(map(str, version))}"
+    wanted = hashlib.sha256(" ".join(CONFIGURED).encode()).hexdigest()[:8]
+    key = f"{release}-py{'.'.join(map(str, version))}-{wanted}"  # a new integration: a new venv
     final = cache / key
     cache.mkdir(parents=True, exist_ok=True)
     with (cache / ".lock").open("w") as lock:
@@ -321,10 +325,14 @@ class HomeAssistant:
         assert self.alive(), f"Home Assistant exited:\n{self.output()[-4000:]}"
 
     def _answers(self) -> bool:
+        """Whether its HTTP server answers (any status: once onboarding is done, its API is
+        gone and the path is a 404)."""
         try:
             with urllib.request.urlopen(f"{self.url}/api/onboarding", timeout=5):  # noqa: S310
                 return True
-        except (OSError, urllib.error.HTTPError):
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
             return False
 
     def _write_config(self) -> None:
@@ -399,6 +407,15 @@ class HomeAssistant:
         )
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310
             access = json.loads(response.read())["access_token"]
+        for step, body in (
+            ("core_config", {}),
+            ("analytics", {}),
+            (
+                "integration",
+                {"client_id": client_id, "redirect_uri": f"{client_id}?auth_callback=1"},
+            ),
+        ):  # the rest of onboarding, so the frontend opens its pages (not the onboarding's)
+            self._post_json(f"/api/onboarding/{step}", body, access)
         command = {"type": "auth/long_lived_access_token", "client_name": "tests", "lifespan": 365}
         (token,) = self._websocket(access, [command])
         self._token_file.write_text(str(token), encoding="utf-8")
@@ -424,12 +441,12 @@ class HomeAssistant:
             raise ApiError(f"{method} {path}: {error.code} {error.read()!r}") from error
         return json.loads(text) if text else None
 
-    def _post_json(self, path: str, body: Any) -> Any:
+    def _post_json(self, path: str, body: Any, token: str | None = None) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         request = urllib.request.Request(  # noqa: S310 - our own loopback server
-            f"{self.url}{path}",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
+            f"{self.url}{path}", data=json.dumps(body).encode(), headers=headers, method="POST"
         )
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310
             return json.loads(response.read())

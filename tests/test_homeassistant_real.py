@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import signal
+import struct
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from harness import (
     write_config,
 )
 from harness.homeassistant import DISCOVERY_PREFIX, ApiError, HomeAssistant, entity_ids, install
+from harness.screenshot import screenshot
 from ota import release
 from tests.release_server import ReleaseServer
 from tests.tiny_voice import write_tiny_voice
@@ -279,6 +282,46 @@ def test_every_announced_entity_appears_as_announced(
         "update/voice_model",
     }
     assert homeassistant.mqtt_problems() == []
+
+
+SCREENSHOT: Final = (
+    Path(__file__).resolve().parent.parent / "docs" / "images" / "home-assistant-device.png"
+)
+"""The device page of a node as Home Assistant's own frontend draws it (docs/home-assistant.md)."""
+SHOWN: Final = ("Controls", "Sensors", "Configuration", "Diagnostic", "Speak", "Stop", "Volume")
+"""What the page must show before it is photographed: the cards and some of their entities."""
+
+
+def test_the_device_page_shows_the_node_and_its_controls(
+    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+) -> None:
+    """Home Assistant's frontend, in headless Chromium, draws the node's device page with its
+    controls, sensors and update: the picture the documentation shows, taken here each run."""
+    (device,) = [
+        d
+        for d in homeassistant.device_registry()
+        if ["mqtt", f"voice_agent_{node.node_id}"] in d["identifiers"]
+    ]
+    tokens = {
+        "hassUrl": homeassistant.url,
+        "clientId": f"{homeassistant.url}/",
+        "access_token": homeassistant.token,  # a long-lived token: never refreshed
+        "refresh_token": "",
+        "expires_in": 10**9,
+        "expires": int(time.time() * 1000) + 10**12,
+    }
+    screenshot(
+        f"{homeassistant.url}/config/devices/device/{device['id']}",
+        SCREENSHOT,
+        [f"Voice {node.node_id}", *SHOWN],
+        {"hassTokens": json.dumps(tokens)},
+        size=(1280, 1950),
+    )
+    picture = SCREENSHOT.read_bytes()
+    assert picture.startswith(b"\x89PNG\r\n\x1a\n")
+    width, height = struct.unpack(">II", picture[16:24])  # the IHDR chunk
+    assert (width, height) == (1280, 1950)
+    assert len(picture) > 50_000  # a drawn page, not a blank one
 
 
 def test_sensors_show_what_the_state_carries(
