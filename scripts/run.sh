@@ -11,7 +11,8 @@ mkdir -p .run
 read -r HOST PORT NODE PREFIX DEVICE_OK RATE < <(.venv/bin/python - "$CONFIG" <<'PY'
 import json, sys
 from pathlib import Path
-from agent.settings.config import ConfigError, load
+from agent.settings.declarations import ConfigError
+from agent.settings.loading import load
 try:
     c = load(Path(sys.argv[1]))
 except ConfigError as err:
@@ -76,5 +77,6 @@ AGENT_PID=$!
 trap 'kill -TERM "$AGENT_PID" 2>/dev/null' INT TERM
 status=0
 wait "$AGENT_PID" || status=$?
-if kill -0 "$AGENT_PID" 2>/dev/null; then wait "$AGENT_PID" || status=$?; fi
+# A stop request interrupts that wait (128 + its signal): the agent's own exit is the result.
+if [ "$status" -gt 128 ]; then status=0; wait "$AGENT_PID" || status=$?; fi
 exit "$status"
