@@ -117,7 +117,7 @@ def _check_config(path: Path) -> int:
 
 
 def _run(config: AgentConfig) -> int:
-    from .app import run  # noqa: PLC0415 - keeps `check-config` free of onnxruntime start-up
+    from agent.app import run  # noqa: PLC0415 - keeps `check-config` free of onnxruntime start-up
 
     code = run(config, _install_signals)
     _LOGGER.info("Stopped")
@@ -130,7 +130,7 @@ def _install_signals(stop: Callable[[], None]) -> None:
 
 
 def _say(config: AgentConfig, args: argparse.Namespace) -> int:
-    from .voices import load_voice  # noqa: PLC0415 - see _run
+    from agent.voices import load_voice  # noqa: PLC0415 - see _run
 
     if args.voice != "default" and args.voice not in config.tts.voices:
         known = ", ".join(["default", *config.tts.voices])

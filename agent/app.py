@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Final
 
+from agent.assembly import InboxEvent, assemble, new_id
 from agent.audio.device import PcmOpener
 from agent.audio.player import announce_role
 from agent.core.messages import (
@@ -41,6 +42,9 @@ from agent.core.messages import (
 )
 from agent.core.reasons import Reason
 from agent.core.states import UpdatePhase, UpdateReason, UpdateReport
+from agent.execution import Execution
+from agent.fact_sheet import FactSheet
+from agent.housekeeping import Housekeeping
 from agent.loop.voice_swap import SwapAsked, SwapWithdrawn
 from agent.protocol.inputs import (
     Connected,
@@ -55,12 +59,7 @@ from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
 from agent.speech.synthesizer import VoiceChoice
 from agent.speech.voice import Voice
-
-from .assembly import InboxEvent, assemble, new_id
-from .execution import Execution
-from .fact_sheet import FactSheet
-from .housekeeping import Housekeeping
-from .voices import choice_for
+from agent.voices import choice_for
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -322,7 +321,7 @@ def _subject(event: InboxEvent | Tick) -> str | None:
 
 def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], None]) -> int:
     """Load the voices, then serve until a signal asks to stop; returns the exit code."""
-    from .voices import load_voices  # noqa: PLC0415 - kept beside run for the command line
+    from agent.voices import load_voices  # noqa: PLC0415 - kept beside run for the command line
 
     os.umask(0o077)  # the journal, update slots, staged downloads and caches: the agent's only
     announce_role(config.audio.device, config.audio.media_role, os.environ)

@@ -42,8 +42,7 @@ from agent.storage.step_marker import StepMarker
 from agent.system import allocator
 from agent.system.systemd import Notifier
 from agent.updates.updater import Updater
-
-from .voices import catalog, factory_model, ota_directory, voice_names
+from agent.voices import catalog, factory_model, ota_directory, voice_names
 
 REPORT_SLOTS: Final = 256
 """Reports of the workers that can wait in the inbox (a worker waits for room beyond)."""

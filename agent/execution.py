@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from agent.assembly import Parts
 from agent.core.messages import (
     Acknowledge,
     Action,
@@ -27,8 +28,6 @@ from agent.core.messages import (
 from agent.protocol.discovery import result_message
 from agent.protocol.payloads import encode_event
 from agent.speech.voice import Voice
-
-from .assembly import Parts
 
 _LOGGER = logging.getLogger(__name__)
 

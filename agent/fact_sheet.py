@@ -8,12 +8,11 @@ import time
 from collections.abc import Mapping
 
 from agent import version as package_version
+from agent.assembly import Parts
 from agent.protocol.status import NodeFacts
 from agent.speech.synthesizer import VoiceChoice
 from agent.system.board import board
 from agent.system.clock import clock_sync
-
-from .assembly import Parts
 
 
 class FactSheet:

@@ -8,11 +8,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from agent.assembly import Parts, new_id
 from agent.core.messages import Lifecycle, Notify
+from agent.execution import Execution
 from agent.protocol.status import NodeFacts
-
-from .assembly import Parts, new_id
-from .execution import Execution
 
 _LOGGER = logging.getLogger(__name__)
 

@@ -87,31 +87,33 @@ def _answers(port: int) -> bool:
         return False
 
 
+def run_against(
+    broker: Broker, node: str, voice: Path, folder: Path, started: list[subprocess.Popen[bytes]]
+) -> str:
+    """Start `make run`'s script for a node of `broker` (started or not), check that it speaks
+    and stops; what it printed."""
+    capture = folder / "played.raw"
+    device = f"file:FILE={capture},FORMAT=raw"
+    config = write_config(
+        folder / "agent.yaml", agent_config(broker, folder, node, voice=voice, device=device)
+    )
+    log = folder / "run.log"
+    start_run(config, log, started)
+    speaks_and_stops(broker, node, capture, started[-1], log)
+    return log.read_text()
+
+
 def test_make_run_uses_the_broker_that_answers(
     broker: Broker, tiny_voice: Path, tmp_path: Path, run_script: list[subprocess.Popen[bytes]]
 ) -> None:
-    capture = tmp_path / "played.raw"
-    config = agent_config(
-        broker, tmp_path, "runs", voice=tiny_voice, device=f"file:FILE={capture},FORMAT=raw"
-    )
-    path = write_config(tmp_path / "agent.yaml", config)
-    log = tmp_path / "run.log"
-    start_run(path, log, run_script)
-    speaks_and_stops(broker, "runs", capture, run_script[0], log)
-    assert f"Using the broker at 127.0.0.1:{broker.port}." in log.read_text()
+    printed = run_against(broker, "runs", tiny_voice, tmp_path, run_script)
+    assert f"Using the broker at 127.0.0.1:{broker.port}." in printed
 
 
 def test_make_run_starts_a_loopback_broker_when_none_answers(
     tiny_voice: Path, tmp_path: Path, run_script: list[subprocess.Popen[bytes]]
 ) -> None:
     absent = Broker(tmp_path / "absent")  # a free port, nothing started on it: the script's own
-    capture = tmp_path / "played.raw"
-    config = agent_config(
-        absent, tmp_path, "alone", voice=tiny_voice, device=f"file:FILE={capture},FORMAT=raw"
-    )
-    path = write_config(tmp_path / "agent.yaml", config)
-    log = tmp_path / "run.log"
-    start_run(path, log, run_script)
-    speaks_and_stops(absent, "alone", capture, run_script[0], log)
-    assert "starting a loopback Mosquitto" in log.read_text()
+    printed = run_against(absent, "alone", tiny_voice, tmp_path, run_script)
+    assert "starting a loopback Mosquitto" in printed
     wait_until(lambda: not _answers(absent.port), TIMEOUT, "its Mosquitto stopped with it")
