@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -18,6 +18,12 @@ from paho.mqtt.properties import Properties
 
 from .broker import Broker
 from .wait import TIMEOUT, wait_until
+
+ENDING_EVENTS: Final = frozenset(
+    {"finished", "failed", "rejected", "expired", "stopped", "preempted", "acknowledged"}
+)
+"""Events that end an announcement, as the topic contract lists them (docs/topics.md): a test's
+own copy, not the agent's."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,15 @@ class Watcher:
             return [e for e in self.events(request_id) if e["event"] == event]
 
         wait_until(lambda: bool(found()), timeout, f"{event} of {request_id}")
+        return found()[0]
+
+    def wait_end(self, request_id: str, timeout: float = TIMEOUT) -> dict[str, Any]:
+        """Wait for a request's last event, whichever it is (ENDING_EVENTS), and return it."""
+
+        def found() -> list[dict[str, Any]]:
+            return [e for e in self.events(request_id) if e["event"] in ENDING_EVENTS]
+
+        wait_until(lambda: bool(found()), timeout, f"the end of {request_id}")
         return found()[0]
 
     def wait_payload(self, topic: str, payload: bytes, timeout: float = TIMEOUT) -> Received:

@@ -31,7 +31,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import wait_until
+from harness.listener import Listener
+from harness.mqtt import ENDING_EVENTS
 from tests.conftest import RunningAgent, StartAgent
 
 pytestmark = [pytest.mark.broker]
@@ -40,9 +41,6 @@ TOKEN: Final = "tok-93f1c0de"
 """A secret in what servers send: a banner, a reason phrase, a header, a body."""
 SECRET: Final = "s3cr3t-q-7d2e"
 """A secret in a URL: its query or its credentials."""
-FINAL_EVENTS: Final = frozenset(
-    {"finished", "failed", "rejected", "expired", "stopped", "preempted", "acknowledged"}
-)
 BROAD: Final = ["0.0.0.0/0:*", "[::/0]:*"]
 """Every address as written, on any port, and no refused class named."""
 
@@ -137,30 +135,6 @@ class RawServer:
         self._server.server_close()
 
 
-class Listener:
-    """A bare TCP listener that counts the connections made to it (and answers nothing)."""
-
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self.sock.bind((host, port))
-        self.sock.listen(16)
-        self.sock.setblocking(False)
-        self.port = int(self.sock.getsockname()[1])
-
-    def connections(self) -> int:
-        count = 0
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except BlockingIOError:
-                return count
-            conn.close()
-            count += 1
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
 def media() -> Iterator[RawServer]:
     """A web server with a sound at every path (a WAV tone)."""
@@ -183,15 +157,7 @@ def speak(agent: RunningAgent, topic: str | None = None, **payload: object) -> N
 
 def ended(agent: RunningAgent, request_id: str) -> dict[str, Any]:
     """The request's final event."""
-
-    def last() -> dict[str, Any] | None:
-        ends = [e for e in agent.watcher.events(request_id) if e["event"] in FINAL_EVENTS]
-        return ends[0] if ends else None
-
-    wait_until(lambda: last() is not None, what=f"the end of {request_id}")
-    event = last()
-    assert event is not None
-    return event
+    return agent.watcher.wait_end(request_id)
 
 
 def speaks_on(agent: RunningAgent, request_id: str) -> None:
@@ -617,7 +583,7 @@ def test_no_byte_of_an_answer_and_no_url_secret_reaches_mqtt_or_the_log(
         check()
         print(f"{count[0]} requests, ends: {sorted(seen)}")
         speaks_on(agent, "p-after")
-        assert len([e for e in agent.watcher.events() if e["event"] in FINAL_EVENTS]) == (
+        assert len([e for e in agent.watcher.events() if e["event"] in ENDING_EVENTS]) == (
             count[0] + 1
         )
     finally:

@@ -33,6 +33,7 @@ from agent.guarded.http_fetch import (
     redact,
 )
 from harness import TIMEOUT, free_port, make_pki, wait_until
+from harness.listener import Listener
 
 DATA: Final = random.Random(7).randbytes(300_000)
 DRIP_SECONDS: Final = 10.0
@@ -687,31 +688,6 @@ def test_a_cancel_stops_a_dripping_https_download(tls: tuple[Server, ssl.SSLCont
 
 
 # ---- where it may connect: the address connected to -------------------------------------------
-
-
-class Listener:
-    """A bare TCP listener that tells whether anything connected to it."""
-
-    def __init__(self, host: str, port: int = 0) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.sock = socket.socket(family, socket.SOCK_STREAM)
-        self.sock.bind((host, port))
-        self.sock.listen(8)
-        self.sock.setblocking(False)
-        self.port = int(self.sock.getsockname()[1])
-
-    def connections(self) -> int:
-        count = 0
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except BlockingIOError:
-                return count
-            conn.close()
-            count += 1
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture

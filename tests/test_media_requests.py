@@ -55,10 +55,6 @@ PITCH_TOLERANCE_HZ: Final = 2.0
 MAX_LENGTH_ERROR: Final = 4
 """Largest difference in length from the independent decode (samples)."""
 TEXT: Final = "The garage door is open."
-FINAL_EVENTS: Final = frozenset(
-    {"finished", "failed", "rejected", "expired", "stopped", "preempted", "acknowledged"}
-)
-"""Events that end an announcement (README, Events)."""
 
 
 @pytest.fixture(scope="module")
@@ -90,16 +86,9 @@ def speak(agent: RunningAgent, **payload: object) -> None:
 
 
 def ended(agent: RunningAgent, request_id: str, expected: str) -> dict[str, Any]:
-    """Wait for the request's last event, whichever it is, and check it is `expected` (an
-    unexpected end fails at once, showing the event)."""
-
-    def last() -> dict[str, Any] | None:
-        ends = [e for e in agent.watcher.events(request_id) if e["event"] in FINAL_EVENTS]
-        return ends[0] if ends else None
-
-    wait_until(lambda: last() is not None, what=f"the end of {request_id}")
-    event = last()
-    assert event is not None
+    """The request's last event, whichever it is, checked to be `expected` (an unexpected end
+    fails at once, showing the event)."""
+    event = agent.watcher.wait_end(request_id)
     assert event["event"] == expected, event
     return event
 

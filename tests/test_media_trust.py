@@ -18,6 +18,7 @@ import pytest
 from agent.protocol import hermes
 from agent.settings.declarations import AudioConfig, MqttConfig
 from harness import Broker, PulseNullSink, Watcher, read_pcm, wait_until
+from harness.mqtt import ENDING_EVENTS
 from tests.conftest import RunningAgent, StartAgent
 from tests.media_files import (
     decode_bomb,
@@ -37,9 +38,6 @@ SITE: Final = "kitchen"
 TEXT: Final = "The garage door is open."
 URL_AUDIO: Final[dict[str, Any]] = {"media_hosts": ["127.0.0.1:*"]}
 """Audio settings a URL sound needs here: the egress policy names the test servers."""
-ENDS: Final = frozenset(
-    {"finished", "failed", "rejected", "expired", "stopped", "preempted", "acknowledged"}
-)
 
 
 @dataclass(frozen=True)
@@ -86,14 +84,7 @@ def speak(agent: RunningAgent, **payload: object) -> None:
 
 
 def last_event(agent: RunningAgent, request_id: str) -> dict[str, Any]:
-    def end() -> dict[str, Any] | None:
-        found = [e for e in agent.watcher.events(request_id) if e["event"] in ENDS]
-        return found[0] if found else None
-
-    wait_until(lambda: end() is not None, what=f"the end of {request_id}")
-    event = end()
-    assert event is not None
-    return event
+    return agent.watcher.wait_end(request_id)
 
 
 def check(event: dict[str, Any], case: Hostile) -> None:
@@ -353,7 +344,7 @@ def test_media_queued_for_an_unavailable_device_stays_within_the_budget(
         replies = sorted(str(m.json()["id"]) for m in rhasspy.snapshot())
         assert replies == sorted(f"r{i}" for i in range(RECORDINGS))  # one answer each
         for index in range(URL_SOUNDS):
-            ends = [e for e in agent.watcher.events(f"url{index}") if e["event"] in ENDS]
+            ends = [e for e in agent.watcher.events(f"url{index}") if e["event"] in ENDING_EVENTS]
             assert len(ends) <= 1  # its refusal may be counted in a flood summary instead
         sink.start()  # the device is back
         wait_until(lambda: state(agent).get("audio") == "available", what="the device back")
