@@ -27,7 +27,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -436,11 +436,13 @@ _STATES: Final = frozenset(EntryState)
 
 
 def _dump(request: SpeakRequest) -> str:
-    body: dict[str, Any] = asdict(request)
+    # recorded audio is not journaled (Hermes playBytes); the document is parsed again from the
+    # text: neither is copied into the row
+    body: dict[str, Any] = asdict(replace(request, audio=None, document=()))
     body["priority"] = int(request.priority)
     body["unknown_fields"] = list(request.unknown_fields)
-    body.pop("audio", None)  # recorded audio is not journaled (see app: Hermes playBytes)
-    body.pop("document", None)  # parsed again from the text
+    body.pop("audio")
+    body.pop("document")
     return json.dumps(body)
 
 
