@@ -40,6 +40,11 @@ def speak(body: str, lang: str = "en") -> tuple[Segment, ...]:
     return parse_ssml(f"<speak>{body}</speak>", lang=lang)
 
 
+def beside(text: str, *, before: bool = False, after: bool = False) -> Speech:
+    """Speech with a break just before it and/or just after it (its edges are trimmed)."""
+    return Speech(text, break_before=before, break_after=after)
+
+
 def texts(segments: tuple[Segment, ...]) -> list[str]:
     return [s.text for s in segments if isinstance(s, Speech)]
 
@@ -85,7 +90,7 @@ def test_a_namespaced_document_reads_the_same() -> None:
         '<speak version="1.1" xmlns="http://www.w3.org/2001/10/synthesis" xml:lang="en-US">'
         'A<break time="1s"/>B</speak>'
     )
-    assert parse_ssml(document) == (Speech("A"), Pause(1.0), Speech("B"))
+    assert parse_ssml(document) == (beside("A", after=True), Pause(1.0), beside("B", before=True))
 
 
 # ---- break, s, p ----------------------------------------------------------------------------
@@ -105,12 +110,18 @@ def test_a_namespaced_document_reads_the_same() -> None:
     ],
 )
 def test_a_break_is_a_pause_between_speech(attributes: str, seconds: float) -> None:
-    assert speak(f"One<break {attributes}/>two") == (Speech("One"), Pause(seconds), Speech("two"))
+    segments = speak(f"One<break {attributes}/>two")
+    assert segments == (beside("One", after=True), Pause(seconds), beside("two", before=True))
 
 
-def test_a_break_of_strength_none_or_zero_time_makes_no_pause() -> None:
-    assert speak('One<break strength="none"/>two') == (Speech("One"), Speech("two"))
-    assert speak('One<break time="0ms"/>two') == (Speech("One"), Speech("two"))
+def test_a_break_of_strength_none_or_zero_time_makes_no_pause_but_joins_the_speech() -> None:
+    joined = (beside("One", after=True), beside("two", before=True))
+    assert speak('One<break strength="none"/>two') == joined
+    assert speak('One<break time="0ms"/>two') == joined
+    assert speak('One<prosody rate="fast">two</prosody>') == (  # a change of style: no break
+        Speech("One"),
+        Speech("two", rate=1.25),
+    )
 
 
 def test_strengths_grow() -> None:
@@ -120,13 +131,14 @@ def test_strengths_grow() -> None:
 
 
 def test_breaks_in_a_row_add_up_to_the_cap() -> None:
-    assert speak('A<break time="1s"/> <break time="2s"/>B') == (Speech("A"), Pause(3), Speech("B"))
+    segments = speak('A<break time="1s"/> <break time="2s"/>B')
+    assert segments == (beside("A", after=True), Pause(3), beside("B", before=True))
     assert speak('A<break time="8s"/><break time="8s"/>B')[1] == Pause(MAX_PAUSE)
 
 
 def test_explicit_breaks_are_kept_at_the_ends() -> None:
     segments = speak('<break time="1s"/>Hi<break time="2s"/>')
-    assert segments == (Pause(1.0), Speech("Hi"), Pause(2.0))
+    assert segments == (Pause(1.0), beside("Hi", before=True, after=True), Pause(2.0))
 
 
 @pytest.mark.parametrize("time", ["x", "5", "-1s", "1h", "1e3ms", "١s", "inf s", ""])  # noqa: RUF001
@@ -143,13 +155,13 @@ def test_a_bad_break_strength_is_an_error() -> None:
 def test_sentences_and_paragraphs_are_separated_by_pauses() -> None:
     segments = speak("<p><s>One</s><s>Two</s></p><p><s>Three</s>Four</p>")
     assert segments == (
-        Speech("One"),
+        beside("One", after=True),
         Pause(SENTENCE_PAUSE),
-        Speech("Two"),
+        beside("Two", before=True, after=True),
         Pause(PARAGRAPH_PAUSE),  # the longer boundary wins, not the sum
-        Speech("Three"),
+        beside("Three", before=True, after=True),
         Pause(SENTENCE_PAUSE),
-        Speech("Four"),
+        beside("Four", before=True),  # the end of a paragraph at the end: no break
     )
     assert SENTENCE_PAUSE < PARAGRAPH_PAUSE
 
@@ -164,7 +176,7 @@ def test_boundaries_at_the_ends_make_no_silence() -> None:
 
 def test_a_break_longer_than_a_boundary_replaces_it() -> None:
     segments = speak('<s>One</s><break time="2s"/><s>Two</s>')
-    assert segments == (Speech("One"), Pause(2.0), Speech("Two"))
+    assert segments == (beside("One", after=True), Pause(2.0), beside("Two", before=True))
 
 
 # ---- prosody ------------------------------------------------------------------------------
@@ -412,7 +424,11 @@ def test_audio_is_a_named_sound_with_its_content_as_fallback() -> None:
     segments = speak('Listen <audio src="doorbell">a bell <break time="1s"/> rings</audio> done')
     assert segments == (
         Speech("Listen"),
-        Sound("doorbell", (Speech("a bell"), Pause(1.0), Speech("rings")), names_only=True),
+        Sound(
+            "doorbell",
+            (beside("a bell", after=True), Pause(1.0), beside("rings", before=True)),
+            names_only=True,
+        ),
         Speech("done"),
     )
     assert spoken_text(segments) == "Listen a bell rings done"
@@ -425,7 +441,12 @@ def test_audio_without_content_has_no_fallback_and_takes_the_volume() -> None:
 
 def test_a_pause_before_a_sound_is_kept() -> None:
     segments = speak('Hi<break time="1s"/><audio src="x"/>')
-    assert segments == (Speech("Hi"), Pause(1.0), Sound("x", names_only=True))
+    assert segments == (beside("Hi", after=True), Pause(1.0), Sound("x", names_only=True))
+
+
+def test_speech_after_a_sound_is_not_marked_by_a_break_before_the_sound() -> None:
+    segments = speak('<break time="1s"/><audio src="x"/>Hi')
+    assert segments == (Pause(1.0), Sound("x", names_only=True), Speech("Hi"))
 
 
 def test_audio_needs_a_source() -> None:

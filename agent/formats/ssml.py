@@ -152,6 +152,11 @@ class Speech:
     said: tuple[str | SayAs, ...] = field(default=(), compare=False)
     """The text as written, with its `say-as` pieces, when it has any (else empty): what
     `in_language` says again for another voice."""
+    break_before: bool = False
+    """A break (any `<break>`, one of no time too, or an `s`/`p` boundary) stands just before
+    it: the voice's own near-silence at its start is cut, so the break is the whole silence."""
+    break_after: bool = False
+    """A break stands just after it (the same at its end)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +164,9 @@ class Pause:
     """Silence: a `<break>`, or a sentence or paragraph boundary."""
 
     seconds: float
-    """More than 0 and at most MAX_PAUSE."""
+    """More than 0 and at most MAX_PAUSE: the silence between the speech on its sides (the
+    voice's own near-silence there is cut, see `Speech.break_before`). A break of no time
+    makes no Pause, only the marks on the speech beside it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,8 +313,11 @@ class _Output:
         self.segments: list[Segment] = []
         self._text: list[str | SayAs] = []
         self._style = _Style()
-        self._break = 0.0
+        self._break: float | None = None
+        """The explicit breaks waiting (None: none, 0: a break of no time)."""
         self._boundary = 0.0
+        self._after_break = False
+        """The next speech follows a break (its start is marked)."""
 
     def add_text(self, text: str | SayAs, style: _Style) -> None:
         if not self._text and isinstance(text, str) and not text.strip():
@@ -321,7 +331,7 @@ class _Output:
 
     def add_break(self, seconds: float) -> None:
         self.flush_text()
-        self._break = min(MAX_PAUSE, self._break + seconds)
+        self._break = min(MAX_PAUSE, (self._break or 0.0) + seconds)
 
     def add_boundary(self, seconds: float) -> None:
         self.flush_text()
@@ -332,6 +342,7 @@ class _Output:
         self.flush_text()
         self._emit_pause()
         self.segments.append(segment)
+        self._after_break = False
 
     def flush_text(self) -> None:
         pieces = tuple(self._text)
@@ -342,17 +353,26 @@ class _Output:
             rate = round(min(MAX_RATE, max(MIN_RATE, style.rate)), 4)
             volume = round(min(1.0, style.volume), 4)
             said = pieces if any(isinstance(p, SayAs) for p in pieces) else ()
-            self.segments.append(Speech(text, rate, volume, style.voice, style.speaker, said))
+            speech = Speech(text, rate, volume, style.voice, style.speaker, said)
+            self.segments.append(replace(speech, break_before=self._after_break))
+            self._after_break = False
 
     def finish(self) -> tuple[Segment, ...]:
         self.flush_text()
-        if self._break > 0:  # an explicit break at the end is kept, a boundary is not
+        if self._break is not None:  # an explicit break at the end is kept, a boundary is not
             self._emit_pause()
         return tuple(self.segments)
 
     def _emit_pause(self) -> None:
-        seconds = min(MAX_PAUSE, max(self._break, self._boundary))
-        self._break = self._boundary = 0.0
+        """The waiting breaks and boundary, before what comes next: a Pause of the longest
+        (none for a break of no time), the speech on either side marked."""
+        if self._break is None and self._boundary <= 0:
+            return
+        seconds = min(MAX_PAUSE, max(self._break or 0.0, self._boundary))
+        self._break, self._boundary = None, 0.0
+        if self.segments and isinstance(last := self.segments[-1], Speech):
+            self.segments[-1] = replace(last, break_after=True)
+        self._after_break = True
         if seconds <= 0:
             return
         if self.segments and isinstance(last := self.segments[-1], Pause):

@@ -39,7 +39,7 @@ from agent.core.reasons import Reason
 from agent.core.refusal import Refused
 from agent.formats.chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
 from agent.formats.media import Resampler
-from agent.formats.pcm import PCM16, Chunk
+from agent.formats.pcm import EDGE_SECONDS, PCM16, Chunk, LeadTrim, TailTrim
 from agent.formats.ssml import Pause, Segment, Sound
 from agent.formats.text import clean_text
 from agent.speech.chimes import ChimePlan
@@ -120,6 +120,9 @@ class _Say:
     params: SynthesisParams
     sentences: list[list[Clause]]
     gain: float = 1.0
+    trim: tuple[bool, bool] = (False, False)
+    """Whether a break stands just before it and just after it: the voice's own near-silence
+    there is cut to `EDGE_SECONDS` (`pcm.LeadTrim`, `pcm.TailTrim`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +131,8 @@ class _Play:
 
     pcm: PCM16
     gain: float = 1.0
+    pause: bool = False
+    """Silence of a break (shortened by the edges the trimmed speech beside it keeps)."""
 
 
 _Step = _Say | _Play
@@ -365,14 +370,32 @@ class Synthesizer:
                 detail = f"~{estimate:.0f} s of speech, at most {self._max_seconds:g} s"
                 raise _TooLongError(detail)
             steps += planned
-        return steps
+        return self._fitted(steps)
+
+    def _fitted(self, steps: list[_Step]) -> list[_Step]:
+        """Each pause less the edge that the trimmed speech on either side keeps, so the
+        silence from the last loud sample before it to the first after it is the pause (at
+        least the edges: a break of no time leaves twice EDGE_SECONDS)."""
+        edge = round(EDGE_SECONDS * self._rate)
+        out: list[_Step] = []
+        for index, step in enumerate(steps):
+            if not (isinstance(step, _Play) and step.pause):
+                out.append(step)
+                continue
+            before = steps[index - 1] if index else None
+            after = steps[index + 1] if index + 1 < len(steps) else None
+            edges = (isinstance(before, _Say) and before.trim[1]) + (
+                isinstance(after, _Say) and after.trim[0]
+            )
+            out.append(replace(step, pcm=step.pcm[: max(0, len(step.pcm) - edges * edge)]))
+        return out
 
     def _seconds(self, step: _Step) -> float:
         """How long a step plays (speech estimated from its phonemes)."""
         if isinstance(step, _Play):
             return len(step.pcm) / self._rate
         return sum(
-            len(clause) * SECONDS_PER_PHONEME * step.params.length_scale
+            len(clause) * SECONDS_PER_PHONEME * step.params.length_scale / step.params.rate
             for sentence in step.sentences
             for clause in sentence
         )
@@ -381,7 +404,8 @@ class Synthesizer:
         """One segment as steps: speech in its voice (every clause bounded), silence, or a
         sound (what stands in for it, if it is missing and has a stand-in)."""
         if isinstance(segment, Pause):
-            return [_Play(np.zeros(round(segment.seconds * self._rate), dtype=np.int16))]
+            silence = np.zeros(round(segment.seconds * self._rate), dtype=np.int16)
+            return [_Play(silence, pause=True)]
         if isinstance(segment, Sound):
             try:
                 if segment.names_only and is_url(segment.name):
@@ -396,9 +420,7 @@ class Synthesizer:
         choice = self._voices.get(segment.voice or request.voice or "default")
         if choice is None:
             raise Refused(Reason.UNKNOWN_VOICE, f"no voice {segment.voice!r}")
-        base = choice.params
-        scale = choice.voice.length_scale_for(request.rate * segment.rate, base.length_scale)
-        params = replace(base, length_scale=scale)
+        params = choice.voice.at_rate(choice.params, request.rate * segment.rate)
         if segment.speaker is not None:
             try:
                 params = replace(params, speaker=choice.voice.speaker_id(segment.speaker))
@@ -406,7 +428,8 @@ class Synthesizer:
                 raise Refused(Reason.UNKNOWN_SPEAKER, str(err)) from None
         with self._step(request, "phonemize", segment.text):
             sentences = [self._bounded(s) for s in choice.voice.sentences(segment.text)]
-        return [_Say(choice, params, sentences, segment.volume)]
+        trim = (segment.break_before, segment.break_after)
+        return [_Say(choice, params, sentences, segment.volume, trim)]
 
     def _sound(self, name: str, request: SpeakRequest) -> PCM16:
         if self._media is None:
@@ -422,20 +445,34 @@ class Synthesizer:
         """Stream every sentence (cached, or synthesized in clause groups, resampled to the
         device's rate where the voice has another); how many came from the cache. Cut at
         CUT_FACTOR times the cap, should the estimate have been short; a sentence longer than
-        CACHED_SECONDS_MAX is not kept for the cache."""
+        CACHED_SECONDS_MAX is not kept for the cache. Next to a break, the first sentence's
+        leading and the last one's trailing near-silence are cut (what is cached is not)."""
         voice, params = say.choice.voice, say.params
         budget = self._first_chunk
         plan = FramePlan(self._first_frames, self._max_frames)
         cached = 0
         rate, played = self._rate, 0
-        for sentence in say.sentences:
+        edge = round(EDGE_SECONDS * rate)
+        lead = LeadTrim(edge) if say.trim[0] else None
+        tail = TailTrim(edge) if say.trim[1] else None
+
+        def emit(pcm: PCM16, *, last: bool) -> None:
+            if lead is not None:
+                pcm = lead.feed(pcm)
+            if tail is not None and last:
+                pcm = tail.feed(pcm)
+            if len(pcm):
+                self._emit_or_cancel(job, _gained(pcm, say.gain))
+
+        for number, sentence in enumerate(say.sentences, 1):
+            last = number == len(say.sentences)
             key = self._key(say.choice, params, sentence)
             pcm = self._cache.get(key, rate)
             if pcm is not None:
                 cached += 1
                 budget = grow(budget, self._max_chunk)
                 plan.next = min(plan.next * plan.growth, plan.largest)
-                self._emit_or_cancel(job, _gained(pcm, say.gain))
+                emit(pcm, last=last)
                 played += len(pcm)
                 continue
             parts: list[PCM16] | None = []
@@ -452,7 +489,7 @@ class Synthesizer:
                     played += len(pcm)
                     if played > CUT_FACTOR * self._max_seconds * rate:
                         raise _TooLongError(f"cut at {played / rate:.0f} s of speech")
-                    self._emit_or_cancel(job, _gained(pcm, say.gain))
+                    emit(pcm, last=last and index == len(groups) - 1)
                     if parts is not None:
                         parts.append(pcm)
                         if sum(len(p) for p in parts) > CACHED_SECONDS_MAX * rate:
@@ -460,6 +497,8 @@ class Synthesizer:
             budget = grow(budget, self._max_chunk, len(groups))
             if parts:
                 self._cache.put(key, np.concatenate(parts), rate)
+        if tail is not None:
+            self._emit_or_cancel(job, _gained(tail.end(), say.gain))
         return cached
 
     def _bounded(self, sentence: list[Clause]) -> list[Clause]:
@@ -526,11 +565,12 @@ class Synthesizer:
     def _key(self, choice: VoiceChoice, params: SynthesisParams, sentence: list[Clause]) -> str:
         scales = astuple(replace(params, speaker=None))[:3]
         speaker = -1 if params.speaker is None else params.speaker
+        rate = () if params.rate == 1.0 else (params.rate,)  # rate 1: the keys of before
         voice_id = (
             choice.id if choice.voice.sample_rate == self._rate else f"{choice.id}@{self._rate}"
         )
         return cache_key(
-            choice.voice.sha256, voice_id, (*scales, speaker), choice.voice.ids(sentence)
+            choice.voice.sha256, voice_id, (*scales, speaker, *rate), choice.voice.ids(sentence)
         )
 
     # ---- phrases ----------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from piper.phonemize_espeak import ESPEAK_DATA_DIR, _merge_known_vowel_clusters
 from agent.formats.chunking import FIRST_FRAMES, FRAME_GROWTH, MAX_FRAMES, frame_chunks
 from agent.formats.pcm import PCM16
 from agent.speech.decoder_build import split_parts
-from agent.speech.decoder_parts import Parts, decode_frames, encode, with_context
+from agent.speech.decoder_parts import Latent, Parts, decode_frames, encode, with_context
 from agent.speech.sessions import (
     SPEAKER_INPUT,
     graph_feed,
@@ -46,8 +46,6 @@ from agent.speech.sessions import (
 Audio = npt.NDArray[np.float32]
 _MAX_INT16: Final = 32767.0
 _PREWARM_TEXT: Final = "Ready."
-_CALIBRATION_TEXT: Final = "The parcel for the second floor has been left at the front desk."
-"""A sentence of ordinary phonemes whose length at two scales places the voice's durations."""
 _LANGUAGE_FLAG: Final = re.compile(r"\([^)]+\)")
 _WHOLE: Final = 2**31
 
@@ -74,6 +72,8 @@ class SynthesisParams:
     """Phoneme width noise (0 = deterministic)."""
     speaker: int | None = None
     """Speaker id of a multi-speaker voice (None: its default speaker)."""
+    rate: float = 1.0
+    """Speaking-rate factor applied to the latent frames (`Voice.at_rate`): > 1 is faster."""
 
 
 @dataclass(slots=True)
@@ -197,8 +197,6 @@ class Voice:
         self.default_params = SynthesisParams(
             config.noise_scale, config.length_scale, config.noise_w_scale
         )
-        self._durations: tuple[float, float] | None = None
-        """Frames of a sentence = slope * length scale + offset (measured on first need)."""
 
     @classmethod
     def load(
@@ -306,7 +304,7 @@ class Voice:
                 self.inferences += 1
                 yield np.asarray(output, dtype=np.float32).reshape(-1)
                 return
-            latent = encode(self._parts, ids, _scales(params), self._speaker(params), options)
+            latent = self._latent(ids, params, options)
             self.inferences += 1
             chunks, plan.next = frame_chunks(latent.frames, plan.next, plan.largest, plan.growth)
             for frames in chunks:
@@ -355,30 +353,36 @@ class Voice:
         parts = with_context(self._parts, decoder, flow)
         return Voice(parts, self._config, self.sha256, self.path, self.info)
 
-    def length_scale_for(self, rate: float, base: float) -> float:
-        """The length scale that makes speech `rate` times as fast as at length scale `base`.
+    def at_rate(self, params: SynthesisParams, rate: float) -> SynthesisParams:
+        """`params` for speech `rate` times as fast (its duration divided by `rate`).
 
-        VITS rounds the duration of every token (the blanks Piper puts between phonemes too) up
-        to whole frames, so speech lengthens less than the scale: on en_US-joe-medium twice the
-        scale gives 1.73 times the duration. A split voice measures, once, the frames of a
-        sentence at two scales (the prior alone, no decoding) and corrects the scale so the
-        duration changes by the factor asked for; a voice that runs whole gets `base / rate`."""
-        if rate == 1.0 or self._parts is None:
-            return base / rate
-        if self._durations is None:
-            ids = self.sentence_ids(_CALIBRATION_TEXT)[0]
-            plain = SynthesisParams(0.0, base, 0.0)
-            frames = [
-                encode(self._parts, ids, _scales(replace(plain, length_scale=scale)), None, None)
-                for scale in (base, 2 * base)
-            ]
-            slope = (frames[1].frames - frames[0].frames) / base
-            self._durations = (slope, frames[0].frames - slope * base)
-        slope, offset = self._durations
-        if slope <= 0:
-            return base / rate
-        target = (slope * base + offset) / rate
-        return max(0.05 * base, (target - offset) / slope)
+        Piper's length scale does not do it: VITS rounds the duration of every token (the blanks
+        between phonemes too) up to whole frames, at least one, so the duration changes by less
+        than the scale, by how much depending on the text (measured on en_US-joe-medium at
+        noise 0: x0.626 for 1.5, and for 0.5 and 2.0 from -6 % to +10 % across sentences;
+        docs/measurements.md). So a split voice runs its prior at its own length scale and
+        resamples the latent frames to 1/rate as many (`rate_frames`): every token keeps its
+        share, and the duration is the factor asked within a frame. A voice that runs whole
+        gets the length scale divided by `rate`."""
+        if rate == 1.0:
+            return replace(params, rate=1.0)
+        if self._parts is None:
+            return replace(params, length_scale=params.length_scale / rate, rate=1.0)
+        return replace(params, rate=rate)
+
+    def _latent(
+        self, ids: list[int], params: SynthesisParams, options: ort.RunOptions | None
+    ) -> Latent:
+        """The prior over a clause group's ids, its frames resampled to `params.rate`."""
+        assert self._parts is not None  # noqa: S101 - only a split voice has a prior
+        speaker = self._speaker(params)
+        if params.rate == 1.0:
+            return encode(self._parts, ids, _scales(params), speaker, options)
+        feed = graph_feed(ids, _scales(params), speaker)
+        outputs = self._parts.prior.run(list(self._parts.frames), feed, options)
+        arrays = [np.asarray(output, dtype=np.float32) for output in outputs]
+        keep = rate_frames(arrays[0].shape[-1], params.rate)
+        return Latent(self._parts, [np.ascontiguousarray(a[..., keep]) for a in arrays], speaker)
 
     @property
     def speaker_count(self) -> int:
@@ -402,6 +406,15 @@ class Voice:
             return None
         speaker = params.speaker if params.speaker is not None else self._config.default_speaker_id
         return np.array([speaker or 0], dtype=np.int64)
+
+
+def rate_frames(frames: int, rate: float) -> npt.NDArray[np.intp]:
+    """Which of `frames` latent frames make speech `rate` times as fast: round(frames / rate)
+    of them (at least one), each the nearest source frame to its place in time, so a token of
+    d frames gets about d / rate (a one-frame blank may get none above 1, two below 1)."""
+    count = max(1, round(frames / rate))
+    places = (np.arange(count, dtype=np.float64) + 0.5) * (frames / count)
+    return np.minimum(frames - 1, places.astype(np.intp))
 
 
 def _scales(params: SynthesisParams) -> tuple[float, float, float]:
