@@ -141,8 +141,8 @@ class Speech:
     """Cleaned text (see `text.clean_text`), never empty; `sub` applied, and `say-as` in the
     language the document was parsed for (`in_language` says it in another)."""
     rate: float = 1.0
-    """Speaking-rate factor, MIN_RATE to MAX_RATE (4 decimals): the voice's length scale is
-    divided by it."""
+    """Speaking-rate factor, MIN_RATE to MAX_RATE (4 decimals): the speech's duration is
+    divided by it (`Voice.at_rate`)."""
     volume: float = 1.0
     """Linear gain, 0 to 1 (4 decimals), applied on top of the request's and the global volume."""
     voice: str | None = None
