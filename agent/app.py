@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -42,6 +43,7 @@ from agent.core.messages import (
 )
 from agent.core.reasons import Reason
 from agent.core.states import UpdatePhase, UpdateReason, UpdateReport
+from agent.core.tiers import TierState
 from agent.execution import Execution
 from agent.fact_sheet import FactSheet
 from agent.housekeeping import Housekeeping
@@ -59,7 +61,7 @@ from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
 from agent.speech.synthesizer import VoiceChoice
 from agent.speech.voice import Voice
-from agent.voices import choice_for
+from agent.voices import TierDecided, choice_for, int8_tier
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -76,8 +78,12 @@ class App:
         voices: dict[str, VoiceChoice],
         open_pcm: PcmOpener | None = None,
         environ: Mapping[str, str] | None = None,
+        tier: TierState | None = None,
     ) -> None:
         self._config = config
+        self._tier = tier or TierState(config.tts.tier)
+        self._tier_from = ""
+        """The digest of the model the INT8 variant is being built from."""
         self._voices = voices  # the loop's own; the synthesizer has its copy
         parts = assemble(config, voices, open_pcm, os.environ if environ is None else environ)
         self._topics = parts.topics
@@ -101,6 +107,7 @@ class App:
         """What is wrong with the files (the journal, the cache): the state's `storage`."""
         self._audio_available = True
         self._sheet = FactSheet(parts, voices)
+        self._sheet.tier = self._tier
         self._stopping = False
         self._failures: set[tuple[str, str]] = set()
         self._execution = Execution(config.node_id, parts, self._switch_voice)
@@ -118,6 +125,8 @@ class App:
         self._player.start()
         self._media.start()
         self._synthesizer.start()
+        if self._tier.int8 == "building":
+            self._start_tier_worker()
         self._restore(time.monotonic())
         if self._updater is not None:
             self._updater.started()  # up with the active model: a pending switch is confirmed
@@ -175,6 +184,8 @@ class App:
                 self._handle(SwapCancelled(token), now)
             case Connected():
                 self._status.connected(now)
+            case TierDecided(voice, state):
+                self._tier_decided(voice, state)
             case HomeAssistantBirth(delivery):
                 self._status.home_assistant_born(now, random.uniform(0.5, 5.0))  # noqa: S311
                 self._link.ack(delivery)
@@ -296,10 +307,44 @@ class App:
 
     # ---- model updates ----------------------------------------------------------------------
 
+    def _start_tier_worker(self) -> None:
+        """Build and judge the INT8 variant on a thread of its own (the child builds it); the
+        loop switches to it when it passes."""
+        choice = self._voices["default"]
+        self._tier_from = choice.voice.sha256
+
+        def work() -> None:
+            try:
+                decided = int8_tier(self._config, choice, self._tier)
+            except Exception as err:
+                _LOGGER.exception("INT8 tier failed")
+                decided = TierDecided(None, replace(self._tier, int8=f"failed: {err!r}"[:200]))
+            self._inbox.report(decided)
+
+        threading.Thread(target=work, name="tier", daemon=True).start()
+
+    def _tier_decided(self, voice: Voice | None, state: TierState) -> None:
+        """The INT8 variant is ready (or refused): switched to when it was built from the model
+        still in use (an update may have replaced it meanwhile)."""
+        current = self._voices["default"].voice
+        if voice is not None and current.sha256 == self._tier_from:
+            source = current
+            if self._switch_voice(voice):
+                self._sheet.tier_source = (source.path.stem, source.sha256, voice.sha256)
+            else:
+                state = replace(state, used="fp32", int8="refused: another sample rate")
+        elif voice is not None:
+            state = replace(state, used="fp32", int8="not used: the model changed meanwhile")
+        self._tier = self._sheet.tier = state
+        self._status.changed()
+
     def _switch_voice(self, voice: Voice) -> bool:
         if voice.sample_rate != self._voices["default"].voice.sample_rate:
             return False
         choice = choice_for(self._config, "default", voice)
+        if self._sheet.tier_source is not None:  # a model update replaces the INT8 variant
+            self._sheet.tier_source = None
+            self._tier = self._sheet.tier = replace(self._tier, used="fp32", int8="not built")
         self._voices["default"] = choice
         self._synthesizer.use_voice(choice)  # before any later request: one queue, in order
         self._status.connected(time.monotonic())  # announce the new model
@@ -321,11 +366,12 @@ def _subject(event: InboxEvent | Tick) -> str | None:
 
 def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], None]) -> int:
     """Load the voices, then serve until a signal asks to stop; returns the exit code."""
-    from agent.voices import load_voices  # noqa: PLC0415 - kept beside run for the command line
+    from agent.voices import load_voices, start_tier  # noqa: PLC0415 - beside run for the CLI
 
     os.umask(0o077)  # the journal, update slots, staged downloads and caches: the agent's only
     announce_role(config.audio.device, config.audio.media_role, os.environ)
 
-    app = App(config, load_voices(config))
+    voices = load_voices(config)
+    app = App(config, voices, tier=start_tier(config, voices["default"]))
     install_signals(app.request_stop)
     return app.serve()

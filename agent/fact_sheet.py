@@ -9,8 +9,10 @@ from collections.abc import Mapping
 
 from agent import version as package_version
 from agent.assembly import Parts
+from agent.core.tiers import TierState
 from agent.protocol.status import NodeFacts
 from agent.speech.synthesizer import VoiceChoice
+from agent.speech.voice import Voice
 from agent.system.board import board
 from agent.system.clock import clock_sync
 
@@ -24,6 +26,18 @@ class FactSheet:
         self._started_at = time.monotonic()
         self._started_wall = time.time()
         self._board = board()
+        self.tier: TierState | None = None
+        """The default voice's tier (the loop's)."""
+        self.tier_source: tuple[str, str, str] | None = None
+        """With the INT8 variant in use: the FP32 model's name and sha256, and the variant's
+        sha256. The node still names the FP32 model (what was installed, what the fleet
+        tracks); the state's `tier` says which precision of it speaks."""
+
+    def source_sha256(self, voice: Voice) -> str:
+        """The sha256 of the model a voice stands for (the FP32 one for its INT8 variant)."""
+        if self.tier_source is not None and voice.sha256 == self.tier_source[2]:
+            return self.tier_source[1]
+        return voice.sha256
 
     def facts(self, now: float, audio_available: bool, notes: list[str]) -> NodeFacts:
         """The node's facts now (`audio_available` and the files' `notes` are the loop's)."""
@@ -37,8 +51,8 @@ class FactSheet:
             selected_voice=parts.core.selected_voice,
             queue_depth=parts.core.queue_depth,
             underruns=parts.player.underruns,
-            model=voice.path.stem,
-            model_sha256=voice.sha256,
+            model=self._model_name(voice),
+            model_sha256=self.source_sha256(voice),
             installed_version=updater.installed_version if updater else None,
             model_release=updater.state.release if updater else 0,
             voices=sorted(self._voices),
@@ -59,7 +73,12 @@ class FactSheet:
             voice_names=parts.voice_names,
             board=self._board,
             clock=None if (sync := clock_sync()) is None else sync.as_json(),
+            tier=None if self.tier is None else self.tier.as_json(),
         )
+
+    def _model_name(self, voice: Voice) -> str:
+        source = self.tier_source
+        return source[0] if source is not None and voice.sha256 == source[2] else voice.path.stem
 
 
 def _joined(notes: list[str]) -> str | None:

@@ -10,14 +10,17 @@ import os
 import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from agent.core.catalog import Catalog, VoiceFacts
 from agent.core.egress import EgressPolicy
+from agent.core.tiers import TierState, passes, verdict, wants_int8
 from agent.settings.declarations import AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
 from agent.speech.sessions import use_memory_arena
 from agent.speech.synthesizer import VoiceChoice
+from agent.speech.tier_build import build, known, measure_speed, tier_dir
 from agent.speech.voice import SynthesisParams, Voice, bundled_voice, seed_random
 from agent.system import allocator
 from agent.updates.model_at_start import fall_back, start_model
@@ -136,3 +139,49 @@ def catalog(
         for vid, choice in voices.items()
     }
     return Catalog(facts, chimes, sounds, media_hosts or EgressPolicy())
+
+
+@dataclass(frozen=True, slots=True)
+class TierDecided:
+    """The INT8 tier's worker is done: the variant to switch to (None: stay on FP32), and what
+    the state says about it."""
+
+    voice: Voice | None
+    state: TierState
+
+
+def start_tier(config: AgentConfig, choice: VoiceChoice) -> TierState:
+    """The tier at start: with `auto`, the default voice's speed measured now (before the
+    synthesis thread runs: the voice is used by one thread at a time), and whether the INT8
+    variant is to be built."""
+    tts = config.tts
+    speed = measure_speed(choice.voice, choice.params) if tts.tier == "auto" else None
+    wanted = wants_int8(tts.tier, speed, tts.tier_min_speed)
+    state = TierState(tts.tier, "fp32", speed, tts.tier_min_speed)
+    if speed is not None:
+        _LOGGER.info(
+            "Synthesis speed %.1fx real time (INT8 tier below %.1fx)", speed, tts.tier_min_speed
+        )
+    return replace(state, int8="building") if wanted else state
+
+
+def int8_tier(config: AgentConfig, choice: VoiceChoice, state: TierState) -> TierDecided:
+    """Build (or find in the cache) and judge the default voice's INT8 variant, and load it if
+    it passes (on the tier's worker thread: the child does the building)."""
+    cache_dir = resolve_cache_dir(config.cache, os.environ)
+    digest = choice.voice.sha256
+    folder = tier_dir(cache_dir, digest)
+    built = known(folder, digest) or build(choice.voice.path, folder, digest)
+    if built.error is not None or built.path is None:
+        _LOGGER.warning("INT8 tier: %s", built.error)
+        return TierDecided(None, replace(state, int8=f"failed: {built.error}"))
+    said = verdict(state.setting, built.speedup, built.distance_db)
+    state = replace(state, int8=said, speedup=built.speedup, distance_db=built.distance_db)
+    _LOGGER.info(
+        "INT8 tier %s (speedup %s, distance %s dB)", said, built.speedup, built.distance_db
+    )
+    if not passes(state.setting, built.speedup, built.distance_db):
+        return TierDecided(None, state)
+    voice = Voice.load(built.path, config.tts.threads, cache_dir)
+    voice.prewarm()
+    return TierDecided(voice, replace(state, used="int8"))

@@ -137,7 +137,8 @@ def start_agent(
         extra = {**(sections or {})}
         extra["audio"] = {**extra.get("audio", {}), **(audio or {})}
         extra["speak"] = {**extra.get("speak", {}), **speak}
-        extra["tts"] = {"voices": voices or {}, **extra.get("tts", {})}
+        # FP32 unless a test asks: a busy machine must not start an INT8 build (tests/test_tier.py)
+        extra["tts"] = {"voices": voices or {}, "tier": "fp32", **extra.get("tts", {})}
         extra["cache"] = {"dir": str(cache_dir), **extra.get("cache", {})}
         config = agent_config(broker, tmp_path, node_id, voice=voice, device=device, **extra)
         path = write_config(tmp_path / f"{node_id}-{len(started)}.yaml", config)

@@ -92,7 +92,13 @@ TIERS_ALLOWED = {
     "__init__": set(),
     "audio_distance": set(),
     "variants": set(),
-    "quantize": {"agent.speech.voice", "tiers.audio_distance", "tiers.variants"},
+    "quantize": {
+        "agent.core.tiers",
+        "agent.speech.voice",
+        "tiers.audio_distance",
+        "tiers.variants",
+    },
+    "auto": {"agent.speech.voice", "agent.system.allocator", "tiers.quantize", "tiers.variants"},
 }
 """The model tiers (the quantizer, which builds and synthesizes voice variants) and what they
 may import: never the operator's tool."""

@@ -336,6 +336,7 @@ def test_sensors_show_what_the_state_carries(
             "queue_depth": state["queue_depth"],
             "time_to_first_audio": state["last_ttfa_ms"],
             "synthesis_speed": state["synthesis_speed"],
+            "voice_tier": (state.get("tier") or {}).get("used", "fp32"),
             "cache_hit_rate": round(state["cache"]["hit_rate"] * 100, 1),
             "underruns": state["underruns"],
             "last_error": state["last_error"] or "unknown",  # no error: unknown, not "none"

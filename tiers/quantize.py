@@ -20,7 +20,6 @@ import argparse
 import hashlib
 import json
 import logging
-import math
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
 
+from agent.core.tiers import MAX_DISTANCE_DB, MIN_SPEEDUP, is_publishable
 from agent.speech.voice import SynthesisParams, Voice
 from tiers.audio_distance import (
     F_MAX,
@@ -67,8 +67,6 @@ __all__ = [
 
 _LOGGER = logging.getLogger(__name__)
 
-MIN_SPEEDUP: Final = 1.3
-MAX_DISTANCE_DB: Final = 2.0
 THREADS: Final = 2
 DEFAULT_REPEAT: Final = 5
 NOISE_SEED: Final = 1234
@@ -142,20 +140,6 @@ class Report:
         "distance: mean absolute dB difference over bands and steps of the DTW path "
         "(frame-wise Euclidean cost), averaged over sentences"
     )
-
-
-def is_publishable(
-    speedup: float | None,
-    distance_db: float | None,
-    min_speedup: float = MIN_SPEEDUP,
-    max_distance_db: float = MAX_DISTANCE_DB,
-) -> bool:
-    """The publish gate: fast enough AND close enough; anything unmeasured fails."""
-    if speedup is None or distance_db is None:
-        return False
-    if not (math.isfinite(speedup) and math.isfinite(distance_db)):
-        return False
-    return speedup >= min_speedup and distance_db <= max_distance_db
 
 
 def read_texts(path: Path | None) -> list[str]:

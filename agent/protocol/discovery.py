@@ -209,6 +209,15 @@ def _sensors(state: str) -> list[Entity]:
             icon="mdi:speedometer",
         ),
         sensor(
+            "voice_tier",
+            "Voice precision",
+            "{{ value_json.tier.used if value_json.tier else 'fp32' }}",
+            json_attributes_topic=state,
+            json_attributes_template="{{ (value_json.tier or {}) | tojson }}",
+            entity_category="diagnostic",
+            icon="mdi:chip",
+        ),
+        sensor(
             "cache_hit_rate",
             "Phrase cache hit rate",
             "{{ (value_json.cache.hit_rate * 100) | round(1) }}",

@@ -64,6 +64,8 @@ class NodeFacts:
     """The machine's maker and model."""
     clock: Mapping[str, object] | None = None
     """The clock's synchronisation (`clock.ClockSync.as_json`); None: the system does not say."""
+    tier: Mapping[str, object] | None = None
+    """The default voice's precision (`core.tiers.TierState.as_json`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,7 @@ class Status:
             "started_at": _stamp(facts.started_at),
             "speaking": facts.speaking,
             "clock": "unknown" if facts.clock is None else dict(facts.clock),
+            "tier": None if facts.tier is None else dict(facts.tier),
         }
         return self._topics.state, json.dumps(body).encode("utf-8"), True
 

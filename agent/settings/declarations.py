@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agent.core.egress import entry_problem
+from agent.core.tiers import TIER_SETTINGS
 
 NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -281,6 +282,24 @@ class TtsConfig:
         "blocks returned to the system when freed (steady RSS about 190 MB instead of 230; "
         "long texts take more CPU time: docs/memory.md).",
         False,
+    )
+    tier: str = _key(
+        "Precision of the default voice: `auto` measures the node's synthesis speed at start "
+        "and, below `tts.tier_min_speed`, builds the voice's INT8 variant in a child process, "
+        "judges it against the FP32 voice on this CPU (at least 1.3x faster, at most 2 dB "
+        "away: docs/quantization.md) and switches to it if it passes; `int8` builds and uses "
+        "it whatever the speed, when it is close enough; `fp32` never builds it. The variant "
+        "is kept in `cache.dir` for later starts; the choice is in the state's `tier`.",
+        "auto",
+        _one_of(TIER_SETTINGS),
+    )
+    tier_min_speed: float = _key(
+        "With `tts.tier: auto`, the speed (seconds of speech per second of synthesis, measured "
+        "at start) below which the INT8 variant is built. 3: the chunk plan needs more than "
+        "twice real time for each chunk to be ready before the one before has played, and a "
+        "third of the CPU is left for sounds, MQTT and an update's health check.",
+        3.0,
+        _between(0.1, 10000),
     )
     noise_scale: float | None = _key(
         "Generator noise for every voice; null keeps each voice's JSON value (0 = deterministic).",

@@ -33,6 +33,7 @@ from agent.speech.sessions import (
     cached_session,
     graph_feed,
     load_optimized,
+    shrinking,
     takes,
 )
 
@@ -120,7 +121,8 @@ def encode(
     run_options: ort.RunOptions | None,
 ) -> Latent:
     """Run the prior over the ids of one clause group (it needs all of them at once)."""
-    outputs = parts.prior.run(list(parts.frames), graph_feed(ids, scales, speaker), run_options)
+    feed = graph_feed(ids, scales, speaker)
+    outputs = parts.prior.run(list(parts.frames), feed, shrinking(run_options))
     return Latent(parts, outputs, speaker)
 
 
@@ -144,7 +146,7 @@ def decode_frames(
     z = flow_until(parts, latent, end, run_options)
     piece = z if begin == 0 and end == latent.frames else np.ascontiguousarray(z[:, :, begin:end])
     feed = _with_speaker({parts.z: piece}, parts.decoder, latent)
-    output = parts.decoder.run([parts.output], feed, run_options)[0]
+    output = parts.decoder.run([parts.output], feed, shrinking(run_options))[0]
     audio = np.asarray(output, dtype=np.float32).reshape(-1)
     if audio.size != (end - begin) * hop:
         raise RuntimeError(f"the decoder gave {audio.size} samples for {end - begin} frames")
@@ -172,7 +174,7 @@ def flow_until(parts: Parts, latent: Latent, end: int, run_options: ort.RunOptio
         parts.flow,
         latent,
     )
-    z = np.asarray(parts.flow.run([parts.z], feed, run_options)[0], dtype=np.float32)
+    z = np.asarray(parts.flow.run([parts.z], feed, shrinking(run_options))[0], dtype=np.float32)
     if z.shape[-1] != until - begin:
         raise RuntimeError(f"the flow gave {z.shape[-1]} frames for {until - begin}")
     if start == 0 and stop == latent.frames:

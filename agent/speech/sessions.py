@@ -93,6 +93,25 @@ def use_memory_arena(enabled: bool) -> None:
     _ARENA["enabled"] = enabled
 
 
+ARENA_SHRINKAGE: Final = ("memory.enable_memory_arena_shrinkage", "cpu:0")
+"""A run option: at the end of the run, the CPU arena gives back the regions it grew by during
+it (they go to glibc, which hands regions of `allocator.MMAP_THRESHOLD` or more back to the
+kernel). Within a run the arena serves every tensor (its speed); between runs the process holds
+only the arena's first region (docs/measurements.md, "Speed and memory together")."""
+
+
+def shrinking(options: ort.RunOptions | None) -> ort.RunOptions | None:
+    """`options` (fresh ones if None) with the arena given back at the end of each run, where
+    sessions have an arena (`use_memory_arena`; ONNX Runtime refuses the option otherwise)."""
+    if not _ARENA["enabled"]:
+        return options
+    import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
+
+    chosen = ort.RunOptions() if options is None else options
+    chosen.add_run_config_entry(*ARENA_SHRINKAGE)
+    return chosen
+
+
 def session_options(
     threads: int, level: ort.GraphOptimizationLevel, part: bool = False
 ) -> ort.SessionOptions:

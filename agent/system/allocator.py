@@ -3,9 +3,10 @@
 By default glibc gives each thread that allocates its own arena (up to 8 per core) and keeps
 freed memory in them: with ONNX Runtime's threads, paho's and the agent's own, the resident
 set grows over a day of announcements and never returns it (measured in docs/memory.md). Two
-arenas and a trim after each announcement hold it flat; with `tts.low_memory`, large blocks
-also come from mmap and go back when freed. Without glibc (musl) or off Linux these do
-nothing.
+arenas, blocks of 1 MiB or more from mmap (the regions ONNX Runtime's arena gives back after
+each run go back to the kernel) and a trim after each announcement hold it flat; with
+`tts.low_memory`, every block of 64 KiB or more comes from mmap and goes back when freed.
+Without glibc (musl) or off Linux these do nothing.
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ _M_MMAP_THRESHOLD: Final = -3
 _M_ARENA_MAX: Final = -8
 ARENAS: Final = 2
 """Malloc arenas for the whole process (glibc's default is 8 per core)."""
+REGION_THRESHOLD: Final = 1024 * 1024
+"""By default, allocations at least this large (bytes) come from mmap and go back to the system
+when freed: ONNX Runtime's arena regions, not its tensors (glibc's default starts at 128 KiB and
+grows with the largest block freed, up to 32 MiB: a freed region would then stay in the heap,
+measured +40 MB at the peak; docs/measurements.md)."""
 MMAP_THRESHOLD: Final = 64 * 1024
-"""Allocations at least this large (bytes) come from mmap and go back to the system when freed
-(glibc's default starts at 128 KiB and grows with the largest block freed, up to 32 MiB)."""
+"""With `tts.low_memory` (the arena off), allocations at least this large come from mmap: every
+tensor goes back when freed."""
 
 
 @functools.cache
@@ -40,10 +46,14 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def tune() -> bool:
-    """Hold glibc to ARENAS arenas; call first thing, before any thread starts. Whether glibc
-    took it."""
+    """Hold glibc to ARENAS arenas and blocks of REGION_THRESHOLD or more to mmap; call first
+    thing, before any thread starts. Whether glibc took it."""
     libc = _libc()
-    took = libc is not None and bool(libc.mallopt(_M_ARENA_MAX, ARENAS))
+    took = (
+        libc is not None
+        and bool(libc.mallopt(_M_ARENA_MAX, ARENAS))
+        and bool(libc.mallopt(_M_MMAP_THRESHOLD, REGION_THRESHOLD))
+    )
     if not took:
         _LOGGER.debug("glibc did not take the arena setting")
     return took
