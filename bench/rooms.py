@@ -7,7 +7,17 @@ unity gain exactly); `parec` records its monitor, so both nodes' samples are see
 server's one clock, in one file. Each node's chime is its own mark, one sample of +20,000 (node
 A) or -10,000 (node B), then 100 ms of silence: in the mix the two marks are two samples apart
 by exactly the synchronisation error (45 us at 22,050 Hz), or one sample of +10,000 when they
-coincide. Writes `rooms.json` and `ROOMS.md`.
+coincide. (Each node on its own channel of a stereo sink, through a remap sink each, was
+tried: 2 of 7 announcements then had no mark on either channel, so the bench keeps the mix.)
+
+A null sink renders in blocks of the smallest latency any of its clients asks for, and a stream
+on it advances in those blocks: the harness keeps the sink awake with a 10 ms recording, and
+the bench's own recording asks for `block_ms` (so blocks of at most 10 ms; the configured
+latency PulseAudio reports for the sink is kept with each result). The recording's latency
+itself moves no sample: two recordings of one run at 20 and 5 ms gave the same offsets. The
+block does move the agents' starts (each places its first sample from where ALSA says the
+stream is, and the stream moves in blocks), so each synchronisation run states its block.
+Writes `rooms.json` and `ROOMS.md`.
 Usage: `python -m bench.rooms [--out-dir bench] [--quick]`.
 """
 
@@ -15,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
@@ -42,6 +54,13 @@ QUIET_BETWEEN: Final = 1.5
 """Silence between announcements (seconds): the recording is split on it."""
 MARKS: Final = {"a": 20000, "b": -10000}
 """Each node's chime: this one sample, then 100 ms of silence."""
+SYNC_RUNS: Final = (
+    ("sync_default", 20, 4, 10),
+    ("sync_default_2ms_blocks", 20, 4, 2),
+    ("sync_short_periods", 2, 20, 10),
+    ("sync_short_periods_2ms_blocks", 2, 20, 2),
+)
+"""The synchronisation runs: name, ALSA period (ms), periods, the sink's block asked (ms)."""
 _SUBJECTS: Final = ("The kitchen window", "The garage door", "The back gate", "The cellar hatch")
 
 
@@ -110,13 +129,44 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def record_monitor(sink: PulseNullSink, path: Path, block_ms: int) -> subprocess.Popen[bytes]:
+    """Record the null sink's monitor (mono) asking for a `block_ms` latency (which
+    makes the sink render in blocks that small, if no client asks for less); returns once
+    samples arrive. Terminate the process to stop."""
+    command = ["parec", "-d", "nullsink.monitor", "--raw", "--format=s16le", f"--rate={RATE}"]
+    command += ["--channels=1", f"--latency-msec={block_ms}"]
+    with path.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, env={**os.environ, **sink.env(path)})
+    wait_until(lambda: path.stat().st_size > 0, 15, "the monitor recording")
+    return process
+
+
+def sink_latency_ms(sink: PulseNullSink) -> float:
+    """The null sink's configured latency as PulseAudio reports it (`pactl --format=json`):
+    the block it renders in."""
+    env = {**os.environ, **sink.env(sink.socket.parent / "unused.raw")}
+    command = ["pactl", "--format=json", "list", "sinks"]
+    listed = json.loads(subprocess.run(command, env=env, capture_output=True, check=True).stdout)
+    null = next(entry for entry in listed if entry["name"] == "nullsink")
+    return round(float(null["latency"]["configured"]) / 1000, 3)
+
+
 def synchronisation(
-    work: Path, broker: Broker, count: int, say: Progress, *, period_ms: int, periods: int
+    work: Path,
+    broker: Broker,
+    count: int,
+    say: Progress,
+    *,
+    period_ms: int,
+    periods: int,
+    block_ms: int,
 ) -> dict[str, Any]:
-    """`count` uncached, then `count` cached group announcements with `at`, both nodes recorded
-    by one sound server; the per-announcement start offsets between the two nodes."""
+    """`count` uncached, then `count` cached group announcements with `at`, both nodes on one
+    null sink rendering in `block_ms` blocks (at most the harness's 10 ms); the
+    per-announcement start offsets between the two nodes."""
     geometry = {"period_ms": period_ms, "periods": periods}
-    sink = PulseNullSink(work / f"pulse-sync-{period_ms}", "rate=22050 channels=1")
+    name = f"{period_ms}ms-{block_ms}ms"
+    sink = PulseNullSink(work / f"pulse-sync-{name}", "rate=22050 channels=1")
     sink.start()
     with ExitStack() as stack:
         stack.callback(sink.stop)
@@ -126,17 +176,19 @@ def synchronisation(
                 broker,
                 sink,
                 "paced_capture",
-                audio={"chime_files": {"mark": mark}, **geometry},
+                audio={"chime_files": {"mark": write_mark(work / f"mark-{node}.wav", mark)}}
+                | geometry,
             )
-            for mark in (write_mark(work / f"mark-{node}.wav", MARKS[node]) for node in MARKS)
+            for node, mark in MARKS.items()
         ]
         for node in nodes:
             stack.callback(node.stop)
-        recording = work / f"monitor-{period_ms}.raw"
-        parec = sink.record(recording, 1, RATE)
+        recording = work / f"monitor-{name}.raw"
+        parec = record_monitor(sink, recording, block_ms)
         stack.callback(parec.terminate)
         rng = random.Random(15)  # noqa: S311 - varied text, not secrets
         late: dict[str, list[float]] = {"uncached": [], "cached": []}
+        latency = 0.0
         for mode in ("uncached", "prime", "cached"):
             for trial in range(1 if mode == "prime" else count):
                 if mode == "uncached":
@@ -151,7 +203,8 @@ def synchronisation(
                 if mode != "prime":
                     late[mode] += [float(event.get("late_ms", 0.0)) for event in started]
                 time.sleep(QUIET_BETWEEN)
-            say(f"sync: {mode} announcements played on both nodes ({period_ms} ms periods)")
+            latency = max(latency, sink_latency_ms(sink))  # every stream connected
+            say(f"sync: {mode} announcements played on both nodes ({name} blocks)")
         parec.terminate()
         parec.wait(10)
     samples = np.frombuffer(recording.read_bytes(), dtype="<i2")
@@ -162,7 +215,12 @@ def synchronisation(
     timed = starts[:count] + starts[count + 1 :]  # the untimed prime's marks overlap speech
     offsets_ms = [mark_offset(samples, start) * 1000 / RATE for start in timed]
     uncached, cached = offsets_ms[:count], offsets_ms[count:]
-    result: dict[str, Any] = {"period_ms": period_ms, "periods": periods}
+    result: dict[str, Any] = {
+        "period_ms": period_ms,
+        "periods": periods,
+        "block_ms_asked": block_ms,
+        "sink_latency_ms": latency,
+    }
     for mode, values in (("uncached", uncached), ("cached", cached)):
         result[mode] = {
             "offset_ms": [round(v, 3) for v in values],
@@ -171,8 +229,8 @@ def synchronisation(
         }
         stats = result[mode]["abs_offset_ms"]
         say(
-            f"sync {period_ms} ms periods, {mode}: |B - A| p50 {stats['p50']} ms, "
-            f"p95 {stats['p95']}, max {stats['max']}"
+            f"sync {periods} x {period_ms} ms periods, {latency} ms sink blocks, {mode}: "
+            f"|B - A| p50 {stats['p50']} ms, p95 {stats['p95']}, max {stats['max']}"
         )
     return result
 
@@ -296,11 +354,20 @@ def write_markdown(path: Path, machine: dict[str, Any], results: dict[str, Any])
         "marks lie exactly the synchronisation error apart (to the sample, 45 us). The offset "
         "is B's mark minus A's.",
         "",
-        "| ALSA periods | announcements | n | \\|offset\\| p50 | p95 | max | goal p95 ≤ 2 ms, "
-        "max ≤ 5 ms | late_ms the agents reported (max) |",
-        "|---|---|---|---|---|---|---|---|",
+        "A null sink renders in blocks of the smallest latency a client asks for, and each "
+        "stream on it advances in those blocks; an agent places its first sample from where "
+        "ALSA says its stream is, so the block bounds how closely two nodes start. The harness "
+        "keeps the sink awake with a recording at 10 ms; the runs below record the monitor "
+        "asking for 10 ms (the sink's blocks as the harness leaves them) or 2 ms, and the "
+        "block column is the sink's configured latency PulseAudio reported. The recording's "
+        "own latency moves no sample: two recordings of one run, at 20 and 5 ms, gave the "
+        "same offsets to the sample.",
+        "",
+        "| ALSA periods | sink blocks | announcements | n | \\|offset\\| p50 | p95 | max | "
+        "goal p95 ≤ 2 ms, max ≤ 5 ms | late_ms the agents reported (max) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for key in ("sync_default", "sync_short_periods"):
+    for key, _period, _periods, _block in SYNC_RUNS:
         sync = results[key]
         geometry = f"{sync['periods']} x {sync['period_ms']} ms"
         for mode in ("uncached", "cached"):
@@ -312,8 +379,9 @@ def write_markdown(path: Path, machine: dict[str, Any], results: dict[str, Any])
                 else ("max met, p95 **missed**" if max_ok else "**missed**")
             )
             lines.append(
-                f"| {geometry} | {mode} | {stats['n']} | {stats['p50']} ms | {stats['p95']} ms | "
-                f"{stats['max']} ms | {goal} | {sync[mode]['late_ms_reported']['max']} |"
+                f"| {geometry} | {sync['sink_latency_ms']} ms | {mode} | {stats['n']} | "
+                f"{stats['p50']} ms | {stats['p95']} ms | {stats['max']} ms | {goal} | "
+                f"{sync[mode]['late_ms_reported']['max']} |"
             )
     lines += [
         "",
@@ -353,6 +421,17 @@ def _broker(work: Path) -> Iterator[Broker]:
         broker.stop()
 
 
+def _sync_step(
+    count: int, period_ms: int, periods: int, block_ms: int
+) -> Callable[[Path, Broker, int, Progress], dict[str, Any]]:
+    def step(work: Path, broker: Broker, _trials: int, say: Progress) -> dict[str, Any]:
+        return synchronisation(
+            work, broker, count, say, period_ms=period_ms, periods=periods, block_ms=block_ms
+        )
+
+    return step
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the three measurements and write rooms.json and ROOMS.md."""
     parser = argparse.ArgumentParser(prog="python -m bench.rooms", description=__doc__)
@@ -363,15 +442,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info()
     count, trials = (5, 2) if args.quick else (20, 5)
     steps: dict[str, Callable[[Path, Broker, int, Progress], dict[str, Any]]] = {
-        "sync_default": lambda w, b, _n, s: synchronisation(
-            w, b, count, s, period_ms=20, periods=4
-        ),
-        "sync_short_periods": lambda w, b, _n, s: synchronisation(
-            w, b, count, s, period_ms=2, periods=20
-        ),
-        "lead": lead_needed,
-        "idle": idle_costs,
+        name: _sync_step(count, period_ms, periods, block_ms)
+        for name, period_ms, periods, block_ms in SYNC_RUNS
     }
+    steps |= {"lead": lead_needed, "idle": idle_costs}
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="voice-agent-rooms-") as tmp, _broker(Path(tmp)) as b:
         for name, step in steps.items():
