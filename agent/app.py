@@ -61,10 +61,13 @@ from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
 from agent.speech.synthesizer import VoiceChoice
 from agent.speech.voice import Voice
-from agent.voices import TierDecided, choice_for, int8_tier
+from agent.voices import TierDecided, VoicesLoaded, choice_for, int8_tier, load_engines
 
 _LOGGER = logging.getLogger(__name__)
 
+LOADER_JOIN_S: Final = 30.0
+"""How long a stop waits for the voices' load to finish (seconds): a thread left inside ONNX
+Runtime while the interpreter ends can crash it."""
 _TICK_SECONDS: Final = 0.1
 """How often time passes for the core when nothing else happens (deadlines, repeats)."""
 
@@ -78,10 +81,11 @@ class App:
         voices: dict[str, VoiceChoice],
         open_pcm: PcmOpener | None = None,
         environ: Mapping[str, str] | None = None,
-        tier: TierState | None = None,
     ) -> None:
         self._config = config
-        self._tier = tier or TierState(config.tts.tier)
+        self._tier = TierState(config.tts.tier)
+        self._exit_code = 0
+        self._loader: threading.Thread | None = None
         self._tier_from = ""
         """The digest of the model the INT8 variant is being built from."""
         self._voices = voices  # the loop's own; the synthesizer has its copy
@@ -125,12 +129,8 @@ class App:
         self._player.start()
         self._media.start()
         self._synthesizer.start()
-        if self._tier.int8 == "building":
-            self._start_tier_worker()
+        self._start_loader()  # the voices' sessions: cached phrases play meanwhile
         self._restore(time.monotonic())
-        if self._updater is not None:
-            self._updater.started()  # up with the active model: a pending switch is confirmed
-            self._updater.start()
         self._link.start()
         self._systemd.notify("READY=1", f"STATUS=Serving {self._topics.speak}")
         _LOGGER.info("Serving node %s on %s/…", self._config.node_id, self._topics.speak[:-6])
@@ -157,10 +157,12 @@ class App:
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._media.stop()  # and one waiting for a download
             self._synthesizer.stop()
+            if self._loader is not None:  # not left inside ONNX Runtime as the interpreter ends
+                self._loader.join(timeout=LOADER_JOIN_S)
             self._marker.close()
             self._ledger.close()
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
-        return 0
+        return self._exit_code
 
     # ---- one event --------------------------------------------------------------------------
 
@@ -186,6 +188,8 @@ class App:
                 self._status.connected(now)
             case TierDecided(voice, state):
                 self._tier_decided(voice, state)
+            case VoicesLoaded():
+                self._voices_loaded(event)
             case HomeAssistantBirth(delivery):
                 self._status.home_assistant_born(now, random.uniform(0.5, 5.0))  # noqa: S311
                 self._link.ack(delivery)
@@ -307,6 +311,41 @@ class App:
 
     # ---- model updates ----------------------------------------------------------------------
 
+    def _start_loader(self) -> None:
+        """Load the voices' sessions on a thread of their own (`voices.load_engines`)."""
+        voices = dict(self._voices)
+
+        def work() -> None:
+            try:
+                loaded = load_engines(self._config, voices)
+            except Exception as err:
+                _LOGGER.exception("The voice does not load")
+                loaded = VoicesLoaded(None, self._tier, f"{type(err).__name__}: {err}"[:300])
+            self._inbox.report(loaded)
+
+        self._loader = threading.Thread(target=work, name="voice-loader", daemon=True)
+        self._loader.start()
+
+    def _voices_loaded(self, event: VoicesLoaded) -> None:
+        """The voices can speak: a replacement for an installed model that did not load is
+        switched to, the update of this start is confirmed (the agent is up with a model that
+        speaks), and the tier's work begins. The configured model not loading ends the agent
+        (exit status 1: systemd's restart, and its journal, say so)."""
+        if event.error is not None:
+            _LOGGER.error("The configured voice does not load: %s; stopping", event.error)
+            self._exit_code = 1
+            self._stopping = True
+            return
+        if event.replacement is not None:
+            self._switch_voice(event.replacement.voice)
+        self._tier = self._sheet.tier = event.tier
+        if self._tier.int8 == "building":
+            self._start_tier_worker()
+        if self._updater is not None:
+            self._updater.started()  # up with the active model: a pending switch is confirmed
+            self._updater.start()
+        self._status.changed()
+
     def _start_tier_worker(self) -> None:
         """Build and judge the INT8 variant on a thread of its own (the child builds it); the
         loop switches to it when it passes."""
@@ -366,12 +405,11 @@ def _subject(event: InboxEvent | Tick) -> str | None:
 
 def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], None]) -> int:
     """Load the voices, then serve until a signal asks to stop; returns the exit code."""
-    from agent.voices import load_voices, start_tier  # noqa: PLC0415 - beside run for the CLI
+    from agent.voices import describe_voices  # noqa: PLC0415 - beside run for the CLI
 
     os.umask(0o077)  # the journal, update slots, staged downloads and caches: the agent's only
     announce_role(config.audio.device, config.audio.media_role, os.environ)
 
-    voices = load_voices(config)
-    app = App(config, voices, tier=start_tier(config, voices["default"]))
+    app = App(config, describe_voices(config))
     install_signals(app.request_stop)
     return app.serve()

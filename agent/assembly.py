@@ -42,7 +42,14 @@ from agent.storage.step_marker import StepMarker
 from agent.system import allocator
 from agent.system.systemd import Notifier
 from agent.updates.updater import Updater
-from agent.voices import TierDecided, catalog, factory_model, ota_directory, voice_names
+from agent.voices import (
+    TierDecided,
+    VoicesLoaded,
+    catalog,
+    factory_model,
+    ota_directory,
+    voice_names,
+)
 
 REPORT_SLOTS: Final = 256
 """Reports of the workers that can wait in the inbox (a worker waits for room beyond)."""
@@ -52,7 +59,15 @@ unacknowledged and sent again by the broker after a reconnect)."""
 QOS0_SLOTS: Final = 256
 """QoS 0 deliveries that can wait in the inbox (more are dropped: QoS 0 is at most once)."""
 
-InboxEvent = RoutedEvent | UpdateReport | SwapAsked[Voice] | SwapWithdrawn | Connected | TierDecided
+InboxEvent = (
+    RoutedEvent
+    | UpdateReport
+    | SwapAsked[Voice]
+    | SwapWithdrawn
+    | Connected
+    | TierDecided
+    | VoicesLoaded
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,7 @@ class FactSheet:
             uptime_s=now - self._started_at,
             agent_version=package_version(),
             speaking=parts.core.speaking,
+            voice_loading=not all(choice.voice.loaded for choice in self._voices.values()),
             started_at=self._started_wall,
             voice_names=parts.voice_names,
             board=self._board,

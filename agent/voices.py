@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Final
 
 from agent.core.catalog import Catalog, VoiceFacts
 from agent.core.egress import EgressPolicy
@@ -43,24 +44,12 @@ def load_voice(
     config: AgentConfig, voice_id: str = "default", path: Path | None = None
 ) -> VoiceChoice:
     """Load and prewarm one voice (`default` is `tts.voice`, the bundled one when null)."""
-    tts = config.tts
     if path is None:
-        path = factory_model(config) if voice_id == "default" else tts.voices[voice_id]
-    if tts.seed is not None:
-        seed_random(tts.seed)  # before the session is made: it starts from this seed
-    started = time.monotonic()
-    voice = Voice.load(path, tts.threads, resolve_cache_dir(config.cache, os.environ))
-    loaded = time.monotonic()
-    voice.prewarm()
-    _LOGGER.info(
-        "Voice %s (%s, sha256 %s…) loaded in %.2f s, prewarmed in %.2f s",
-        voice_id,
-        path.name,
-        voice.sha256[:12],
-        loaded - started,
-        time.monotonic() - loaded,
-    )
-    return choice_for(config, voice_id, voice)
+        path = factory_model(config) if voice_id == "default" else config.tts.voices[voice_id]
+    voice = Voice.describe(path, resolve_cache_dir(config.cache, os.environ))
+    choice = choice_for(config, voice_id, voice)
+    _load_engine(config, choice)
+    return choice
 
 
 def choice_for(config: AgentConfig, voice_id: str, voice: Voice) -> VoiceChoice:
@@ -102,6 +91,100 @@ def _load_default(config: AgentConfig, model: Path, factory: Path) -> VoiceChoic
             _LOGGER.exception("The installed model %s does not load", model)
             model = fall_back(ota_directory(config), factory, str(err)[:200])
     return load_voice(config, "default", factory)
+
+
+DELAY_ENV: Final = "VOICE_AGENT_DELAY_VOICE_S"
+"""The test hook: seconds the sessions' load waits before it starts (a slow board's load, so a
+test can show what plays while the voice loads)."""
+
+
+def describe_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
+    """Every configured voice from its JSON and digest, sessions not loaded (`load_engines`
+    loads them while the agent already serves): the default one from its update slot when a
+    model update is installed. An installed model whose JSON cannot be read is left as a
+    model that does not load (`model_at_start.fall_back`)."""
+    use_memory_arena(not config.tts.low_memory)  # before the first session is made
+    if config.tts.low_memory:
+        allocator.return_large_blocks()
+    cache_dir = resolve_cache_dir(config.cache, os.environ)
+    factory = model = factory_model(config)
+    if config.ota.trusted_keys:
+        model = start_model(config.ota, ota_directory(config), factory)
+    for _ in range(3):  # the active slot, the previous one, the configured model
+        try:
+            default = Voice.describe(model, cache_dir)
+            break
+        except Exception as err:
+            if model == factory:
+                raise  # the configured model itself: nothing to fall back to
+            _LOGGER.exception("The installed model %s cannot be read", model)
+            model = fall_back(ota_directory(config), factory, str(err)[:200])
+    else:
+        default = Voice.describe(factory, cache_dir)
+    voices = {"default": choice_for(config, "default", default)}
+    for vid, path in config.tts.voices.items():
+        voices[vid] = choice_for(config, vid, Voice.describe(path, cache_dir))
+    return voices
+
+
+@dataclass(frozen=True, slots=True)
+class VoicesLoaded:
+    """Every voice's sessions are loaded and prewarmed: the default voice's replacement when
+    its installed model did not load (None: it loaded), and the tier measured at start."""
+
+    replacement: VoiceChoice | None
+    tier: TierState
+    error: str | None = None
+    """The configured model did not load (the agent stops)."""
+
+
+def load_engines(config: AgentConfig, voices: Mapping[str, VoiceChoice]) -> VoicesLoaded:
+    """Load and prewarm the sessions of described voices (on the loader thread: the synthesis
+    thread waits for them only when it needs audio the cache does not hold), then measure the
+    default voice's speed for its tier. An installed model that does not load is left for the
+    previous slot, then the configured model (`_load_default`); the configured model not
+    loading is raised."""
+    delay = os.environ.get(DELAY_ENV)
+    if delay:
+        _LOGGER.warning("Test hook: the voices load in %s s", delay)
+        time.sleep(float(delay))
+    replacement: VoiceChoice | None = None
+    default = voices["default"]
+    try:
+        _load_engine(config, default)
+    except Exception as err:
+        factory = factory_model(config)
+        if default.voice.path == factory:
+            raise
+        _LOGGER.exception("The installed model %s does not load", default.voice.path)
+        model = fall_back(ota_directory(config), factory, str(err)[:200])
+        replacement = _load_default(config, model, factory)
+    tier = start_tier(config, replacement or default)
+    for vid, choice in voices.items():
+        if vid != "default":
+            _load_engine(config, choice)
+    return VoicesLoaded(replacement, tier)
+
+
+def _load_engine(config: AgentConfig, choice: VoiceChoice) -> None:
+    """Load and prewarm one described voice (nothing to do for one already loaded)."""
+    voice = choice.voice
+    if voice.loaded:
+        return
+    if config.tts.seed is not None:
+        seed_random(config.tts.seed)  # before the session is made: it starts from this seed
+    started = time.monotonic()
+    voice.load_engine(config.tts.threads, resolve_cache_dir(config.cache, os.environ))
+    loaded = time.monotonic()
+    voice.prewarm()
+    _LOGGER.info(
+        "Voice %s (%s, sha256 %s…) loaded in %.2f s, prewarmed in %.2f s",
+        choice.id,
+        voice.path.name,
+        voice.sha256[:12],
+        loaded - started,
+        time.monotonic() - loaded,
+    )
 
 
 def voice_names(voices: Mapping[str, VoiceChoice]) -> dict[str, str]:

@@ -64,6 +64,8 @@ class NodeFacts:
     """The machine's maker and model."""
     clock: Mapping[str, object] | None = None
     """The clock's synchronisation (`clock.ClockSync.as_json`); None: the system does not say."""
+    voice_loading: bool = False
+    """A voice's sessions are still loading (cached phrases play; other requests wait)."""
     tier: Mapping[str, object] | None = None
     """The default voice's precision (`core.tiers.TierState.as_json`)."""
 
@@ -174,6 +176,7 @@ class Status:
             "speaking": facts.speaking,
             "clock": "unknown" if facts.clock is None else dict(facts.clock),
             "tier": None if facts.tier is None else dict(facts.tier),
+            "voice_loading": facts.voice_loading,
         }
         return self._topics.state, json.dumps(body).encode("utf-8"), True
 

@@ -48,6 +48,8 @@ _MAX_INT16: Final = 32767.0
 _PREWARM_TEXT: Final = "Ready."
 _LANGUAGE_FLAG: Final = re.compile(r"\([^)]+\)")
 _WHOLE: Final = 2**31
+_ENGINE_POLL_S: Final = 0.02
+"""How often a wait for a loading voice's sessions looks at its cancellation (seconds)."""
 
 Clause = tuple[str, ...]
 """The phonemes of one clause, its punctuation included (as piper-tts makes them)."""
@@ -173,18 +175,19 @@ class Voice:
 
     def __init__(
         self,
-        engine: ort.InferenceSession | Parts,
+        engine: ort.InferenceSession | Parts | None,
         config: PiperConfig,
         sha256: str,
         path: Path,
         info: VoiceInfo | None = None,
     ) -> None:
-        self._parts = engine if isinstance(engine, Parts) else None
-        self._session = None if isinstance(engine, Parts) else engine
+        self._engine_ready = threading.Event()
+        self._engine: ort.InferenceSession | Parts | None = None
+        self._engine_error: BaseException | None = None
         self._config = config
         espeakbridge.initialize(str(ESPEAK_DATA_DIR))
-        first = engine.prior if isinstance(engine, Parts) else engine
-        self._has_sid = takes(first, SPEAKER_INPUT)
+        self._has_sid = config.num_speakers > 1
+        """Until the sessions are loaded, from the JSON; then from the graph's inputs."""
         self.sha256 = sha256
         """Digest of the model file (identifies the model in caches and reports)."""
         self.path = path
@@ -197,6 +200,77 @@ class Voice:
         self.default_params = SynthesisParams(
             config.noise_scale, config.length_scale, config.noise_w_scale
         )
+        if engine is not None:
+            self.attach(engine)
+
+    @classmethod
+    def describe(cls, model_path: Path, cache_dir: Path | None) -> Voice:
+        """A voice from its JSON config and its model's digest, its sessions not loaded yet
+        (`load_engine`): its phonemes, ids, rate, speakers and cache keys are known at once,
+        and audio waits for the sessions. What lets cached phrases play while it loads."""
+        config_path = Path(f"{model_path}.json")
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+        config = PiperConfig.from_dict(raw)
+        info = VoiceInfo.from_json(raw)
+        if config.phoneme_type != PhonemeType.ESPEAK:
+            raise ValueError(
+                f"{config_path}: phoneme_type {config.phoneme_type.value!r} unsupported"
+            )
+        digest = model_digest(model_path, usable_cache_dir(cache_dir))
+        return cls(None, config, digest, model_path, info)
+
+    def load_engine(self, threads: int, cache_dir: Path | None, *, split: bool = True) -> None:
+        """Load the sessions of a described voice (reusing or building the optimized model in
+        cache_dir); a failure is raised here and to everything waiting for audio."""
+        try:
+            cache_dir = usable_cache_dir(cache_dir)  # a cache that is a symbolic link: none
+            parts = None
+            if split:
+                config = self._config
+                parts = split_parts(
+                    self.path,
+                    config.phoneme_id_map,
+                    config.default_speaker_id,
+                    self.sha256,
+                    threads,
+                    cache_dir,
+                )
+            self.attach(parts or whole_session(self.path, self.sha256, threads, cache_dir))
+        except BaseException as err:
+            self._engine_error = err
+            self._engine_ready.set()
+            raise
+
+    def attach(self, engine: ort.InferenceSession | Parts) -> None:
+        """The voice's sessions are here: audio no longer waits."""
+        first = engine.prior if isinstance(engine, Parts) else engine
+        self._has_sid = takes(first, SPEAKER_INPUT)
+        self._engine = engine
+        self._engine_ready.set()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the sessions are loaded (or failed to)."""
+        return self._engine_ready.is_set()
+
+    def _wait_engine(self, cancel: Cancellation | None = None) -> ort.InferenceSession | Parts:
+        """The sessions, once loaded: a cancellation ends the wait (StreamCancelledError)."""
+        while not self._engine_ready.wait(_ENGINE_POLL_S):
+            if cancel is not None:
+                cancel.check()
+        if self._engine is None:
+            raise RuntimeError(f"the voice {self.path.name} did not load") from self._engine_error
+        return self._engine
+
+    @property
+    def _parts(self) -> Parts | None:
+        engine = self._wait_engine()
+        return engine if isinstance(engine, Parts) else None
+
+    @property
+    def _session(self) -> ort.InferenceSession | None:
+        engine = self._wait_engine()
+        return None if isinstance(engine, Parts) else engine
 
     @classmethod
     def load(
@@ -206,30 +280,9 @@ class Voice:
 
         With `split` (the default) the graph is split for chunked decoding where it can be.
         """
-        config_path = Path(f"{model_path}.json")
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-        config = PiperConfig.from_dict(raw)
-        info = VoiceInfo.from_json(raw)
-        if config.phoneme_type != PhonemeType.ESPEAK:
-            raise ValueError(
-                f"{config_path}: phoneme_type {config.phoneme_type.value!r} unsupported"
-            )
-        cache_dir = usable_cache_dir(cache_dir)  # a cache that is a symbolic link: none
-        digest = model_digest(model_path, cache_dir)
-        parts = None
-        if split:
-            parts = split_parts(
-                model_path,
-                config.phoneme_id_map,
-                config.default_speaker_id,
-                digest,
-                threads,
-                cache_dir,
-            )
-        if parts is not None:
-            return cls(parts, config, digest, model_path, info)
-        session = whole_session(model_path, digest, threads, cache_dir)
-        return cls(session, config, digest, model_path, info)
+        voice = cls.describe(model_path, cache_dir)
+        voice.load_engine(threads, cache_dir, split=split)
+        return voice
 
     @property
     def chunked(self) -> bool:
@@ -297,6 +350,7 @@ class Voice:
         try:
             if cancel is not None:
                 cancel.check()
+            self._wait_engine(cancel)  # a described voice still loading: audio waits
             if self._parts is None:
                 scales = (params.noise_scale, params.length_scale, params.noise_w)
                 feed = graph_feed(ids, scales, self._speaker(params))
