@@ -78,7 +78,7 @@ def child(spec: dict[str, Any], reps: int, cache: Path) -> dict[str, Any]:  # no
     import onnxruntime as ort  # noqa: PLC0415
 
     from agent.formats import chunking  # noqa: PLC0415
-    from agent.speech import decoder_parts, sessions, voice  # noqa: PLC0415
+    from agent.speech import sessions, voice  # noqa: PLC0415
 
     frames = int(spec.get("frames", chunking.MAX_FRAMES))
     original_options = sessions.session_options
@@ -98,8 +98,7 @@ def child(spec: dict[str, Any], reps: int, cache: Path) -> dict[str, Any]:  # no
             object.__setattr__(parts, name, ort.InferenceSession(path, opts, sessions.PROVIDERS))
             del session
     if "context" in spec:
-        parts = decoder_parts.with_context(parts, int(spec["context"]), parts.shape.flow_context)
-        loaded._parts = parts
+        loaded = loaded.with_context(int(spec["context"]), parts.shape.flow_context)
     run_options = ort.RunOptions()
     if spec.get("shrink"):
         run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
