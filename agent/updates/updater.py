@@ -127,7 +127,10 @@ class Updater(Generic[M]):
 
     def started(self) -> None:
         """The agent is up with the active model: confirm a pending switch; deliver the
-        results kept for after the start."""
+        results kept for after the start. The state is read again first: the voices load
+        after the updater is made, and a model that did not load was left meanwhile
+        (`model_at_start.fall_back` wrote the state; this updater had not written it yet)."""
+        self.state = recovered_state(self._dir)
         if self.state.pending is not None:
             fault_point("commit")
             pending = self.state.pending
