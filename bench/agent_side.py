@@ -12,6 +12,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -38,6 +39,7 @@ def write_config(
     name: str = "agent.yaml",
     *,
     media: dict[str, str] | None = None,
+    phrases: tuple[str, ...] = (),
 ) -> Path:
     """The agent's config: the given broker, an ALSA PCM (`null` unless given), a cache in
     cache_dir, the state published every second, sounds by name (`audio.media`)."""
@@ -50,7 +52,7 @@ def write_config(
             "reconnect_max": 2.0,
         },
         "audio": {"device": device, "media": media or {}},
-        "cache": {"dir": str(cache_dir)},
+        "cache": {"dir": str(cache_dir), "phrases": list(phrases)},
         "state": {"interval": 1},
     }
     path = directory / name
@@ -94,6 +96,11 @@ def read_memory(pid: int | str) -> Memory:
             key, _, value = line.partition(":")
             fields.setdefault(key, value)
     return Memory.from_kib(fields["VmHWM"], fields["VmRSS"], fields["Pss"])
+
+
+def _epoch(stamp: str) -> float:
+    """Epoch seconds of an event's `ts` (ISO 8601, UTC, `Z`)."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def _event(arrival: Arrival) -> dict[str, Any] | None:
@@ -149,6 +156,39 @@ class AgentUnderTest:
         if not isinstance(value, dict):
             raise RuntimeError(f"the agent's state is not an object: {value!r}")
         return value
+
+    def wait_phrases(self) -> None:
+        """Wait until the configured phrases are in the cache (the agent's log says so)."""
+        deadline = time.monotonic() + TIMEOUT
+        while "Phrase cache ready" not in self._process.output():
+            if time.monotonic() > deadline or not self._process.alive():
+                raise RuntimeError("the phrases were not cached")
+            time.sleep(0.05)
+
+    def publish_alarm(self, text: str, request_id: str) -> None:
+        """A critical announcement, published at QoS 1 (queued while the agent is down)."""
+        body = {"id": request_id, "text": text, "priority": "critical"}
+        self._probe.publish(SPEAK_TOPIC, json.dumps(body).encode())
+
+    def start_until_heard(self, request_id: str) -> tuple[float, float, float]:
+        """Spawn it with `request_id` waiting for it; seconds from the spawn to the request's
+        first sample (the `started` event's own `ts`, taken by the audio writer), to `online`
+        and to the first state that says the voice has loaded."""
+        since = self._probe.mark()
+        spawned_wall = time.time()
+        spawned = time.perf_counter()
+        self._process.start()
+        online = self._wait(
+            lambda a: a.topic == STATUS_TOPIC and a.payload == b"online", since, "online"
+        )
+        started = _event(self._wait_event(request_id, "started", since)) or {}
+        loaded = self._wait(
+            lambda a: a.topic == STATE_TOPIC and b'"voice_loading": false' in a.payload,
+            since,
+            "the voice loaded",
+        )
+        first = _epoch(str(started["ts"])) - spawned_wall
+        return first, online.at - spawned, loaded.at - spawned
 
     def memory(self) -> Memory:
         """The agent process's VmHWM, VmRSS and Pss now."""

@@ -39,7 +39,14 @@ from bench.metrics import Measured, Plan
 from bench.probe import Probe
 from bench.report import Panel, write_chart, write_json, write_markdown
 from bench.stats import Entry
-from bench.texts import BENCH_SOUND, CACHED_PHRASE, COLD_START_SENTENCE, SPEED_TEXTS, STORY
+from bench.texts import (
+    BENCH_SOUND,
+    CACHED_PHRASE,
+    COLD_START_SENTENCE,
+    POWER_ON_PHRASE,
+    SPEED_TEXTS,
+    STORY,
+)
 from harness import Broker, PulseNullSink
 
 _THREADS = 2
@@ -148,6 +155,12 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
         return piper_child([COLD_START_SENTENCE]).seconds
 
     results.append(metrics.cold_start(agent_cold_start, piper_cold_start, plan.cold_starts, say))
+    powered = write_config(
+        work, broker, cache_dir, name="agent-power-on.yaml", phrases=(POWER_ON_PHRASE,)
+    )
+    results.append(
+        metrics.power_on(lambda: new_agent(powered), piper_cold_start, plan.cold_starts, say)
+    )
     agent = new_agent()
     say(f"agent online after {agent.start():.2f} s; measuring time to first audio")
     first = metrics.first_audio(agent, piper, plan.ttfa_trials, tag, say)

@@ -26,6 +26,8 @@ SPEED_TEXTS: Final = {
 """Short (~1.5 s of audio), medium (~5 s) and long (~20 s, one sentence of ~8 s) texts."""
 
 CACHED_PHRASE: Final = "The front door is open."
+POWER_ON_PHRASE: Final = "Fire alarm in hall two. Leave the building now."
+"""The bench's pinned alarm phrase (`cache.phrases`), heard from power-on."""
 BENCH_SOUND: Final = "doorbell"
 """The name of the bench's sound file in `audio.media` (a stereo 44.1 kHz FLAC, `bench.run`)."""
 """The phrase spoken once as a warm-up, then repeatedly to measure cached latency."""
