@@ -45,7 +45,7 @@ import numpy.typing as npt
 
 from bench.run import Progress, machine_info
 from bench.texts import CACHED_PHRASE, SPEED_TEXTS
-from harness import AgentProcess, Broker, PulseNullSink, Watcher, agent_config, onsets, wait_until
+from harness import AgentProcess, Broker, PulseNullSink, Watcher, agent_config, wait_until
 from harness import write_config as write_yaml
 
 RATE: Final = 22050
@@ -208,12 +208,9 @@ def synchronisation(
         parec.terminate()
         parec.wait(10)
     samples = np.frombuffer(recording.read_bytes(), dtype="<i2")
-    starts = onsets(samples, RATE, QUIET_BETWEEN * 0.6, level=5000)
-    expected = 2 * count + 1
-    if len(starts) != expected:
-        raise RuntimeError(f"expected {expected} starts in the recording, saw {len(starts)}")
-    timed = starts[:count] + starts[count + 1 :]  # the untimed prime's marks overlap speech
-    offsets_ms = [mark_offset(samples, start) * 1000 / RATE for start in timed]
+    offsets_ms = [offset * 1000 / RATE for offset in mark_offsets(samples)]
+    if len(offsets_ms) != 2 * count:  # the untimed prime's marks overlap speech: not counted
+        raise RuntimeError(f"expected {2 * count} pairs of marks, found {len(offsets_ms)}")
     uncached, cached = offsets_ms[:count], offsets_ms[count:]
     result: dict[str, Any] = {
         "period_ms": period_ms,
@@ -247,18 +244,25 @@ def write_mark(path: Path, value: int) -> str:
     return str(path)
 
 
-def mark_offset(samples: npt.NDArray[np.int16], start: int) -> int:
-    """Node B's mark minus node A's, in samples, from the first mark seen at `start`."""
-    window = samples[start : start + RATE // 20].astype(np.int32)  # 50 ms: both marks
+def mark_offsets(samples: npt.NDArray[np.int16]) -> list[int]:
+    """Node B's mark minus node A's (samples) for each pair of marks in the mix, in order: A's
+    mark (or both at once, +10,000) with nothing else within 50 ms but B's one sample, or
+    none. Speech never gives that: it starts 100 ms after a mark, and an untimed start (the
+    prime) whose marks lie apart overlaps the other node's speech."""
+    half = RATE // 20
     both = sum(MARKS.values())
-    if abs(int(window[0]) - both) < 100 and not (np.abs(window[1:]) > 5000).any():
-        return 0  # the marks coincide
-    a = np.flatnonzero(window > MARKS["a"] - 2000)
-    b = np.flatnonzero(window < MARKS["b"] + 2000)
-    if len(a) != 1 or len(b) != 1:
-        loud = {int(i): int(window[i]) for i in np.flatnonzero(np.abs(window) > 2000)[:8]}
-        raise RuntimeError(f"no clean pair of marks at sample {start}: {loud}")
-    return int(b[0]) - int(a[0])
+    offsets: list[int] = []
+    for start in np.flatnonzero((samples == MARKS["a"]) | (samples == both)):
+        window = samples[max(0, start - half) : start + half + 1].astype(np.int32)
+        others = np.flatnonzero(window)
+        here = int(start) - max(0, int(start) - half)
+        if samples[start] == both and len(others) == 1:
+            offsets.append(0)
+        elif samples[start] == MARKS["a"] and len(others) == 2:  # A's and B's
+            other = int(others[others != here][0])
+            if window[other] == MARKS["b"]:
+                offsets.append(other - here)
+    return offsets
 
 
 def lead_needed(work: Path, broker: Broker, trials: int, say: Progress) -> dict[str, Any]:
