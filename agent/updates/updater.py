@@ -40,9 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Generic, TypeVar
-
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from agent.core.egress import EgressPolicy
 from agent.core.refusal import Refused
@@ -65,6 +63,9 @@ from agent.updates.update_store import (
     slot_problem,
     without_previous,
 )
+
+if TYPE_CHECKING:  # loaded by `manifest` where a key is read
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 _LOGGER = logging.getLogger(__name__)
 M = TypeVar("M")
