@@ -33,7 +33,6 @@ from agent.speech.sessions import (
     cached_session,
     graph_feed,
     load_optimized,
-    shrinking,
     takes,
 )
 
@@ -122,7 +121,7 @@ def encode(
 ) -> Latent:
     """Run the prior over the ids of one clause group (it needs all of them at once)."""
     feed = graph_feed(ids, scales, speaker)
-    outputs = parts.prior.run(list(parts.frames), feed, shrinking(run_options))
+    outputs = parts.prior.run(list(parts.frames), feed, run_options)
     return Latent(parts, outputs, speaker)
 
 
@@ -133,20 +132,28 @@ def _with_speaker(feed: Feed, session: ort.InferenceSession, latent: Latent) -> 
 
 
 def decode_frames(
-    parts: Parts, latent: Latent, frames: range, run_options: ort.RunOptions | None
+    parts: Parts,
+    latent: Latent,
+    frames: range,
+    run_options: ort.RunOptions | None,
+    release: ort.RunOptions | None = None,
 ) -> Audio:
     """Float samples of a range of the latent's frames (`hop` samples a frame), decoded with
     the voice's context frames on each side and cropped, so consecutive ranges join into the
-    whole decoding (within SPLIT_TOLERANCE); `run_options.terminate` aborts it (it raises)."""
+    whole decoding (within SPLIT_TOLERANCE); `run_options.terminate` aborts it (it raises).
+    `release` (`sessions.releasing`, terminated with `run_options`) runs the flow and the
+    latent's last chunk: their arenas' growth is given back after them."""
     if not 0 <= frames.start < frames.stop <= latent.frames or frames.step != 1:
         raise ValueError(f"frames {frames} outside the latent's {latent.frames}")
     hop, context = parts.shape.hop, parts.shape.decoder_context
     begin = max(0, frames.start - context)
     end = min(latent.frames, frames.stop + context)
-    z = flow_until(parts, latent, end, run_options)
+    z = flow_until(parts, latent, end, release or run_options)
     piece = z if begin == 0 and end == latent.frames else np.ascontiguousarray(z[:, :, begin:end])
     feed = _with_speaker({parts.z: piece}, parts.decoder, latent)
-    output = parts.decoder.run([parts.output], feed, shrinking(run_options))[0]
+    last = frames.stop == latent.frames
+    chosen = release if last and release is not None else run_options
+    output = parts.decoder.run([parts.output], feed, chosen)[0]
     audio = np.asarray(output, dtype=np.float32).reshape(-1)
     if audio.size != (end - begin) * hop:
         raise RuntimeError(f"the decoder gave {audio.size} samples for {end - begin} frames")
@@ -174,7 +181,7 @@ def flow_until(parts: Parts, latent: Latent, end: int, run_options: ort.RunOptio
         parts.flow,
         latent,
     )
-    z = np.asarray(parts.flow.run([parts.z], feed, shrinking(run_options))[0], dtype=np.float32)
+    z = np.asarray(parts.flow.run([parts.z], feed, run_options)[0], dtype=np.float32)
     if z.shape[-1] != until - begin:
         raise RuntimeError(f"the flow gave {z.shape[-1]} frames for {until - begin}")
     if start == 0 and stop == latent.frames:

@@ -100,16 +100,18 @@ kernel). Within a run the arena serves every tensor (its speed); between runs th
 only the arena's first region (docs/measurements.md, "Speed and memory together")."""
 
 
-def shrinking(options: ort.RunOptions | None) -> ort.RunOptions | None:
-    """`options` (fresh ones if None) with the arena given back at the end of each run, where
-    sessions have an arena (`use_memory_arena`; ONNX Runtime refuses the option otherwise)."""
+def releasing() -> ort.RunOptions | None:
+    """Fresh run options that give the arena's growth back at the end of their run (None where
+    sessions have no arena: ONNX Runtime refuses the option there). Used for a clause group's
+    prior and flow and its last decoder chunk: the decoder's other chunks keep the arena, or
+    it would grow again for each (+10-15 % synthesis compute, measured)."""
     if not _ARENA["enabled"]:
-        return options
+        return None
     import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
 
-    chosen = ort.RunOptions() if options is None else options
-    chosen.add_run_config_entry(*ARENA_SHRINKAGE)
-    return chosen
+    options = ort.RunOptions()
+    options.add_run_config_entry(*ARENA_SHRINKAGE)
+    return options
 
 
 def session_options(

@@ -38,6 +38,7 @@ from agent.speech.sessions import (
     SPEAKER_INPUT,
     graph_feed,
     model_digest,
+    releasing,
     takes,
     usable_cache_dir,
     whole_session,
@@ -147,12 +148,15 @@ class Cancellation:
 
     def __init__(self) -> None:
         self._options = ort.RunOptions()
+        self._release = releasing()
         self._event = threading.Event()
 
     def cancel(self) -> None:
         """Stop the stream (from any thread)."""
         self._event.set()
         self._options.terminate = True
+        if self._release is not None:
+            self._release.terminate = True
 
     @property
     def cancelled(self) -> bool:
@@ -168,6 +172,12 @@ class Cancellation:
     def run_options(self) -> ort.RunOptions:
         """The options every inference of the stream runs with."""
         return self._options
+
+    @property
+    def release_options(self) -> ort.RunOptions | None:
+        """The options of the runs after which the arena's growth is given back
+        (`sessions.releasing`), terminated with the others."""
+        return self._release
 
 
 class Voice:
@@ -347,6 +357,7 @@ class Voice:
         """
         plan = plan or FramePlan()
         options = None if cancel is None else cancel.run_options
+        release = releasing() if cancel is None else cancel.release_options
         try:
             if cancel is not None:
                 cancel.check()
@@ -358,13 +369,13 @@ class Voice:
                 self.inferences += 1
                 yield np.asarray(output, dtype=np.float32).reshape(-1)
                 return
-            latent = self._latent(ids, params, options)
+            latent = self._latent(ids, params, release or options)
             self.inferences += 1
             chunks, plan.next = frame_chunks(latent.frames, plan.next, plan.largest, plan.growth)
             for frames in chunks:
                 if cancel is not None:
                     cancel.check()
-                yield decode_frames(self._parts, latent, frames, options)
+                yield decode_frames(self._parts, latent, frames, options, release)
         except StreamCancelledError:
             raise
         except Exception:
