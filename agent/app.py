@@ -83,7 +83,9 @@ class App:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         self._config = config
-        self._tier = TierState(config.tts.tier)
+        self._tier = TierState(
+            config.tts.tier, int8="waiting for the voice"
+        )  # measured once loaded
         self._exit_code = 0
         self._loader: threading.Thread | None = None
         self._tier_from = ""

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
-import onnxruntime as ort
 
 from agent.speech.voice import Voice
 from agent.system import allocator
@@ -37,6 +36,7 @@ from tiers.quantize import (
     THREADS,
     build,
     distances_db,
+    open_session,
     read_texts,
     sampled,
     select_variants,
@@ -49,17 +49,6 @@ from tiers.variants import BuildInputs
 VARIANT: Final = "int8-static-conv-u8-keep-last-stage"
 RESULT: Final = "result.json"
 DEFAULT_REPEAT: Final = 3
-
-
-def _session(path: Path) -> ort.InferenceSession:
-    """A session like the agent's (2 threads, sequential, ENABLE_ALL, the arena on): the
-    speed the agent would get."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _sha256(path: Path) -> str:
@@ -101,7 +90,7 @@ def measure(fp32: Voice, model: Path, variant: Path, repeat: int) -> dict[str, A
     (interleaved rounds) on the evaluation sentences; `error` instead where it fails to run."""
     sentences = sentence_ids(fp32, EVALUATION_TEXTS)
     try:
-        sessions = {"fp32": _session(model), "int8": _session(variant)}
+        sessions = {"fp32": open_session(model), "int8": open_session(variant)}
         references = sampled(sessions["fp32"], sentences, NOISELESS)
         outputs = sampled(sessions["int8"], sentences, NOISELESS)
         distance = float(np.mean(distances_db(references, outputs, fp32.sample_rate)))

@@ -62,7 +62,8 @@ class TierState:
     """FP32 synthesis speed measured at start (times real time)."""
     min_speed: float = 0.0
     int8: str = "not needed"
-    """The INT8 variant: not needed, building, passed, refused (why), failed (why)."""
+    """The INT8 variant: waiting for the voice (at start, until it has loaded and been
+    measured), not needed, building, passed, refused (why), failed (why)."""
     speedup: float | None = None
     """INT8 over FP32 on this CPU, as the gate measured it."""
     distance_db: float | None = None

@@ -279,7 +279,8 @@ class TtsConfig:
     )
     low_memory: bool = _key(
         "Hold memory down for a 512 MB board: ONNX Runtime without its memory arena and large "
-        "blocks returned to the system when freed (steady RSS about 190 MB instead of 230; "
+        "blocks returned to the system when freed (peak RSS on a long text about 208 MB "
+        "instead of 242-255; "
         "long texts take more CPU time: docs/memory.md).",
         False,
     )
