@@ -107,7 +107,12 @@ def _fleet_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser
     showing.add_argument("--watch", action="store_true", help="refresh in place (Ctrl-C ends)")
     showing.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     _stale_option(showing)
-    showing.add_argument("--sync-timeout", type=float, default=10.0)
+    showing.add_argument(
+        "--sync-timeout",
+        type=float,
+        default=10.0,
+        help="seconds without any message before the view is shown as possibly incomplete",
+    )
 
     offering = commands.add_parser("offer", help="offer a release to nodes")
     offering.add_argument("signed", type=Path)

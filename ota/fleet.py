@@ -73,6 +73,8 @@ class Fleet:
         self._final: dict[str, dict[str, UpdateEvent]] = {}  # offer -> node -> newest final
         self._subscribed = threading.Event()
         self._synced: set[str] = set()
+        self._heard = time.monotonic()
+        """When the last message arrived (sync waits while they keep coming)."""
         p = settings.prefix
         self._sync_topic = f"{p}/_ota/{self.client_id}/sync"
         self._topics = [(f"{p}/+/status", 1), (f"{p}/+/state", 1), (self._sync_topic, 1)]
@@ -111,6 +113,8 @@ class Fleet:
 
     def _take(self, message: mqtt.MQTTMessage) -> None:
         now = time.time()
+        with self._lock:
+            self._heard = time.monotonic()
         topic, payload = message.topic, bytes(message.payload)
         if topic == self._sync_topic:
             with self._lock:
@@ -145,16 +149,20 @@ class Fleet:
     def sync(self, timeout: float = 10.0) -> bool:
         """Wait until the retained messages of the subscriptions have arrived: a marker the tool
         publishes after its SUBACK comes back after them (the broker keeps one connection's
-        messages in order). False when it did not come back in time (an ACL may forbid it)."""
+        messages in order). The wait lasts while messages keep arriving (a large fleet, a slow
+        link or a busy broker) and gives up after `timeout` s without any: False then (an ACL
+        may forbid the marker)."""
         token = uuid.uuid4().hex
         self._client.publish(self._sync_topic, token, qos=1)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        while True:
             with self._lock:
                 if token in self._synced:
                     return True
+                quiet_since = max(started, self._heard)
+            if time.monotonic() - quiet_since > timeout:
+                return False
             time.sleep(0.02)
-        return False
 
     def take_unread(self) -> int:
         """Messages the callback could not handle since the last call."""

@@ -39,7 +39,7 @@ def run(
         if not fleet.sync(sync_timeout):
             say(
                 f"warning: retained messages may be incomplete (no echo of the tool's marker on "
-                f"{settings.prefix}/_ota/... within {sync_timeout:.0f} s)",
+                f"{settings.prefix}/_ota/...; nothing arrived for {sync_timeout:.0f} s)",
                 sys.stderr,
             )
         shown = 0

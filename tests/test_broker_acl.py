@@ -679,6 +679,19 @@ def test_the_operator_alone_offers_rolls_back_and_revokes_with_its_tool(
     assert shown.returncode == 0, shown.stderr
     assert "incomplete" not in shown.stderr, shown.stderr
     assert NODE in json.dumps(json.loads(shown.stdout))
+    # a user whose ACL forbids the marker: the view is shown, with the warning that it may be
+    # incomplete once nothing arrived for --sync-timeout s
+    ha_login = ["--username", HA, "--password-file", str(fleet.password_file(HA))]
+    unsynced = subprocess.run(
+        tool(fleet.broker, "status", "--json", "--sync-timeout", "2", *ha_login),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert unsynced.returncode == 0, unsynced.stderr
+    assert "may be incomplete" in unsynced.stderr, unsynced.stderr
+    assert NODE in json.dumps(json.loads(unsynced.stdout))
 
     from harness.fleet_sim import release_envelope  # noqa: PLC0415
 

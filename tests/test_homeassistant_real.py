@@ -47,7 +47,7 @@ ANNOUNCED: Final = {
     "button": 4,
     "number": 1,
     "select": 1,
-    "sensor": 8,
+    "sensor": 9,
     "binary_sensor": 2,
     "event": 1,
     "update": 1,
