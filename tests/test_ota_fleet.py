@@ -168,7 +168,8 @@ def test_killed_at_each_step_comes_back_verified_and_the_update_completes(
         offer(again, item, server, "again")
         result = settled(again, "again", "first")
         finals = [*_finals(again.watcher, "again"), *_finals(again.watcher, "first")]
-        assert result in {"installed", "already_installed"}, finals
+        told = [(f.get("id"), f.get("state"), f.get("reason"), f.get("detail")) for f in finals]
+        assert result in {"installed", "already_installed"}, told
         expected = (new, 1)
     state = speaks(again, "after-update")
     assert (state["model_sha256"], state["model_release"]) == expected

@@ -211,8 +211,9 @@ def test_a_request_does_not_wait_for_the_phrases(tiny_voice: Path, tmp_path: Pat
             ended = made.events.get(timeout=60)
         assert (ended.id, ended.error) == ("now", None)
         assert cache.waiting_at_request == [len(phrases) - 1]  # spoken before any other phrase
-        wait_until(lambda: not made.synthesizer._phrases, 60, "all phrases rendered later")
-        assert cache.phrases_stored == len(phrases)
+        # the list empties when the last phrase is taken, before it is stored: wait for the store
+        wait_until(lambda: cache.phrases_stored == len(phrases), 60, "all phrases rendered later")
+        assert not made.synthesizer._phrases
     finally:
         made.synthesizer.stop()
         made.player.stop()
