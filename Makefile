@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run docs test test-slow test-clients test-fleet test-all test-install test-small test-arm64 lint bench bench-fleet soak clean
+.PHONY: setup run docs test test-slow test-clients test-fleet test-plant test-all test-install test-small test-arm64 lint bench bench-fleet soak clean
 
 setup: $(STAMP)
 
@@ -29,10 +29,13 @@ test-clients: $(STAMP)  ## real Home Assistant and rhasspy-hermes as clients (in
 test-fleet: $(STAMP)  ## the operator's tool against simulated fleets and a bridged broker pair
 	$(VENV)/bin/pytest -m fleet
 
+test-plant: $(STAMP)  ## industrial sites: Sparkplug B against a SCADA stand-in (its own cached venv), failover between two Mosquittos, a three-node RabbitMQ cluster
+	$(VENV)/bin/pytest -m plant
+
 test-install: $(STAMP)  ## the production install: the wheel into a fresh venv outside the tree, say and run
 	$(VENV)/bin/pytest -m install
 
-test-all: test test-slow test-install test-clients test-fleet test-small  ## what CI runs (.ci/run)
+test-all: test test-slow test-install test-clients test-fleet test-plant test-small  ## what CI runs (.ci/run)
 
 test-small: $(STAMP)  ## memory budgets held by the kernel: steady work in a 256 MB cgroup, a node's whole life (OTA update, rollback) in 384 MB (root, cgroup v1; ~8 min)
 	$(VENV)/bin/pytest -m small -rP

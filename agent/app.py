@@ -56,6 +56,10 @@ from agent.protocol.inputs import (
     HomeAssistantBirth,
     Ignored,
     OtaCommand,
+    SparkplugCommand,
+    SparkplugConnected,
+    SparkplugHostState,
+    SparkplugLost,
 )
 from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
@@ -108,6 +112,7 @@ class App:
         self._updater = parts.updater
         self._link = parts.link
         self._ledger = parts.ledger
+        self._sparkplug = parts.sparkplug
         self._voice_names = parts.voice_names
         self._notes = list(parts.notes)
         """What is wrong with the files (the journal, the cache): the state's `storage`."""
@@ -134,6 +139,8 @@ class App:
         self._start_loader()  # the voices' sessions: cached phrases play meanwhile
         self._restore(time.monotonic())
         self._link.start()
+        if self._sparkplug is not None:
+            self._sparkplug.link.start()
         self._systemd.notify("READY=1", f"STATUS=Serving {self._topics.speak}")
         _LOGGER.info("Serving node %s on %s/…", self._config.node_id, self._topics.speak[:-6])
         next_tick = time.monotonic()
@@ -155,6 +162,8 @@ class App:
             self._inbox.close()  # workers waiting to report are released
             if self._updater is not None:
                 self._updater.stop()
+            if self._sparkplug is not None:
+                self._sparkplug.link.stop()  # its NDEATH first: the host sees the node go
             self._link.stop()
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._media.stop()  # and one waiting for a download
@@ -224,6 +233,13 @@ class App:
                 else:
                     self._updater.command(offer_id, body)
                 self._link.ack(delivery)
+            case SparkplugConnected() | SparkplugLost() | SparkplugHostState() | SparkplugCommand():
+                assert self._sparkplug is not None  # noqa: S101 - only sent with the edge node
+                for follow in self._sparkplug.handle(event):
+                    if isinstance(follow, Notify):
+                        self._execution.notify(follow, now)
+                    else:
+                        self._dispatch(follow, now)
             case _:
                 self._handle(event, now)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from agent.audio.device import PcmOpener, alsa_opener
@@ -24,12 +25,19 @@ from agent.link.mqtt_link import MessageHandler, MqttLink
 from agent.loop.inbox import Inbox
 from agent.loop.voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
 from agent.protocol.hermes_bridge import HermesBridge
-from agent.protocol.inputs import Connected
+from agent.protocol.inputs import (
+    Connected,
+    SparkplugCommand,
+    SparkplugConnected,
+    SparkplugHostState,
+    SparkplugLost,
+)
 from agent.protocol.routes import Route, RoutedEvent, route_table
 from agent.protocol.status import Status
 from agent.protocol.topics import Topics
 from agent.settings.declarations import DEFAULT_CHIMES, AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
+from agent.sparkplug_node import SparkplugNode
 from agent.speech.chimes import ChimePlan, chime_bank
 from agent.speech.media_decoder import MediaDecoder
 from agent.speech.media_source import FetchLimits, MediaSource
@@ -67,6 +75,10 @@ InboxEvent = (
     | Connected
     | TierDecided
     | VoicesLoaded
+    | SparkplugConnected
+    | SparkplugLost
+    | SparkplugCommand
+    | SparkplugHostState
 )
 
 
@@ -94,6 +106,8 @@ class Parts:
     updater: Updater[Voice] | None
     link: MqttLink
     ledger: Ledger
+    sparkplug: SparkplugNode | None
+    """The Sparkplug B edge node (`sparkplug.enabled`)."""
 
 
 def assemble(
@@ -207,7 +221,31 @@ def assemble(
         updater=updater,
         link=link,
         ledger=Ledger(journal, link, topics.events),
+        sparkplug=_sparkplug(
+            config, topics, table.routes, inbox, None if journal.path is None else storage
+        ),
     )
+
+
+def _sparkplug(
+    config: AgentConfig,
+    topics: Topics,
+    routes: Mapping[str, Route],
+    inbox: Inbox[InboxEvent],
+    storage: Path | None,
+) -> SparkplugNode | None:
+    """The edge node, its session's events handed to the inbox: commands as QoS 0 deliveries
+    (dropped, as QoS 0 is, when the inbox is full), the rest as notices."""
+    if not config.sparkplug.enabled:
+        return None
+
+    def hand_off(event: object) -> None:
+        if isinstance(event, SparkplugCommand):
+            inbox.deliver(event, 0)
+        elif isinstance(event, SparkplugConnected | SparkplugLost | SparkplugHostState):
+            inbox.notice(event)
+
+    return SparkplugNode(config, topics, routes, hand_off, storage)
 
 
 def new_id() -> str:

@@ -50,6 +50,7 @@ class FactSheet:
             volume=parts.player.volume,
             selected_voice=parts.core.selected_voice,
             queue_depth=parts.core.queue_depth,
+            repeating=parts.core.repeating,
             underruns=parts.player.underruns,
             model=self._model_name(voice),
             model_sha256=self.source_sha256(voice),
@@ -75,6 +76,8 @@ class FactSheet:
             board=self._board,
             clock=None if (sync := clock_sync()) is None else sync.as_json(),
             tier=None if self.tier is None else self.tier.as_json(),
+            link={"server": parts.link.server, "protocol": parts.link.protocol},
+            sparkplug=None if parts.sparkplug is None else {"server": parts.sparkplug.link.server},
         )
 
     def _model_name(self, voice: Voice) -> str:

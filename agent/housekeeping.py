@@ -28,6 +28,7 @@ class Housekeeping:
         self._ledger = parts.ledger
         self._systemd = parts.systemd
         self._status = parts.status
+        self._sparkplug = parts.sparkplug
         self._execution = execution
         self._facts = facts
         self._discovery_prefix = prefix
@@ -60,7 +61,10 @@ class Housekeeping:
         if self._status.announce_due(now):
             self._announce(now)
         if self._status.state_due(now):
-            self._execution.publish(*self._status.state(self._facts(now), now, time.time()))
+            topic, payload, retain = self._status.state(self._facts(now), now, time.time())
+            self._execution.publish(topic, payload, retain)
+            if self._sparkplug is not None:
+                self._sparkplug.state_published(payload)  # DDATA by exception
 
     def _announce(self, now: float) -> None:
         messages = self._status.announce(self._facts(now))

@@ -16,8 +16,9 @@
   rollout-report FILE                 the Markdown report and its chart, again
   revoke --key KEY [--min-release N] [--revoked 3,4]   withdraw releases fleet-wide (retained)
   rollback --node N                   return a node to its previous model
-Every command that talks to the broker takes --broker host:port, --prefix, --username,
---password-file, --tls, --ca-file, --cert-file, --key-file.
+Every command that talks to the broker takes --broker host:port (again for more brokers, tried
+in order at connect), --prefix, --username, --password-file, --tls, --ca-file, --cert-file,
+--key-file.
 (`python -m tiers.quantize` builds and judges quantized variants of a voice.)
 """
 

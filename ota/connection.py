@@ -1,7 +1,10 @@
 """How the operator's tool reaches the broker: address, credentials, TLS, shared by every command.
 
-Errors name the broker, the file or the broker's reason code, never a secret: the password is
-read from the first line of a file and only handed to paho.
+`--broker` may be given several times (the brokers of a plant, `mqtt.hosts` of its agents):
+they are tried in order at connect, the first that accepts the tool is used for the whole
+command (with the same credentials and TLS options on each). Errors name the broker, the file
+or the broker's reason code, never a secret: the password is read from the first line of a
+file and only handed to paho.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ class BrokerSettings:
     host: str = "127.0.0.1"
     port: int = 1883
     prefix: str = "voice"
+    alternates: tuple[tuple[str, int], ...] = ()
+    """Further brokers (host, port), tried in order when the one before cannot be used."""
     username: str | None = None
     password_file: Path | None = None
     tls: bool = False
@@ -45,9 +50,19 @@ class BrokerSettings:
     key_file: Path | None = None
 
     @property
+    def servers(self) -> tuple[tuple[str, int], ...]:
+        """Every broker, in the order they are tried."""
+        return ((self.host, self.port), *self.alternates)
+
+    @property
     def address(self) -> str:
-        """host:port, for messages."""
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        """host:port (each, with alternates), for messages."""
+        return " or ".join(format_address(host, port) for host, port in self.servers)
+
+
+def format_address(host: str, port: int) -> str:
+    """host:port, `[v6]:port` for an IPv6 address."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -74,7 +89,12 @@ def parse_address(text: str) -> tuple[str, int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The broker options every MQTT command takes."""
     group = parser.add_argument_group("broker")
-    group.add_argument("--broker", default=None, help=f"host:port (default {DEFAULT_BROKER})")
+    group.add_argument(
+        "--broker",
+        action="append",
+        default=None,
+        help=f"host:port (default {DEFAULT_BROKER}); again for more brokers, tried in order",
+    )
     group.add_argument("--prefix", default=None, help="topic prefix (default voice)")
     group.add_argument("--username", default=None)
     group.add_argument(
@@ -91,7 +111,9 @@ def settings_from_args(
 ) -> BrokerSettings:
     """Settings from the options; `fallback` (e.g. a resumed rollout's) fills what is absent."""
     base = fallback or BrokerSettings()
-    host, port = parse_address(args.broker) if args.broker else (base.host, base.port)
+    given = [args.broker] if isinstance(args.broker, str) else (args.broker or [])
+    listed = [parse_address(text) for text in given] or list(base.servers)
+    (host, port), *alternates = listed
     if (args.cert_file is None) != (args.key_file is None):
         raise ValueError("--cert-file and --key-file go together")
     for name in ("password_file", "ca_file", "cert_file", "key_file"):
@@ -104,6 +126,7 @@ def settings_from_args(
     return BrokerSettings(
         host=host,
         port=port,
+        alternates=tuple(alternates),
         prefix=args.prefix or base.prefix,
         username=args.username,
         password_file=args.password_file,
@@ -168,8 +191,37 @@ def connect(
     session_expiry: int = 0,
     timeout: float = CONNECT_TIMEOUT,
 ) -> bool:
-    """Connect, start paho's network thread and wait for the CONNACK; whether the broker still
-    had a session for this client id. Raises BrokerError with the broker's reason."""
+    """Connect to the first of the settings' brokers that accepts the tool (in order), start
+    paho's network thread and wait for the CONNACK; whether the broker still had a session for
+    this client id. Raises BrokerError with every broker's reason when none accepts it."""
+    reasons = []
+    for host, port in settings.servers:
+        try:
+            return _connect_one(
+                client,
+                settings,
+                host,
+                port,
+                clean_start=clean_start,
+                session_expiry=session_expiry,
+                timeout=timeout,
+            )
+        except BrokerError as err:
+            reasons.append(str(err))
+    raise BrokerError("; ".join(reasons))
+
+
+def _connect_one(
+    client: mqtt.Client,
+    settings: BrokerSettings,
+    host: str,
+    port: int,
+    *,
+    clean_start: bool,
+    session_expiry: int,
+    timeout: float,
+) -> bool:
+    address = format_address(host, port)
     done = threading.Event()
     outcome: dict[str, Any] = {}
 
@@ -190,29 +242,38 @@ def connect(
     properties.SessionExpiryInterval = session_expiry
     try:
         client.connect(
-            settings.host,
-            settings.port,
+            host,
+            port,
             keepalive=KEEPALIVE,
             clean_start=clean_start,
             properties=properties,
         )
     except ssl.SSLError as err:
-        raise BrokerError(f"TLS with {settings.address} failed: {_ssl_reason(err)}") from None
+        _restore(client, previous, previous_disconnect)
+        raise BrokerError(f"TLS with {address} failed: {_ssl_reason(err)}") from None
     except OSError as err:
+        _restore(client, previous, previous_disconnect)
         why = err.strerror or err.__class__.__name__
-        raise BrokerError(f"cannot reach the broker at {settings.address}: {why}") from None
+        raise BrokerError(f"cannot reach the broker at {address}: {why}") from None
     client.loop_start()
     if not done.wait(timeout):
         client.loop_stop()
-        raise BrokerError(f"no answer (CONNACK) from {settings.address} within {timeout:.0f} s")
+        client.disconnect()
+        _restore(client, previous, previous_disconnect)
+        raise BrokerError(f"no answer (CONNACK) from {address} within {timeout:.0f} s")
     client.on_disconnect = previous_disconnect
     answer = outcome.get("reason")
     if answer is None or getattr(answer, "is_failure", False):
         client.loop_stop()
         client.disconnect()
+        client.on_connect = previous
         if answer is None:
             hint = "" if settings.tls else " (does it expect TLS?)"
-            raise BrokerError(f"the broker at {settings.address} closed the connection{hint}")
-        raise BrokerError(f"the broker at {settings.address} refused the connection: {answer}")
+            raise BrokerError(f"the broker at {address} closed the connection{hint}")
+        raise BrokerError(f"the broker at {address} refused the connection: {answer}")
     client.on_connect = previous
     return bool(outcome["session"])
+
+
+def _restore(client: mqtt.Client, on_connect: Any, on_disconnect: Any) -> None:
+    client.on_connect, client.on_disconnect = on_connect, on_disconnect

@@ -38,11 +38,12 @@ PURE_LIBRARIES |= {"core.egress": {"ipaddress", "socket", "urllib"}}
 PURE_LIBRARIES |= {"protocol.manifest": {"cryptography"}, "formats.pcm": {"numpy"}}
 PURE_LIBRARIES |= {"formats.ssml": {"decimal", "defusedxml", "num2words", "xml"}}
 PURE_LIBRARIES |= {"formats.media": {"numpy", "soundfile", "soxr"}}
+PURE_LIBRARIES |= {"protocol.sparkplug_schema": {"google"}}
 """Further imports of particular pure modules: paths as values for the config's declarations
 (the loader looks at the disk), address parsing for the egress policy (`socket.inet_aton` only,
 no I/O), Ed25519 for manifests, numpy for audio data, a hardened XML parser and number words for
 SSML, decoders and a resampler for audio bytes (`media` never opens a file: the chimes' loader
-reads one, the decoder child is given bytes)."""
+reads one, the decoder child is given bytes), protobuf for the Sparkplug B payloads."""
 
 EDGES = {"speech", "audio", "link", "storage", "updates", "system", "loop"}
 """The edges, a folder each, by the outside thing they own: each may import pure folders, the
@@ -54,6 +55,7 @@ SHARED = {"guarded"}
 """Client libraries of our own that own no outside thing (no state, no thread): HTTP within the
 egress policy, files opened without following links; any edge may use them."""
 ROOTS = {"app", "assembly", "execution", "fact_sheet", "housekeeping", "voices", "__main__"}
+ROOTS |= {"sparkplug_node"}
 ROOTS |= {"__init__", "settings.loading"}
 """The composition (the modules at the top of `agent/`, and the config's loader): may import
 anything; nothing imports them (but `__main__`, the modules it runs)."""

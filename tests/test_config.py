@@ -214,3 +214,100 @@ def test_host_entries_in_the_documented_syntax_are_taken() -> None:
     assert config.ota.hosts == ("releases.example.com",)
     assert cfg.AudioConfig().media_hosts == ()  # by default, URL sounds are off
     assert cfg.OtaConfig().hosts == ()
+
+
+def test_mqtt_hosts_are_a_list_of_servers_with_their_ports_filled_in(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked here\n")
+    raw = {
+        "mqtt": {
+            "hosts": [
+                {"host": "a.plant.lan"},
+                {"host": "b.plant.lan", "tls": {"enabled": True, "ca_file": str(ca)}},
+                {"host": "c.plant.lan", "port": 1884},
+            ],
+            "protocol": "3.1.1",
+        }
+    }
+    config = from_mapping(raw, environ={})
+    assert [s.address for s in cfg.servers(config.mqtt)] == [
+        "a.plant.lan:1883",
+        "b.plant.lan:8883",
+        "c.plant.lan:1884",
+    ]
+    assert cfg.servers(config.mqtt)[1].tls == cfg.TlsConfig(enabled=True, ca_file=ca)
+    assert config.mqtt.protocol == "3.1.1"
+
+
+def test_without_hosts_the_one_server_is_host_port_and_tls() -> None:
+    config = from_mapping({"mqtt": {"host": "broker.lan", "port": 8883}}, environ={})
+    assert config.mqtt.hosts == ()
+    assert cfg.servers(config.mqtt) == (cfg.MqttServer("broker.lan", 8883, cfg.TlsConfig()),)
+    assert cfg.servers(cfg.MqttConfig()) == (cfg.MqttServer("127.0.0.1", 1883),)
+
+
+@pytest.mark.parametrize(("value", "taken"), [(5, "5"), ("5", "5"), ("3.1.1", "3.1.1")])
+def test_the_protocol_may_be_written_as_yaml_gives_it(value: object, taken: str) -> None:
+    assert from_mapping({"mqtt": {"protocol": value}}, environ={}).mqtt.protocol == taken
+
+
+def test_every_bad_server_entry_is_reported_with_its_index() -> None:
+    raw = {
+        "mqtt": {
+            "protocol": 4,
+            "hosts": [
+                {"port": 1883},
+                {"host": "b", "port": 70000, "tls": {"enabled": "yes"}},
+                "c:1883",
+                {"host": "d", "colour": "red", "tls": {"ca_file": "/nonexistent/ca.pem"}},
+                None,
+            ],
+        }
+    }
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(raw, "test.yaml", environ={})
+    message = str(caught.value)
+    for problem in [
+        "mqtt.protocol: expected one of auto, 5, 3.1.1, got 4",
+        "mqtt.hosts[0].host: missing",
+        "mqtt.hosts[1].port: expected a value from 0 to 65535",
+        "mqtt.hosts[1].tls.enabled: expected true or false",
+        "mqtt.hosts[2]: expected a mapping of host, port, tls, got str 'c:1883'",
+        "mqtt.hosts[3].colour: unknown key",
+        "mqtt.hosts[3].tls.ca_file: no readable file",
+        "mqtt.hosts[4]: expected a mapping of host, port, tls, got null",
+    ]:
+        assert f"  - {problem}" in message, (problem, message)
+    assert "8 problems" in message, message
+    with pytest.raises(ConfigError, match=r"mqtt.hosts: expected a list, got a mapping"):
+        from_mapping({"mqtt": {"hosts": {"host": "a"}}}, environ={})
+
+
+def test_hosts_and_host_together_are_an_error_naming_both_keys() -> None:
+    raw = {"mqtt": {"host": "broker.lan", "port": 1884, "hosts": [{"host": "a"}]}}
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(raw, "test.yaml", environ={})
+    message = str(caught.value)
+    assert "  - mqtt.host: set, but mqtt.hosts lists the servers" in message, message
+    assert "  - mqtt.port: set, but mqtt.hosts lists the servers" in message, message
+    with pytest.raises(ConfigError, match=r"mqtt.host \(from \$VOICE_AGENT_MQTT_HOST\)|mqtt.host:"):
+        from_mapping({"mqtt": {"hosts": [{"host": "a"}]}}, environ={"VOICE_AGENT_MQTT_HOST": "b"})
+
+
+def test_a_servers_tls_files_are_checked_like_mqtt_tls(tmp_path: Path) -> None:
+    cert = tmp_path / "client.pem"
+    cert.write_text("x\n")
+    raw = {
+        "mqtt": {
+            "hosts": [
+                {"host": "a"},
+                {"host": "b", "tls": {"enabled": True, "cert_file": str(cert)}},
+                {"host": "c", "tls": {"ca_file": str(cert)}},
+            ]
+        }
+    }
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(raw, "test.yaml", environ={})
+    message = str(caught.value)
+    assert "mqtt.hosts[1].tls.cert_file: a client certificate needs its key_file" in message
+    assert "mqtt.hosts[2].tls.enabled: false, but TLS files are set" in message

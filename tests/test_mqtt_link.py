@@ -1,4 +1,5 @@
-"""The MQTT edge's callbacks on their own (the network paths are tested against Mosquitto)."""
+"""The MQTT edge's callbacks and its ring of servers on their own (the network paths are tested
+against Mosquitto: tests/test_failover.py and the agent's tests)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from agent.link.mqtt_link import MqttLink
-from agent.settings.declarations import MqttConfig
+from agent.core.messages import Delivery
+from agent.link.mqtt_link import MqttLink, packet_size
+from agent.link.servers import UNSUPPORTED_PROTOCOL, Ring, Step, delay, refusal
+from agent.settings.declarations import MqttConfig, MqttProtocol, MqttServer
 
 
 def link() -> MqttLink:
@@ -40,3 +43,109 @@ def test_granted_subscriptions_change_nothing() -> None:
     granted = ReasonCode(PacketTypes.SUBACK, "Granted QoS 1")
     under_test._on_subscribe(under_test._client, None, 1, [granted, granted], None)
     assert under_test.last_error is None
+
+
+# ---- the ring of servers ------------------------------------------------------------------
+
+A, B, C = MqttServer("a"), MqttServer("b"), MqttServer("c")
+
+
+def test_each_failure_moves_to_the_next_server_and_a_full_round_backs_off() -> None:
+    ring = Ring((A, B, C), "auto")
+    steps = []
+    for _ in range(6):
+        steps.append((ring.current.host, ring.failed(maybe_not_v5=False)))
+    assert steps == [
+        ("a", Step.NEXT),
+        ("b", Step.NEXT),
+        ("c", Step.ROUND),
+        ("a", Step.NEXT),
+        ("b", Step.NEXT),
+        ("c", Step.ROUND),
+    ]
+    assert ring.rounds == 2
+    assert not ring.connected()
+    assert (ring.current.host, ring.rounds) == ("a", 0)
+
+
+def test_a_lost_connection_starts_a_round_on_the_next_server() -> None:
+    ring = Ring((A, B), "auto")
+    ring.lost()
+    assert ring.current.host == "b"
+    assert ring.failed(maybe_not_v5=False) is Step.NEXT  # a: the rest of this round
+    assert ring.failed(maybe_not_v5=False) is Step.ROUND
+
+
+def test_a_single_server_backs_off_after_each_failure() -> None:
+    ring = Ring((A,), "auto")
+    assert [ring.failed(maybe_not_v5=False) for _ in range(3)] == [Step.ROUND] * 3
+    assert ring.rounds == 3
+    ring.lost()
+    assert (ring.current.host, ring.rounds) == ("a", 0)
+
+
+def test_auto_retries_a_server_with_311_and_remembers_it_once_that_connects() -> None:
+    ring = Ring((A, B), "auto")
+    assert ring.version == "5"
+    assert ring.failed(maybe_not_v5=True) is Step.SAME
+    assert (ring.current.host, ring.version) == ("a", "3.1.1")
+    assert ring.connected()  # learned: a speaks 3.1.1 only
+    ring.lost()
+    assert (ring.current.host, ring.version) == ("b", "5")
+    assert ring.failed(maybe_not_v5=False) is Step.NEXT
+    assert (ring.current.host, ring.version) == ("a", "3.1.1")
+    assert ring.failed(maybe_not_v5=True) is Step.ROUND  # already 3.1.1: on to the next
+
+
+def test_a_311_retry_that_fails_too_forgets_the_guess() -> None:
+    ring = Ring((A, B), "auto")
+    assert ring.failed(maybe_not_v5=True) is Step.SAME
+    assert ring.failed(maybe_not_v5=False) is Step.NEXT
+    assert ring.failed(maybe_not_v5=False) is Step.ROUND
+    assert (ring.current.host, ring.version) == ("a", "5")
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_a_fixed_version_never_falls_back(protocol: MqttProtocol) -> None:
+    ring = Ring((A, B), protocol)
+    assert ring.failed(maybe_not_v5=True) is Step.NEXT
+    assert ring.version == protocol
+
+
+def test_the_delays_short_in_a_round_then_growing_per_round() -> None:
+    for _ in range(200):
+        assert delay(Step.SAME, 0, 0.5, 60) == 0
+        assert 0 <= delay(Step.NEXT, 0, 0.5, 60) <= 0.5
+        assert 0.5 <= delay(Step.ROUND, 1, 0.5, 60) <= 1.0
+        assert 0.5 <= delay(Step.ROUND, 4, 0.5, 60) <= 4.5
+        assert 0.5 <= delay(Step.ROUND, 40, 0.5, 60) <= 60.5
+    assert max(delay(Step.ROUND, 4, 0.5, 60) for _ in range(200)) > 2.0
+
+
+def test_a_311_refusal_names_its_return_code() -> None:
+    reason = ReasonCode(PacketTypes.CONNACK, "Not authorized")
+    assert refusal(reason, "3.1.1") == "Not authorized (MQTT 3.1.1 return code 5)"
+    assert refusal(reason, "5") == "Not authorized"
+    unsupported = ReasonCode(PacketTypes.CONNACK, "Unsupported protocol version")
+    assert unsupported.value == UNSUPPORTED_PROTOCOL
+
+
+def test_the_packet_size_counts_header_topic_and_packet_id() -> None:
+    assert packet_size("t", 0, 0) == 5  # type, length 3, topic length 2 + 1
+    assert packet_size("t", 10, 1) == 17
+    assert packet_size("t", 200, 1) == 1 + 2 + 205  # a two-byte remaining length
+
+
+def test_an_acknowledgement_of_an_earlier_connection_is_not_sent() -> None:
+    under_test = link()
+    stale = Delivery(7, 1, False, "f")
+    under_test.ack(stale)  # never received on this connection: nothing to acknowledge
+    under_test._deliveries[7] = Delivery(7, 1, False, "g")  # another message, same packet id
+    under_test.ack(stale)
+    assert 7 in under_test._deliveries  # the other one still waits for its own ack
+
+
+def test_the_link_reports_its_first_server_and_version_before_connecting() -> None:
+    config = MqttConfig(hosts=(MqttServer("a", 1884), MqttServer("b")), protocol="3.1.1")
+    under_test = MqttLink(config, "id", "voice/t/status", {"voice/t/speak": _drop})
+    assert (under_test.server, under_test.protocol) == ("a:1884", "3.1.1")

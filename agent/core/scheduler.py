@@ -240,6 +240,16 @@ class SpeakCore:
         """Announcements waiting (not the active one)."""
         return len(self._queue)
 
+    @property
+    def repeating(self) -> tuple[str, ...]:
+        """Ids of the announcements that will play again (a repeat count not run out, or
+        until acknowledged): the one playing and those waiting between two plays."""
+        ids = [i.request.id for i in self._queue if i.plays > 0]
+        active = self._active
+        if active is not None and _plays_again(active.item):
+            ids.insert(0, active.item.request.id)
+        return tuple(ids)
+
     def handle(self, event: Event, now: float) -> list[Action]:
         """Decide the actions that follow from one event at time `now` (seconds)."""
         return [*self._decide(event, now), *self._let_go()]
@@ -573,3 +583,9 @@ def _loop(unfinished: Unfinished) -> str:
 
 def _past(deadline: float | None, now: float) -> bool:
     return deadline is not None and now >= deadline
+
+
+def _plays_again(item: Item) -> bool:
+    """Whether an announcement will play again after the play under way."""
+    request = item.request
+    return request.repeat == UNTIL_ACKNOWLEDGED or item.plays + 1 < request.repeat

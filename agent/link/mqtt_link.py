@@ -1,8 +1,18 @@
-"""The MQTT edge: a paho-mqtt 2.x client with a persistent MQTT 5 session, availability and backoff.
+"""The MQTT edge: a paho-mqtt 2.x client with a persistent session, availability, backoff and
+failover between the servers of `mqtt.hosts`, in MQTT 5 or 3.1.1.
 
 Its own thread runs paho's network loop; callbacks only translate and hand off to the handlers
 given at construction, and never let an exception reach paho. Connecting (TCP connect and
-CONNACK) is retried with full-jitter exponential backoff by tenacity, first connect included.
+CONNACK) is retried by tenacity, first connect included, going round the servers as
+`servers.Ring` decides: a short delay to the next server, full-jitter exponential backoff per
+round of failures.
+
+One paho client serves as long as the server and the MQTT version stay the same (paho resends
+what it had in flight, in the same session). Going to another server, or to another version,
+takes a new client (paho takes its TLS context and version once): the link keeps every QoS 1
+publish until the broker acknowledges it, and hands the new client the ones still
+unacknowledged, in order, under the ids it returned. A message received on one connection is
+acknowledged on that connection only: its packet id means nothing to the next.
 """
 
 from __future__ import annotations
@@ -11,7 +21,6 @@ import hashlib
 import logging
 import random
 import socket
-import ssl
 import threading
 import time
 from collections import deque
@@ -29,12 +38,20 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_when_event_set,
-    wait_random,
-    wait_random_exponential,
 )
 
 from agent.core.messages import Delivery
-from agent.settings.declarations import MqttConfig
+from agent.link.servers import (
+    UNSUPPORTED_PROTOCOL,
+    V5,
+    Ring,
+    Step,
+    Version,
+    delay,
+    refusal,
+    tls_contexts,
+)
+from agent.settings.declarations import MqttConfig, servers
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -50,10 +67,25 @@ _SESSION_TAKEN_OVER: Final = 142
 _FLAPPING: Final = 3
 """Connections in a row that drop early before the agent warns about a duplicate client id."""
 _MAX_QUEUED_OUT: Final = 10000
+_ACKED: Final = -1
+"""In `_meeting`: the broker acknowledged this packet id before its publisher noted its id."""
 
 
 class ConnectRefusedError(ConnectionError):
     """The broker answered CONNECT with a failure reason code."""
+
+
+class _MaybeNotV5Error(ConnectionError):
+    """An MQTT 5 CONNECT was refused as an unsupported version, or the connection closed
+    before any CONNACK: the server may speak MQTT 3.1.1 only."""
+
+
+def packet_size(topic: str, payload_bytes: int, qos: int) -> int:
+    """The size of a PUBLISH packet without properties (all of one in MQTT 3.1.1; at most the
+    size of an MQTT 5 one): fixed header, topic, packet id, payload."""
+    remaining = 2 + len(topic.encode()) + (2 if qos else 0) + payload_bytes
+    length_bytes = 1 + (remaining >= 128) + (remaining >= 16384) + (remaining >= 2097152)
+    return 1 + length_bytes + remaining
 
 
 class MqttLink:
@@ -75,6 +107,9 @@ class MqttLink:
         self._handlers = dict(handlers)
         self._retained = retained
         self._on_connected = on_connected
+        self._ring = Ring(servers(config), config.protocol)
+        self._contexts = tls_contexts(self._ring.servers)  # a file that cannot be used: now
+        self._password_text = self._password()
         self.acknowledged: deque[int] = deque()
         """Ids of our publishes the broker acknowledged (filled by the network thread)."""
         self.last_error: str | None = None
@@ -82,36 +117,58 @@ class MqttLink:
         self._stopping = threading.Event()
         self._redelivering = threading.Event()
         self._connack: ReasonCode | None = None
+        self._step = Step.ROUND
+        self._failed_at = ""
         self.connected = threading.Event()
         """Set while a session with the broker is up."""
         self.failed = threading.Event()
         """Set when the link gave up for a reason retrying cannot fix (logged)."""
-        self._client = self._make_client(client_id)
+        # The lock orders publishers, acknowledgers and a change of client; it is never taken
+        # inside paho's on_publish (called with paho's own lock held, which publish takes).
+        self._lock = threading.Lock()
+        self._last_id = 0
+        self._outgoing: dict[int, tuple[str, bytes | str, bool]] = {}
+        """Our QoS 1 publishes the broker has not acknowledged, by the id `publish` returned."""
+        self._meeting: dict[int, int] = {}
+        """The current client's packet ids of our publishes: our id, or _ACKED when the
+        acknowledgement came first (each side finds the other's with one setdefault)."""
+        self._deliveries: dict[int, Delivery] = {}
+        """QoS 1 messages of the current connection not acknowledged yet, by packet id."""
+        self._version: Version = self._ring.version
+        self._client_key = (self._ring.index, self._version)
+        self._client = self._make_client(self._ring.index, self._version)
         self._thread = threading.Thread(target=self._run_blocking, name="mqtt", daemon=True)
 
-    def _make_client(self, client_id: str) -> mqtt.Client:
+    @property
+    def server(self) -> str:
+        """host:port of the server in use (while disconnected: of the next attempt)."""
+        return self._ring.servers[self._ring.index].address
+
+    @property
+    def protocol(self) -> Version:
+        """The MQTT version of the current connection (or of the last attempt): "5" or
+        "3.1.1"."""
+        return self._version
+
+    def _make_client(self, index: int, version: Version) -> mqtt.Client:
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            protocol=MQTTProtocolVersion.MQTTv5,
+            client_id=self._client_id,
+            protocol=MQTTProtocolVersion.MQTTv5 if version == V5 else MQTTProtocolVersion.MQTTv311,
+            # 3.1.1: the session is kept (the broker decides how long); 5: see `_handshake`
+            clean_session=None if version == V5 else False,
             reconnect_on_failure=False,  # we reconnect ourselves, with jitter
             manual_ack=True,  # the app acknowledges once a message is recorded
         )
         client.suppress_exceptions = True
         client.max_queued_messages_set(_MAX_QUEUED_OUT)
         if self._config.username is not None:
-            client.username_pw_set(self._config.username, self._password())
+            client.username_pw_set(self._config.username, self._password_text)
         client.will_set(self._status_topic, OFFLINE, qos=1, retain=True)
-        tls = self._config.tls
-        if tls.enabled:
+        context = self._contexts[index]
+        if context is not None:
             # Verified certificate and checked host name; no fallback to plain TCP exists.
-            client.tls_set(
-                ca_certs=str(tls.ca_file) if tls.ca_file else None,
-                certfile=str(tls.cert_file) if tls.cert_file else None,
-                keyfile=str(tls.key_file) if tls.key_file else None,
-                cert_reqs=ssl.CERT_REQUIRED,
-                tls_version=ssl.PROTOCOL_TLS_CLIENT,
-            )
+            client.tls_set_context(context)
             client.tls_insecure_set(False)
         client.on_socket_open = self._on_socket_open
         client.on_connect = self._on_connect
@@ -140,35 +197,56 @@ class MqttLink:
         self._thread.start()
 
     def publish(self, topic: str, payload: bytes | str, *, retain: bool = False) -> int:
-        """Publish at QoS 1 (queued by paho while disconnected); returns the message id, whose
-        acknowledgement by the broker shows up in `acknowledged`."""
-        info = self._client.publish(topic, payload, qos=1, retain=retain)
-        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-            _LOGGER.warning("Publish to %s dropped: %s", topic, mqtt.error_string(info.rc))
-        return int(info.mid)
+        """Publish at QoS 1 (queued while disconnected, and carried to the next server); returns
+        the message's id, whose acknowledgement by the broker shows up in `acknowledged`."""
+        with self._lock:
+            info = self._client.publish(topic, payload, qos=1, retain=retain)
+            self._last_id += 1
+            ours = self._last_id
+            if info.rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+                self._outgoing[ours] = (topic, payload, retain)
+                self._meet(info.mid, ours)
+                return ours
+        _LOGGER.warning("Publish to %s dropped: %s", topic, mqtt.error_string(info.rc))
+        return ours
 
     def ack(self, delivery: Delivery) -> None:
-        """Acknowledge a received QoS 1 message (QoS 0 needs none)."""
-        if delivery.qos > 0:
-            self._client.ack(delivery.mid, delivery.qos)
+        """Acknowledge a received QoS 1 message (QoS 0 needs none). One received on an earlier
+        connection is not: its broker sends it again, if it kept the session."""
+        if delivery.qos == 0:
+            return
+        with self._lock:
+            current = self._deliveries.get(delivery.mid) == delivery
+            if current:
+                del self._deliveries[delivery.mid]
+                self._client.ack(delivery.mid, delivery.qos)
+        if not current:
+            _LOGGER.debug("Message %d is of an earlier connection: not acknowledged", delivery.mid)
 
     def redeliver(self) -> None:
         """Have the broker send every unacknowledged message again: disconnect cleanly (no Last
-        Will), and the link reconnects at once to its persistent session. For messages the
-        agent had no room for (see `inbox`)."""
+        Will), and the link reconnects at once to its persistent session on the same server.
+        For messages the agent had no room for (see `inbox`)."""
         self._redelivering.set()
-        self._client.disconnect()
+        with self._lock:
+            client = self._client
+        client.disconnect()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Publish `offline`, disconnect cleanly (no Last Will) and join the thread."""
         self._stopping.set()
-        if self.connected.is_set():
-            info = self._client.publish(self._status_topic, OFFLINE, qos=1, retain=True)
+        with self._lock:
+            client = self._client
+            info = None
+            if self.connected.is_set():
+                info = client.publish(self._status_topic, OFFLINE, qos=1, retain=True)
+                self._meet(info.mid, 0)
+        if info is not None:
             try:
                 info.wait_for_publish(timeout)
             except (RuntimeError, ValueError):
                 _LOGGER.warning("Could not publish offline before disconnecting")
-        self._client.disconnect()
+        client.disconnect()
         self._thread.join(timeout)
 
     # ---- the network thread -------------------------------------------------------------
@@ -180,10 +258,12 @@ class MqttLink:
             while not self._stopping.is_set():
                 asked = self._redelivering.is_set()  # a reconnect the agent asked for: no pause
                 self._redelivering.clear()
-                if not first and not asked and not self._pause_before_reconnect(short_sessions):
-                    return
-                self._connect_with_backoff(first=first)
+                if not first and not asked:
+                    self._ring.lost()  # on to the next server (the same one if it is alone)
+                    if not self._pause_before_reconnect(short_sessions):
+                        return
                 first = False
+                self._connect_with_backoff()
                 up_since = time.monotonic()
                 self._client.loop_forever()  # returns when the connection ends
                 self.connected.clear()
@@ -210,20 +290,13 @@ class MqttLink:
         the same client id would take the session from each other in a tight loop.
         """
         low, high = self._config.reconnect_min, self._config.reconnect_max
-        delay = random.uniform(low, min(high, low * 2 ** (short_sessions + 1)))  # noqa: S311
-        _LOGGER.info("Reconnecting in %.2f s", delay)
-        return not self._stopping.wait(delay)
+        pause = random.uniform(low, min(high, low * 2 ** (short_sessions + 1)))  # noqa: S311
+        _LOGGER.info("Reconnecting in %.2f s (to %s)", pause, self.server)
+        return not self._stopping.wait(pause)
 
-    def _connect_with_backoff(self, *, first: bool) -> None:
+    def _connect_with_backoff(self) -> None:
         retrying = Retrying(
-            # Full jitter: uniform between reconnect_min and a doubling cap, plus up to
-            # reconnect_min more so that even the first retries of a fleet spread out.
-            wait=wait_random_exponential(
-                multiplier=self._config.reconnect_min,
-                max=self._config.reconnect_max,
-                min=self._config.reconnect_min,
-            )
-            + wait_random(0, self._config.reconnect_min),
+            wait=self._wait,
             retry=retry_if_exception_type(OSError),
             stop=stop_when_event_set(self._stopping),
             sleep=self._sleep,
@@ -232,54 +305,121 @@ class MqttLink:
         )
         for attempt in retrying:
             with attempt:
-                self._handshake_blocking(first=first)
-                first = False
+                self._attempt()
 
-    def _handshake_blocking(self, *, first: bool) -> None:
+    def _attempt(self) -> None:
+        """One attempt on the ring's current server; on failure, the ring moves on."""
+        index, version = self._ring.index, self._ring.version
+        self._failed_at = self._ring.current.address
+        self._use(index, version)
+        try:
+            if self._stopping.is_set():
+                raise ConnectionError("stopping")
+            self._handshake_blocking()
+        except _MaybeNotV5Error:
+            self._step = self._ring.failed(maybe_not_v5=True)
+            raise
+        except OSError:
+            self._step = self._ring.failed(maybe_not_v5=False)
+            raise
+        if self._ring.connected():
+            _LOGGER.warning(
+                "%s does not take MQTT 5: the link speaks MQTT 3.1.1 with it until the agent "
+                "restarts (what that changes: docs/brokers.md)",
+                self.server,
+            )
+
+    def _use(self, index: int, version: Version) -> None:
+        """Make the client for this server and version, unless it is the one in use; hand it
+        our unacknowledged publishes, in order."""
+        if (index, version) == self._client_key:
+            return
+        client = self._make_client(index, version)
+        with self._lock:
+            self._meeting = {}
+            for ours, (topic, payload, retain) in self._outgoing.items():
+                info = client.publish(topic, payload, qos=1, retain=retain)
+                self._meet(info.mid, ours)
+            self._client, self._client_key, self._version = client, (index, version), version
+
+    def _handshake_blocking(self) -> None:
         """One connection attempt: TCP connect, CONNECT, wait for a successful CONNACK."""
         self._connack = None
-        if first:
+        server = self._ring.servers[self._client_key[0]]
+        if self._version == V5:
             properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             properties.SessionExpiryInterval = self._config.session_expiry
             properties.ReceiveMaximum = self._config.receive_maximum
             properties.MaximumPacketSize = self._config.max_packet_bytes
             self._client.connect(
-                self._config.host,
-                self._config.port,
+                server.host,
+                server.port,
                 keepalive=self._config.keepalive,
                 clean_start=False,  # keep the session: messages sent while away are delivered
                 properties=properties,
             )
         else:
-            self._client.reconnect()
+            self._client.connect(server.host, server.port, keepalive=self._config.keepalive)
         deadline = time.monotonic() + _CONNACK_TIMEOUT
         while True:
             rc = self._client.loop(timeout=0.1)
             if self._connack is not None:
                 break
             if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
-                raise ConnectionError(f"connection lost before CONNACK: {mqtt.error_string(rc)}")
+                error = f"connection lost before CONNACK: {mqtt.error_string(rc)}"
+                raise (_MaybeNotV5Error if self._version == V5 else ConnectionError)(error)
             if time.monotonic() > deadline:
                 self._client.disconnect()
                 raise TimeoutError("no CONNACK from the broker")
         if self._connack.is_failure:
-            self.last_error = f"broker refused the connection: {self._connack}"
+            self.last_error = (
+                f"broker refused the connection: {refusal(self._connack, self._version)}"
+            )
+            if self._connack.value == UNSUPPORTED_PROTOCOL and self._version == V5:
+                raise _MaybeNotV5Error(self.last_error)
             raise ConnectRefusedError(self.last_error)
+
+    def _wait(self, state: RetryCallState) -> float:
+        low, high = self._config.reconnect_min, self._config.reconnect_max
+        return delay(self._step, self._ring.rounds, low, high)
 
     def _sleep(self, seconds: float) -> None:
         self._stopping.wait(seconds)  # a stop request ends the wait at once
 
     def _log_retry(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
-        delay = state.next_action.sleep if state.next_action else 0.0
-        _LOGGER.warning(
-            "Cannot connect to %s:%d (%s); retry %d in %.2f s",
-            self._config.host,
-            self._config.port,
-            error,
-            state.attempt_number,
-            delay,
-        )
+        pause = state.next_action.sleep if state.next_action else 0.0
+        if self._step is Step.SAME:
+            _LOGGER.info("%s: %s; trying MQTT 3.1.1", self._failed_at, error)
+        elif self._step is Step.NEXT:
+            _LOGGER.warning(
+                "Cannot connect to %s (%s); trying %s in %.2f s",
+                self._failed_at,
+                error,
+                self.server,
+                pause,
+            )
+        else:
+            _LOGGER.warning(
+                "Cannot connect to %s (%s); retry %d in %.2f s (to %s)",
+                self._failed_at,
+                error,
+                state.attempt_number,
+                pause,
+                self.server,
+            )
+
+    def _meet(self, mid: int, ours: int) -> None:
+        """Note our id of a publish by its packet id (holding the lock); if its acknowledgement
+        came first, it is acknowledged now."""
+        if self._meeting.setdefault(mid, ours) == _ACKED:
+            del self._meeting[mid]
+            self._acknowledged(ours)
+
+    def _acknowledged(self, ours: int) -> None:
+        if ours:  # 0: the link's own publish (offline at stop)
+            self._outgoing.pop(ours, None)
+            self.acknowledged.append(ours)  # deque.append is atomic: no lock, no blocking
 
     def _on_socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         try:
@@ -304,19 +444,26 @@ class MqttLink:
             return
         try:
             _LOGGER.info(
-                "Connected to %s:%d (session present: %s)",
-                self._config.host,
-                self._config.port,
+                "Connected to %s with MQTT %s (session present: %s)",
+                self.server,
+                self._version,
                 flags.session_present,
             )
             # Never replay a retained command at (re)subscribe (a speak was said when sent),
-            # except where a retained value is state to restore (the volume).
+            # except where a retained value is state to restore (the volume). MQTT 3.1.1 has no
+            # such option: `_on_message` drops those itself.
             keep = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)
             skip = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
-            client.subscribe(
-                [(topic, keep if topic in self._retained else skip) for topic in self._handlers]
-            )
-            client.publish(self._status_topic, ONLINE, qos=1, retain=True)
+            with self._lock:
+                self._deliveries = {}  # packet ids of earlier connections mean nothing here
+                if self._version == V5:
+                    client.subscribe(
+                        [(t, keep if t in self._retained else skip) for t in self._handlers]
+                    )
+                else:
+                    client.subscribe([(topic, 1) for topic in self._handlers])
+                info = client.publish(self._status_topic, ONLINE, qos=1, retain=True)
+                self._meet(info.mid, 0)
             self.last_error = None
             self.connected.set()
             if self._on_connected is not None:
@@ -332,7 +479,13 @@ class MqttLink:
         reason_code: ReasonCode,
         properties: Properties | None,
     ) -> None:
-        self.acknowledged.append(mid)  # deque.append is atomic: no lock, no blocking
+        # Called with paho's message lock held: no lock of ours here (a publisher holds ours
+        # while it waits for paho's). One setdefault meets the publisher's note of its id.
+        meeting = self._meeting
+        ours = meeting.setdefault(mid, _ACKED)
+        if ours != _ACKED:
+            meeting.pop(mid, None)
+            self._acknowledged(ours)
 
     def _on_subscribe(
         self,
@@ -368,12 +521,18 @@ class MqttLink:
                 "is a second agent running with the same node_id?"
             )
         else:
-            _LOGGER.warning("Disconnected from the broker: %s", reason_code)
+            _LOGGER.warning("Disconnected from the broker at %s: %s", self.server, reason_code)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        fingerprint = hashlib.blake2b(
-            message.topic.encode() + b"\0" + message.payload, digest_size=16
-        ).hexdigest()
+        size = packet_size(message.topic, len(message.payload), message.qos)
+        oversized = size > self._config.max_packet_bytes  # then no copy of it for a digest
+        fingerprint = (
+            ""
+            if oversized
+            else hashlib.blake2b(
+                message.topic.encode() + b"\0" + message.payload, digest_size=16
+            ).hexdigest()
+        )
         expiry = getattr(message.properties, "MessageExpiryInterval", None)
         delivery = Delivery(
             message.mid,
@@ -382,20 +541,40 @@ class MqttLink:
             fingerprint,
             float(expiry) if isinstance(expiry, int) else None,
         )
+        if delivery.qos > 0:
+            self._deliveries[delivery.mid] = delivery  # one dict operation: atomic
         try:
-            handler = self._handlers.get(message.topic) or next(
-                (
-                    h
-                    for sub, h in self._handlers.items()
-                    if mqtt.topic_matches_sub(sub, message.topic)
-                ),
-                None,
-            )
+            if oversized:
+                # MQTT 5 brokers never send these (Maximum Packet Size); a 3.1.1 one may.
+                _LOGGER.error(
+                    "A message of %d bytes on %s is over mqtt.max_packet_bytes (%d): dropped",
+                    size,
+                    message.topic,
+                    self._config.max_packet_bytes,
+                )
+                self.ack(delivery)
+                return
+            subscription, handler = self._route(message.topic)
             if handler is None:
                 _LOGGER.warning("Message on unexpected topic %s ignored", message.topic)
+                self.ack(delivery)
+                return
+            if message.retain and subscription not in self._retained:
+                # Sent because of the subscription (MQTT 3.1.1 sets the flag only then; MQTT 5
+                # without Retain As Published likewise): a retained command is never replayed.
+                _LOGGER.warning("Retained message on %s ignored (not replayed)", message.topic)
                 self.ack(delivery)
                 return
             handler(message.topic, bytes(message.payload), delivery)
         except Exception:
             _LOGGER.exception("Handling a message on %s failed; it is dropped", message.topic)
             self.ack(delivery)  # an unacknowledged message would hold a receive slot for good
+
+    def _route(self, topic: str) -> tuple[str | None, MessageHandler | None]:
+        """The subscription a topic came by, and its handler."""
+        if topic in self._handlers:
+            return topic, self._handlers[topic]
+        for subscription, handler in self._handlers.items():
+            if mqtt.topic_matches_sub(subscription, topic):
+                return subscription, handler
+        return None, None

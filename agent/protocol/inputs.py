@@ -68,3 +68,32 @@ class OtaCommand:
     """None when the payload was malformed (`problem` says how)."""
     delivery: Delivery
     problem: str = field(default="")
+
+
+@dataclass(frozen=True, slots=True)
+class SparkplugConnected:
+    """The Sparkplug session is up with this bdSeq (its Will's): born now, or once the primary
+    host says it is online."""
+
+    bd_seq: int
+    server: str
+
+
+@dataclass(frozen=True, slots=True)
+class SparkplugLost:
+    """The Sparkplug session ended (the broker publishes the NDEATH)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SparkplugCommand:
+    """An NCMD (`device` False) or a DCMD for the speaker, unparsed."""
+
+    device: bool
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SparkplugHostState:
+    """The primary host application's STATE message, unparsed."""
+
+    payload: bytes

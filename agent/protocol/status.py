@@ -68,6 +68,12 @@ class NodeFacts:
     """A voice's sessions are still loading (cached phrases play; other requests wait)."""
     tier: Mapping[str, object] | None = None
     """The default voice's precision (`core.tiers.TierState.as_json`)."""
+    repeating: tuple[str, ...] = ()
+    """Ids of the announcements that will play again (until their count runs out or an ack)."""
+    link: Mapping[str, object] | None = None
+    """The broker in use: `server` (host:port) and `protocol` (`5` or `3.1.1`)."""
+    sparkplug: Mapping[str, object] | None = None
+    """The Sparkplug session: `server` ("" while there is none); None when it is off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +164,7 @@ class Status:
             "volume": round(facts.volume, 3),
             "voice": facts.selected_voice,
             "queue_depth": facts.queue_depth,
+            "repeating": list(facts.repeating),
             "underruns": facts.underruns,
             "model": facts.model,
             "model_version": self.model_version(facts),
@@ -177,6 +184,8 @@ class Status:
             "clock": "unknown" if facts.clock is None else dict(facts.clock),
             "tier": None if facts.tier is None else dict(facts.tier),
             "voice_loading": facts.voice_loading,
+            "mqtt": None if facts.link is None else dict(facts.link),
+            "sparkplug": None if facts.sparkplug is None else dict(facts.sparkplug),
         }
         return self._topics.state, json.dumps(body).encode("utf-8"), True
 

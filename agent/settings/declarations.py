@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from agent.core.egress import entry_problem
 from agent.core.tiers import TIER_SETTINGS
@@ -121,12 +121,54 @@ class TlsConfig:
     )
 
 
+DEFAULT_PORT: Final = 1883
+"""The MQTT port of a server whose `port` is absent, without TLS."""
+DEFAULT_TLS_PORT: Final = 8883
+"""The MQTT port of a server whose `port` is absent, with TLS."""
+
+MqttProtocol = Literal["auto", "5", "3.1.1"]
+"""Values of `mqtt.protocol` (YAML's unquoted 5 is taken for "5")."""
+
+
+@dataclass(frozen=True, slots=True)
+class MqttServer:
+    """One broker of `mqtt.hosts`: where it is and how to reach it (`servers` gives the list
+    the agent uses, its ports filled in)."""
+
+    host: str = _key("Broker host name or IP address.", check=_host)
+    port: int = _key(
+        "Broker TCP port; 0 or absent: 1883, or 8883 when tls.enabled is true.",
+        0,
+        _between(0, 65535),
+    )
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+    @property
+    def address(self) -> str:
+        """host:port (`[v6]:port` for an IPv6 address), for logs and the state."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
 @dataclass(frozen=True, slots=True)
 class MqttConfig:
     """Connection to the MQTT broker."""
 
     host: str = _key("Broker host name or IP address.", "127.0.0.1", _host)
-    port: int = _key("Broker TCP port.", 1883, _between(1, 65535))
+    port: int = _key("Broker TCP port.", DEFAULT_PORT, _between(1, 65535))
+    hosts: tuple[MqttServer, ...] = _key(
+        "Brokers to use in turn, instead of host, port and tls: a list of {host, port, tls} "
+        "(port absent: 1883, or 8883 with tls.enabled; tls as mqtt.tls). The agent connects to "
+        "the first; after a failed connect or a lost connection it goes to the next, wrapping "
+        "around (each server once with a short delay, then the backoff per round: "
+        "docs/brokers.md). Empty: mqtt.host, mqtt.port and mqtt.tls are the one server.",
+        (),
+    )
+    protocol: MqttProtocol = _key(
+        "MQTT version: 5, 3.1.1, or auto (MQTT 5, and 3.1.1 with a server that refuses it or "
+        "closes the connection before its CONNACK; remembered per server until the agent "
+        "restarts). What the agent does instead of MQTT 5's features on 3.1.1: docs/brokers.md.",
+        "auto",
+    )
     username: str | None = _key("User name for the broker; null connects anonymously.", None)
     password_file: Path | None = _key(
         "File whose first line is the broker password (kept out of this file); null for none. "
@@ -139,12 +181,13 @@ class MqttConfig:
     keepalive: int = _key("MQTT keepalive (seconds).", 30, _between(5, 3600))
     session_expiry: int = _key(
         "How long the broker keeps the session and queues messages for an offline agent "
-        "(seconds, > 0).",
+        "(seconds, > 0; MQTT 5: on 3.1.1 the session is kept as long as the broker decides).",
         86400,
         _between(1, 4294967295),
     )
     receive_maximum: int = _key(
-        "Most QoS 1 messages the broker may send before the agent acknowledges (messages).",
+        "Most QoS 1 messages the broker may send before the agent acknowledges (messages; "
+        "MQTT 5: on 3.1.1 the broker's own window applies).",
         16,
         _between(1, 1000),
     )
@@ -154,11 +197,28 @@ class MqttConfig:
     )
     max_packet_bytes: int = _key(
         "Largest MQTT packet the agent accepts (bytes); sent to the broker as the MQTT 5 Maximum "
-        "Packet Size, so larger messages are never delivered. Hermes playBytes WAVs count too.",
+        "Packet Size, so larger messages are never delivered (on 3.1.1 the agent acknowledges "
+        "and drops them itself, once read). Hermes playBytes WAVs count too.",
         2 * 1024 * 1024,
         _between(1024, 268435455),
     )
     tls: TlsConfig = field(default_factory=TlsConfig)
+
+
+def servers(config: MqttConfig) -> tuple[MqttServer, ...]:
+    """The brokers the agent uses, in order, each with its port filled in: `mqtt.hosts`, or
+    when that is empty the one server of `mqtt.host`, `mqtt.port` and `mqtt.tls`."""
+    listed = config.hosts or (MqttServer(config.host, config.port, config.tls),)
+    return tuple(
+        server
+        if server.port
+        else MqttServer(
+            server.host,
+            DEFAULT_TLS_PORT if server.tls.enabled else DEFAULT_PORT,
+            server.tls,
+        )
+        for server in listed
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,6 +601,41 @@ class HermesConfig:
     )
 
 
+def _sparkplug_id(value: Any) -> str | None:
+    if value and not NAME_RE.fullmatch(value):
+        return "expected 1-64 characters from A-Z a-z 0-9 _ - (a Sparkplug id is a topic level)"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SparkplugConfig:
+    """A Sparkplug B edge node for SCADA (docs/sparkplug.md): its own MQTT session to the same
+    brokers, a device for the speaker, commanded by DCMD."""
+
+    enabled: bool = _key("Run the Sparkplug B edge node.", False)
+    group_id: str = _key("The Sparkplug group id (the topic's second level).", "voice", _name)
+    edge_node_id: str = _key("The edge node id; empty for the node id.", "", _sparkplug_id)
+    device_id: str = _key("The speaker's device id under the edge node.", "speaker", _name)
+    primary_host_id: str | None = _key(
+        "The primary host application's id: the node waits for its STATE online before its "
+        "birth and goes to the next server when it goes offline; null for none.",
+        None,
+        _sparkplug_id,
+    )
+    priority: str = _key(
+        "The class of a DCMD Speak while the Priority metric is empty: critical, alarm, "
+        "warning, info or chat.",
+        "alarm",
+        _one_of(CLASSES),
+    )
+    keepalive: int = _key(
+        "MQTT keepalive of the Sparkplug session (seconds): the broker publishes the NDEATH "
+        "at most 1.5 keepalives after the node is gone.",
+        15,
+        _between(5, 3600),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     """The whole configuration."""
@@ -558,6 +653,7 @@ class AgentConfig:
     homeassistant: HomeAssistantConfig = field(default_factory=HomeAssistantConfig)
     hermes: HermesConfig = field(default_factory=HermesConfig)
     ota: OtaConfig = field(default_factory=OtaConfig)
+    sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)
 
 
 ENV_OVERRIDES: Final[Mapping[str, str]] = {
@@ -585,15 +681,8 @@ class ConfigError(Exception):
 
 def cross_checks(config: AgentConfig) -> list[str]:
     """Problems between keys that are each valid alone."""
-    problems = []
     mqtt = config.mqtt
-    if mqtt.password_file is not None and mqtt.username is None:
-        problems.append("mqtt.password_file: set, but mqtt.username is null (it would be ignored)")
-    tls = mqtt.tls
-    if (tls.ca_file or tls.cert_file or tls.key_file) and not tls.enabled:
-        problems.append("mqtt.tls.enabled: false, but TLS files are set (they would be ignored)")
-    if (tls.cert_file is None) != (tls.key_file is None):
-        problems.append("mqtt.tls.cert_file: a client certificate needs its key_file, and back")
+    problems = _mqtt_problems(mqtt)
     if mqtt.max_packet_bytes < config.speak.max_payload_bytes + 512:
         problems.append("mqtt.max_packet_bytes: smaller than speak.max_payload_bytes + 512")
     if mqtt.reconnect_min > mqtt.reconnect_max:
@@ -615,6 +704,33 @@ def cross_checks(config: AgentConfig) -> list[str]:
             "speak.remembered_ids: smaller than speak.queue_size (ids still waiting could be "
             "forgotten and a duplicate spoken)"
         )
+    return problems
+
+
+def _mqtt_problems(mqtt: MqttConfig) -> list[str]:
+    problems = []
+    if mqtt.password_file is not None and mqtt.username is None:
+        problems.append("mqtt.password_file: set, but mqtt.username is null (it would be ignored)")
+    problems.extend(_tls_problems(mqtt.tls, "mqtt.tls"))
+    for index, server in enumerate(mqtt.hosts):
+        problems.extend(_tls_problems(server.tls, f"mqtt.hosts[{index}].tls"))
+    if mqtt.hosts:
+        default = MqttConfig()
+        for key, value in (("host", mqtt.host), ("port", mqtt.port), ("tls", mqtt.tls)):
+            if value != getattr(default, key):
+                problems.append(
+                    f"mqtt.{key}: set, but mqtt.hosts lists the servers (give each its {key} "
+                    "there, or leave mqtt.hosts empty)"
+                )
+    return problems
+
+
+def _tls_problems(tls: TlsConfig, path: str) -> list[str]:
+    problems = []
+    if (tls.ca_file or tls.cert_file or tls.key_file) and not tls.enabled:
+        problems.append(f"{path}.enabled: false, but TLS files are set (they would be ignored)")
+    if (tls.cert_file is None) != (tls.key_file is None):
+        problems.append(f"{path}.cert_file: a client certificate needs its key_file, and back")
     return problems
 
 

@@ -13,9 +13,9 @@ import socket
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import yaml
 
@@ -154,10 +154,14 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
         if k not in known
     )
     values: dict[str, Any] = {}
+    complete = True
     for f in fields(cls):
         path = f"{prefix}{f.name}"
         hint = hints[f.name]
-        if is_dataclass(hint):
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in raw:
+            problems.append(f"{path}: missing (this key has no default)")
+            complete = False
+        elif is_dataclass(hint):
             values[f.name] = _build(
                 typing.cast(type, hint), raw.get(f.name, {}), f"{path}.", problems
             )
@@ -169,7 +173,7 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
                 problems[problems_before:] = [
                     _without(problem, raw_value) for problem in problems[problems_before:]
                 ]
-    return cls(**values)
+    return cls(**values) if complete else None
 
 
 def _value(raw: Any, hint: Any, path: str, check: Check | None, problems: list[str]) -> Any:
@@ -179,6 +183,8 @@ def _value(raw: Any, hint: Any, path: str, check: Check | None, problems: list[s
         raw = _from_env(raw.text, hint)
     if typing.get_origin(hint) in (Mapping, tuple):
         return _container(raw, hint, path, check, problems)
+    if typing.get_origin(hint) is Literal:
+        return _choice(raw, typing.get_args(hint), where, problems)
     optional = isinstance(hint, types.UnionType) and type(None) in typing.get_args(hint)
     base = (
         next((a for a in typing.get_args(hint) if a is not type(None)), hint) if optional else hint
@@ -214,6 +220,8 @@ def _container(raw: Any, hint: Any, path: str, check: Check | None, problems: li
             problems.append(f"{path}: expected a list, got {_kind(raw)}")
             return ()
         item = typing.get_args(hint)[0]
+        if is_dataclass(item):  # a list of sections: each built as one, its keys' paths indexed
+            return tuple(_section(v, item, f"{path}[{i}]", problems) for i, v in enumerate(raw))
         return tuple(_value(v, item, f"{path}[{i}]", check, problems) for i, v in enumerate(raw))
     if not isinstance(raw, dict):
         problems.append(f"{path}: expected a mapping, got {_kind(raw)}")
@@ -228,6 +236,24 @@ def _container(raw: Any, hint: Any, path: str, check: Check | None, problems: li
             continue
         out[key] = _value(value, item, f"{path}.{key}", check, problems)
     return out
+
+
+def _section(raw: Any, cls: Any, path: str, problems: list[str]) -> Any:
+    """One item of a list of sections (`mqtt.hosts[1]`): a mapping built like a section."""
+    if not isinstance(raw, dict):
+        names = ", ".join(f.name for f in fields(cls))
+        problems.append(f"{path}: expected a mapping of {names}, got {_kind(raw)} {_shown(raw)}")
+        return None
+    return _build(cls, raw, f"{path}.", problems)
+
+
+def _choice(raw: Any, choices: tuple[str, ...], where: str, problems: list[str]) -> str | None:
+    """One of a few words; an unquoted YAML number is taken as its text (`protocol: 5`)."""
+    text = str(raw) if isinstance(raw, int | float) and not isinstance(raw, bool) else raw
+    if isinstance(text, str) and text in choices:
+        return text
+    problems.append(f"{where}: expected one of {', '.join(choices)}, got {_shown(raw)}")
+    return None
 
 
 def _from_env(text: str, hint: Any) -> Any:

@@ -45,7 +45,7 @@ def externalize(model_path: Path, target: Path) -> None:
         model_path.open("rb") as source,
         mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as m,
     ):
-        proto.ParseFromString(memoryview(m))
+        proto.ParseFromString(memoryview(m))  # type: ignore[arg-type]  # a buffer: no copy
     onnx.save_model(
         proto,
         str(target),

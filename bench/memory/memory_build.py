@@ -54,7 +54,7 @@ def step_externalize(args: argparse.Namespace) -> dict[str, Any]:
         args.model.open("rb") as source,
         mmap.mmap(source.fileno(), 0, access=mmap.ACCESS_READ) as m,
     ):
-        proto.ParseFromString(memoryview(m))
+        proto.ParseFromString(memoryview(m))  # type: ignore[arg-type]  # a buffer: no copy
     phases.mark("parsed (file memory-mapped)")
     args.dir.mkdir(parents=True, exist_ok=True)
     onnx.save_model(

@@ -1,0 +1,151 @@
+"""The brokers of the link: the ring it goes round (the server of the next attempt, the one
+after, the MQTT version each speaks, how long to wait) and what a paho client needs for one of
+them (its TLS context, the words of a refusal).
+
+The ring's rule (docs/brokers.md): an attempt that fails moves to the next server, wrapping;
+the wait before it is short while the round lasts (each server tried once since the last
+connection or the last full round), and backs off, growing with each full round, once every
+server failed in turn. With `mqtt.protocol: auto` a server that refuses MQTT 5 (CONNACK
+"Unsupported protocol version") or closes the connection before any CONNACK is tried again at
+once with MQTT 3.1.1; when that connects, the server is remembered as a 3.1.1 one for the life
+of the link.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import ssl
+from collections.abc import Sequence
+from typing import Final, Literal
+
+from paho.mqtt.reasoncodes import ReasonCode
+
+from agent.settings.declarations import MqttProtocol, MqttServer, TlsConfig
+
+Version = Literal["5", "3.1.1"]
+"""An MQTT version a connection speaks."""
+V5: Final = "5"
+V311: Final = "3.1.1"
+
+UNSUPPORTED_PROTOCOL: Final = 132
+"""The CONNACK reason "Unsupported protocol version" (paho's for a 3.1.1 return code 1 too)."""
+_V311_RETURN_CODES: Final = {132: 1, 133: 2, 136: 3, 134: 4, 135: 5}
+"""MQTT 3.1.1 CONNACK return codes by the MQTT 5 reason paho reports them as."""
+
+
+class Step(enum.Enum):
+    """Where the attempt after a failed one goes, and how soon."""
+
+    SAME = "the same server with MQTT 3.1.1, at once"
+    NEXT = "the next server of the round, after a short delay"
+    ROUND = "the next round, after the backoff of a failed round"
+
+
+class Ring:
+    """The servers in order, the one of the next attempt, and what each was found to speak.
+
+    Used by the link's network thread only (its `index` is read by others, atomically)."""
+
+    def __init__(self, servers: Sequence[MqttServer], protocol: MqttProtocol) -> None:
+        if not servers:
+            raise ValueError("no MQTT server")
+        self.servers = tuple(servers)
+        self._protocol = protocol
+        self.index = 0
+        """The server of the current connection, or of the next attempt."""
+        self.rounds = 0
+        """Rounds in which every server failed, since the last connection."""
+        self._tried = 0  # servers that failed in this round
+        self._fallback = False  # the next attempt is the 3.1.1 retry on the same server
+        self._v311_only: set[int] = set()
+
+    @property
+    def current(self) -> MqttServer:
+        """The server of the current connection, or of the next attempt."""
+        return self.servers[self.index]
+
+    @property
+    def version(self) -> Version:
+        """The MQTT version of the next attempt on the current server."""
+        if self._protocol == V5:
+            return V5
+        if self._protocol == V311 or self._fallback or self.index in self._v311_only:
+            return V311
+        return V5
+
+    def failed(self, *, maybe_not_v5: bool) -> Step:
+        """An attempt on the current server failed (`maybe_not_v5`: an MQTT 5 CONNECT was
+        refused as an unsupported version, or the connection closed before any CONNACK);
+        moves to the server of the next attempt and says how soon it is."""
+        if maybe_not_v5 and self._protocol == "auto" and self.version == V5:
+            self._fallback = True
+            return Step.SAME
+        self._fallback = False
+        self.index = (self.index + 1) % len(self.servers)
+        self._tried += 1
+        if self._tried < len(self.servers):
+            return Step.NEXT
+        self._tried = 0
+        self.rounds += 1
+        return Step.ROUND
+
+    def connected(self) -> bool:
+        """The attempt on the current server connected; True when that taught the ring that
+        the server speaks MQTT 3.1.1 only (it is not offered MQTT 5 again)."""
+        learned = self._fallback
+        if learned:
+            self._v311_only.add(self.index)
+        self._fallback = False
+        self._tried = 0
+        self.rounds = 0
+        return learned
+
+    def lost(self) -> None:
+        """The connection that was up ended: the next attempt goes to the next server, and a
+        new round begins there."""
+        self.index = (self.index + 1) % len(self.servers)
+        self._fallback = False
+        self._tried = 0
+        self.rounds = 0
+
+
+def delay(step: Step, rounds: int, low: float, high: float) -> float:
+    """Seconds before the attempt a failure led to: none for the 3.1.1 retry, up to `low` for
+    the next server of a round, and after the `rounds`-th failed round full jitter between
+    `low` and a cap doubling from `low` up to `high`, plus up to `low` more (so that even the
+    first retries of a fleet spread out)."""
+    if step is Step.SAME:
+        return 0.0
+    if step is Step.NEXT:
+        return random.uniform(0, low)  # noqa: S311 - jitter, not a secret
+    cap = max(low, min(high, low * 2 ** (max(rounds, 1) - 1)))
+    return random.uniform(low, cap) + random.uniform(0, low)  # noqa: S311
+
+
+def tls_context(tls: TlsConfig) -> ssl.SSLContext:
+    """The context of a TLS server: its certificate verified against `ca_file` (or the
+    system's CAs) and its host name checked; the client certificate when one is set. Raises
+    OSError or ssl.SSLError for files that cannot be used."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, check_hostname
+    if tls.ca_file is not None:
+        context.load_verify_locations(cafile=str(tls.ca_file))
+    else:
+        context.load_default_certs()
+    if tls.cert_file is not None:
+        context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+    return context
+
+
+def tls_contexts(servers: Sequence[MqttServer]) -> tuple[ssl.SSLContext | None, ...]:
+    """Each server's TLS context (None without TLS), made once: a paho client takes its
+    context once (`tls_set_context`), and a new client is made for another server."""
+    return tuple(tls_context(s.tls) if s.tls.enabled else None for s in servers)
+
+
+def refusal(reason: ReasonCode, version: Version) -> str:
+    """A CONNACK refusal in words: paho's reason name, and for MQTT 3.1.1 the return code the
+    broker sent (paho reports it as the matching MQTT 5 reason)."""
+    if version == V311 and reason.value in _V311_RETURN_CODES:
+        return f"{reason} (MQTT 3.1.1 return code {_V311_RETURN_CODES[reason.value]})"
+    return str(reason)

@@ -1,0 +1,274 @@
+"""The Sparkplug B edge node's decisions (agent/protocol/sparkplug.py), without a broker: the
+payloads it sends, decoded back field by field; `seq` and `bdSeq`; data by exception; what a
+command asks for and every way it is refused (never raised). Through a broker, with a SCADA
+stand-in built on another library: tests/test_sparkplug_scada.py."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.protocol.sparkplug import (
+    BY_NAME,
+    DEVICE_METRICS,
+    MAX_METRICS_PER_COMMAND,
+    NODE_METRICS,
+    DataType,
+    EdgeNode,
+    Refused,
+    SparkplugTopics,
+    Write,
+    Written,
+    host_state,
+    node_birth,
+    node_death,
+    read_command,
+)
+from agent.protocol.sparkplug_schema import Payload
+
+TOPICS = SparkplugTopics("plant", "node-1", "speaker")
+DEVICE = frozenset({Write.SPEAK, Write.PRIORITY, Write.STOP, Write.ACKNOWLEDGE, Write.VOLUME})
+STATE: dict[str, Any] = {
+    "audio": "available",
+    "volume": 0.8,
+    "speaking": False,
+    "queue_depth": 0,
+    "underruns": 0,
+    "model_version": "cdcdcdcdcdcd",
+    "voice": "default",
+    "repeating": [],
+    "last_error": None,
+}
+
+
+def decoded(payload: bytes) -> Any:
+    message = Payload()
+    message.ParseFromString(payload)
+    return message
+
+
+def metric_values(message: Any) -> dict[Any, Any]:
+    """name (birth) or alias (data) -> value."""
+    out = {}
+    for m in message.metrics:
+        key = m.name if m.HasField("name") else m.alias
+        out[key] = None if m.is_null else getattr(m, m.WhichOneof("value"))
+    return out
+
+
+def command(**metrics: tuple[int, Any]) -> bytes:
+    """A DCMD payload writing metrics by name: name -> (datatype, value)."""
+    payload = Payload(timestamp=1, seq=0)
+    for name, (datatype, value) in metrics.items():
+        entry = payload.metrics.add(name=name.replace("_", " "), datatype=datatype)
+        member = {11: "boolean_value", 12: "string_value", 9: "float_value", 10: "double_value"}
+        setattr(entry, member.get(datatype, "long_value"), value)
+    return bytes(payload.SerializeToString())
+
+
+def test_topics_follow_the_namespace() -> None:
+    assert TOPICS.nbirth == "spBv1.0/plant/NBIRTH/node-1"
+    assert TOPICS.dcmd == "spBv1.0/plant/DCMD/node-1/speaker"
+    assert TOPICS.ddeath == "spBv1.0/plant/DDEATH/node-1/speaker"
+
+
+def test_the_death_and_birth_carry_the_same_bd_seq_and_the_birth_seq_0() -> None:
+    death, birth = decoded(node_death(7, 1000)), decoded(node_birth(7, 1001))
+    assert not death.HasField("seq")
+    assert metric_values(death) == {"bdSeq": 7}
+    assert death.metrics[0].datatype == DataType.INT64
+    assert birth.seq == 0
+    rebirth = next(m for m in birth.metrics if m.name == "Node Control/Rebirth")
+    assert not rebirth.HasField("alias")  # Sparkplug 3.0: a rebirth is always asked by name
+    assert metric_values(birth) == {
+        "bdSeq": 7,
+        "Node Control/Rebirth": False,
+        "Node Control/Next Server": False,
+    }
+
+
+def test_metric_names_aliases_and_property_types_follow_the_rules() -> None:
+    """Sparkplug 3.0: names distinct even in lower case, aliases unique over the node and its
+    devices, every birth metric typed, every property value typed, keys and values paired."""
+    every = [*NODE_METRICS, *DEVICE_METRICS]
+    assert len({m.name.lower() for m in every}) == len(every)
+    aliases = [m.alias for m in every if m.alias is not None]
+    assert len(set(aliases)) == len(aliases)
+    edge = EdgeNode(TOPICS, "alarm")
+    for _, payload in edge.birth(STATE, 0):
+        for entry in decoded(payload).metrics:
+            assert entry.HasField("name"), entry
+            assert entry.HasField("datatype"), entry
+            assert len(entry.properties.keys) == len(entry.properties.values)
+            assert all(v.HasField("type") for v in entry.properties.values)
+
+
+def test_a_birth_names_every_metric_with_alias_type_and_properties() -> None:
+    edge = EdgeNode(TOPICS, "alarm", bd_seq=3)
+    (n_topic, _), (d_topic, d_payload) = edge.birth(STATE, 5000)
+    assert (n_topic, d_topic) == (TOPICS.nbirth, TOPICS.dbirth)
+    birth = decoded(d_payload)
+    assert birth.seq == 1
+    assert [m.name for m in birth.metrics] == [m.name for m in DEVICE_METRICS]
+    assert len({m.alias for m in birth.metrics}) == len(DEVICE_METRICS)
+    values = metric_values(birth)
+    assert values["Priority"] == "alarm"
+    assert values["Volume"] == pytest.approx(0.8)
+    assert values["Audio available"] is True
+    assert values["Model version"] == "cdcdcdcdcdcd"
+    volume = next(m for m in birth.metrics if m.name == "Volume")
+    properties = dict(zip(volume.properties.keys, volume.properties.values, strict=True))
+    assert properties["engUnit"].string_value == "ratio"
+    assert properties["writable"].boolean_value is True
+
+
+def test_data_goes_by_exception_with_aliases_and_the_time_of_the_change() -> None:
+    edge = EdgeNode(TOPICS, "alarm")
+    edge.birth(STATE, 1000)
+    assert edge.changed(STATE, 2000) == []  # nothing changed: nothing sent
+    [(topic, payload)] = edge.changed({**STATE, "speaking": True, "queue_depth": 2}, 3000)
+    data = decoded(payload)
+    assert topic == TOPICS.ddata
+    assert data.seq == 2
+    assert all(not m.HasField("name") for m in data.metrics)  # aliases only
+    assert all(not m.HasField("datatype") for m in data.metrics)  # known from the birth
+    by_alias = {m.alias: m for m in data.metrics}
+    assert set(by_alias) == {BY_NAME["Speaking"].alias, BY_NAME["Queue depth"].alias}
+    assert all(m.timestamp == 3000 for m in data.metrics)
+
+
+def test_seq_wraps_at_255_and_a_rebirth_starts_again_at_0() -> None:
+    edge = EdgeNode(TOPICS, "alarm")
+    edge.birth(STATE, 0)
+    seen = []
+    for n in range(300):
+        [(_, payload)] = edge.changed({**STATE, "queue_depth": n + 1}, n)
+        seen.append(decoded(payload).seq)
+    assert seen[:3] == [2, 3, 4]
+    assert all((b - a) % 256 == 1 for a, b in itertools.pairwise(seen))
+    assert max(seen) == 255
+    births = edge.birth(STATE, 400)
+    assert [decoded(p).seq for _, p in births] == [0, 1]
+
+
+def test_the_device_dies_with_the_audio_and_is_born_again_with_it() -> None:
+    edge = EdgeNode(TOPICS, "alarm")
+    edge.birth(STATE, 0)
+    [(topic, payload)] = edge.changed({**STATE, "audio": "unavailable"}, 10)
+    assert topic == TOPICS.ddeath
+    assert decoded(payload).seq == 2
+    assert edge.changed({**STATE, "audio": "unavailable", "queue_depth": 3}, 20) == []
+    [(topic, payload)] = edge.changed({**STATE, "queue_depth": 3}, 30)
+    assert topic == TOPICS.dbirth
+    assert metric_values(decoded(payload))["Queue depth"] == 3
+
+
+def test_a_node_born_without_audio_sends_no_device_birth() -> None:
+    messages = EdgeNode(TOPICS, "alarm").birth({**STATE, "audio": "unavailable"}, 0)
+    assert [t for t, _ in messages] == [TOPICS.nbirth]
+
+
+def test_a_command_writes_by_name_or_alias_with_its_type() -> None:
+    writes = read_command(
+        command(Speak=(12, "Pump 3 tripped"), Stop=(11, True), Volume=(10, 0.5)), DEVICE
+    )
+    assert writes == [
+        Written(BY_NAME["Speak"], "Pump 3 tripped"),
+        Written(BY_NAME["Stop"], True),
+        Written(BY_NAME["Volume"], 0.5),
+    ]
+    by_alias = Payload()
+    by_alias.metrics.add(alias=BY_NAME["Acknowledge"].alias, boolean_value=True)
+    assert read_command(by_alias.SerializeToString(), DEVICE) == [
+        Written(BY_NAME["Acknowledge"], True)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("payload", "label", "reason"),
+    [
+        (command(Nope=(12, "x")), "Nope", "unknown metric"),
+        (command(Speak=(11, True)), "Speak", "expected String"),
+        (command(Stop=(12, "yes")), "Stop", "expected Boolean"),
+        (command(Speaking=(11, True)), "Speaking", "not writable"),
+        (command(Node_Control_Rebirth=(11, True)), "Node Control Rebirth", "unknown metric"),
+        (b"\xff\xff\xff", "payload", "not a Sparkplug B payload"),
+        (b"x" * 70000, "payload", "larger than"),
+    ],
+)
+def test_a_command_that_cannot_be_carried_out_is_refused_with_its_reason(
+    payload: bytes, label: str, reason: str
+) -> None:
+    [refused] = read_command(payload, DEVICE)
+    assert isinstance(refused, Refused)
+    assert refused.label == label
+    assert reason in refused.reason
+
+
+def test_node_controls_are_refused_on_the_device_and_device_metrics_on_the_node() -> None:
+    rebirth = Payload()
+    rebirth.metrics.add(name="Node Control/Rebirth", datatype=11, boolean_value=True)
+    [refused] = read_command(rebirth.SerializeToString(), DEVICE)
+    assert isinstance(refused, Refused)
+    assert read_command(rebirth.SerializeToString(), frozenset({Write.REBIRTH})) == [
+        Written(BY_NAME["Node Control/Rebirth"], True)
+    ]
+
+
+def test_a_null_a_mismatched_alias_and_too_many_metrics_are_refused() -> None:
+    null = Payload()
+    null.metrics.add(name="Speak", datatype=12, is_null=True)
+    mismatched = Payload()
+    mismatched.metrics.add(name="Speak", alias=BY_NAME["Stop"].alias, string_value="x")
+    many = Payload()
+    for _ in range(MAX_METRICS_PER_COMMAND + 1):
+        many.metrics.add(name="Stop", boolean_value=True)
+    for message in (null, mismatched, many):
+        [refused] = read_command(message.SerializeToString(), DEVICE)
+        assert isinstance(refused, Refused), message
+
+
+@settings(max_examples=400)
+@given(st.binary(max_size=512))
+def test_any_bytes_as_a_command_are_read_or_refused_never_raised(data: bytes) -> None:
+    for write in read_command(data, DEVICE):
+        assert isinstance(write, Written | Refused)
+        if isinstance(write, Refused):
+            assert write.label.isprintable()
+
+
+def test_last_error_follows_refusals_and_the_state() -> None:
+    edge = EdgeNode(TOPICS, "alarm")
+    edge.birth(STATE, 0)
+    edge.refuse("Priority", "expected one of critical, alarm")
+    [(_, payload)] = edge.changed(STATE, 10)
+    assert list(metric_values(decoded(payload)).values()) == [
+        "Priority: expected one of critical, alarm"
+    ]
+    [(_, payload)] = edge.changed({**STATE, "last_error": "rejected abc: too_long"}, 20)
+    assert list(metric_values(decoded(payload)).values()) == ["rejected abc: too_long"]
+    assert edge.changed({**STATE, "last_error": "rejected abc: too_long"}, 30) == []
+    edge.refuse("Bogus", "unknown metric", "spb-1")
+    edge.changed({**STATE, "last_error": "rejected abc: too_long"}, 40)
+    # the state's line for the refusal's own event keeps the more precise reason
+    assert edge.changed({**STATE, "last_error": "rejected spb-1: invalid_field"}, 50) == []
+    assert edge.last_error == "Bogus: unknown metric"
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (b'{"online": true, "timestamp": 5}', (True, 5)),
+        (b'{"online": false, "timestamp": 6}', (False, 6)),
+        (b'{"online": "yes", "timestamp": 6}', None),
+        (b"ONLINE", None),  # Sparkplug 2.2's plain-text STATE is not 3.0's
+        (b"[" * 5000, None),
+        (b'{"online": true, "timestamp": true}', None),
+    ],
+)
+def test_a_host_state_is_read_or_ignored(payload: bytes, expected: object) -> None:
+    assert host_state(payload) == expected
