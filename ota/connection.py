@@ -13,6 +13,7 @@ import argparse
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -153,11 +154,24 @@ def _no_delay(_client: mqtt.Client, _userdata: Any, sock: Any) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def new_client(settings: BrokerSettings, client_id: str) -> mqtt.Client:
-    """A paho MQTT 5 client with the settings' credentials and TLS (not yet connected)."""
-    client = mqtt.Client(
-        CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
-    )
+def new_client(
+    settings: BrokerSettings,
+    client_id: str,
+    protocol: MQTTProtocolVersion = MQTTProtocolVersion.MQTTv5,
+    *,
+    clean_session: bool = True,
+) -> mqtt.Client:
+    """A paho client (MQTT 5, or 3.1.1 with `clean_session`) with the settings' credentials and
+    TLS (not yet connected)."""
+    if protocol == MQTTProtocolVersion.MQTTv5:
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
+    else:
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=protocol,
+            clean_session=clean_session,
+        )
     client.on_socket_open = _no_delay
     if settings.username is not None:
         password = read_password(settings.password_file) if settings.password_file else None
@@ -183,32 +197,54 @@ def _ssl_reason(err: BaseException) -> str:
     return err.__class__.__name__
 
 
+ClientMaker = Callable[[MQTTProtocolVersion], mqtt.Client]
+"""Makes the tool's client for a protocol version (paho fixes the version per client)."""
+
+
 def connect(
-    client: mqtt.Client,
     settings: BrokerSettings,
+    make: ClientMaker,
     *,
     clean_start: bool = True,
     session_expiry: int = 0,
     timeout: float = CONNECT_TIMEOUT,
-) -> bool:
+) -> tuple[mqtt.Client, bool]:
     """Connect to the first of the settings' brokers that accepts the tool (in order), start
-    paho's network thread and wait for the CONNACK; whether the broker still had a session for
-    this client id. Raises BrokerError with every broker's reason when none accepts it."""
+    paho's network thread and wait for the CONNACK: the connected client, and whether the broker
+    still had a session for this client id. MQTT 5 first; a broker that closes the connection
+    before any CONNACK or refuses the protocol version (RabbitMQ 3.10 speaks 3.1.1 only) is
+    tried again at once with MQTT 3.1.1. Raises BrokerError with every broker's reason when
+    none accepts it."""
     reasons = []
     for host, port in settings.servers:
-        try:
-            return _connect_one(
-                client,
-                settings,
-                host,
-                port,
-                clean_start=clean_start,
-                session_expiry=session_expiry,
-                timeout=timeout,
-            )
-        except BrokerError as err:
-            reasons.append(str(err))
+        for protocol in (MQTTProtocolVersion.MQTTv5, MQTTProtocolVersion.MQTTv311):
+            client = make(protocol)
+            try:
+                session = _connect_one(
+                    client,
+                    settings,
+                    host,
+                    port,
+                    clean_start=clean_start,
+                    session_expiry=session_expiry,
+                    timeout=timeout,
+                )
+            except _NotV5Error as err:
+                reasons.append(str(err))
+                continue  # the same broker in MQTT 3.1.1
+            except BrokerError as err:
+                reasons.append(str(err))
+                break  # the next broker
+            return client, session
     raise BrokerError("; ".join(reasons))
+
+
+class _NotV5Error(BrokerError):
+    """An MQTT 5 CONNECT closed before any CONNACK, or refused for its protocol version."""
+
+
+_UNSUPPORTED_VERSION: Final = (1, 132)
+"""CONNACK codes for an unacceptable protocol version (3.1.1's 1, MQTT 5's 0x84)."""
 
 
 def _connect_one(
@@ -238,16 +274,16 @@ def _connect_one(
 
     previous, previous_disconnect = client.on_connect, client.on_disconnect
     client.on_connect, client.on_disconnect = on_connect, on_disconnect
-    properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-    properties.SessionExpiryInterval = session_expiry
+    v5 = client.protocol == MQTTProtocolVersion.MQTTv5
     try:
-        client.connect(
-            host,
-            port,
-            keepalive=KEEPALIVE,
-            clean_start=clean_start,
-            properties=properties,
-        )
+        if v5:
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            properties.SessionExpiryInterval = session_expiry
+            client.connect(
+                host, port, keepalive=KEEPALIVE, clean_start=clean_start, properties=properties
+            )
+        else:  # clean_session was set when the client was made
+            client.connect(host, port, keepalive=KEEPALIVE)
     except ssl.SSLError as err:
         _restore(client, previous, previous_disconnect)
         raise BrokerError(f"TLS with {address} failed: {_ssl_reason(err)}") from None
@@ -269,8 +305,10 @@ def _connect_one(
         client.on_connect = previous
         if answer is None:
             hint = "" if settings.tls else " (does it expect TLS?)"
-            raise BrokerError(f"the broker at {address} closed the connection{hint}")
-        raise BrokerError(f"the broker at {address} refused the connection: {answer}")
+            error = f"the broker at {address} closed the connection{hint}"
+            raise (_NotV5Error if v5 else BrokerError)(error)
+        refusal = f"the broker at {address} refused the connection: {answer}"
+        raise (_NotV5Error if v5 and answer.value in _UNSUPPORTED_VERSION else BrokerError)(refusal)
     client.on_connect = previous
     return bool(outcome["session"])
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.enums import MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -81,11 +82,15 @@ class Fleet:
         self._topics.append(("$SYS/broker/connection/+/state", 0))
         if events:
             self._topics.append((f"{p}/+/events", 1))
-        self._client = new_client(settings, self.client_id)
-        self._client.on_message = self._on_message
-        self._client.on_subscribe = lambda *_args: self._subscribed.set()
-        self.session_present = connect(
-            self._client, settings, clean_start=clean_start, session_expiry=session_expiry
+
+        def make(protocol: MQTTProtocolVersion) -> mqtt.Client:
+            client = new_client(settings, self.client_id, protocol, clean_session=clean_start)
+            client.on_message = self._on_message
+            client.on_subscribe = lambda *_args: self._subscribed.set()
+            return client
+
+        self._client, self.session_present = connect(
+            settings, make, clean_start=clean_start, session_expiry=session_expiry
         )
         self._client.on_connect = self._on_reconnect
         self._subscribe()
@@ -252,7 +257,7 @@ class Fleet:
     def close(self, forget_session: bool = False) -> None:
         """Disconnect; with `forget_session` the broker drops the persistent session now."""
         properties = None
-        if forget_session:
+        if forget_session and self._client.protocol == MQTTProtocolVersion.MQTTv5:
             properties = Properties(PacketTypes.DISCONNECT)  # type: ignore[no-untyped-call]
             properties.SessionExpiryInterval = 0
         self._client.disconnect(properties=properties)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make run`: start a loopback Mosquitto when no broker answers at the configured address, fall
+# `make run`: start a loopback Mosquitto when no broker answers at the configured (first) address, fall
 # back to a capture file when the audio device cannot be opened, then run the agent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,7 @@ mkdir -p .run
 read -r HOST PORT NODE PREFIX DEVICE_OK RATE < <(.venv/bin/python - "$CONFIG" <<'PY'
 import json, sys
 from pathlib import Path
-from agent.settings.declarations import ConfigError
+from agent.settings.declarations import ConfigError, servers
 from agent.settings.loading import load
 try:
     c = load(Path(sys.argv[1]))
@@ -29,7 +29,8 @@ try:
     ok = "yes"
 except Exception:
     ok = "no"
-print(c.mqtt.host, c.mqtt.port, c.node_id, c.mqtt.topic_prefix, ok, rate)
+first = servers(c.mqtt)[0]  # the first of mqtt.hosts: the one the agent tries first
+print(first.host, first.port, c.node_id, c.mqtt.topic_prefix, ok, rate)
 PY
 )
 

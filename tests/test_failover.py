@@ -587,6 +587,30 @@ def test_the_tool_connects_to_the_first_broker_that_answers(broker: Broker) -> N
     assert f"cannot reach the broker at {other}" in failed.stderr
 
 
+@pytest.mark.parametrize("answer", ["connack", "close"])
+def test_the_tool_speaks_3_1_1_to_a_broker_that_refuses_mqtt_5(broker: Broker, answer: str) -> None:
+    """A broker that speaks 3.1.1 only (RabbitMQ 3.10): the tool's MQTT 5 CONNECT refused or
+    closed, it connects again in 3.1.1 and reads the retained state (its sync marker back)."""
+    gate = VersionGate(broker, answer)
+    try:
+        retained = ["mosquitto_pub", "-h", broker.host, "-p", str(broker.port), "-r", "-q", "1"]
+        subprocess.run([*retained, "-t", "voice/n1/state", "-m", '{"node": "n1"}'], check=True)
+        command = [sys.executable, "-m", "ota", "status", "--json", "--sync-timeout", "30"]
+        done = subprocess.run(
+            [*command, "--broker", f"{gate.host}:{gate.port}"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT * 2,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "may be incomplete" not in done.stderr, done.stderr
+        assert [n["node"] for n in json.loads(done.stdout)["nodes"]] == ["n1"]
+        assert gate.v5_connects == 1
+    finally:
+        gate.close()
+
+
 @pytest.mark.plant
 def test_the_agent_on_mqtt_311_speaks_and_never_replays_a_retained_speak(
     broker: Broker, tmp_path: Path, tiny_voice: Path
