@@ -259,6 +259,7 @@ def test_on_mqtt_311_retained_commands_are_dropped_and_acknowledged(
             assert retained_status(broker) == b"online"
         finally:
             link.stop()
+            broker.stop()
         assert b"a retained speak" not in probe.payloads()
         assert not [p for p in probe.payloads() if p.startswith(b"old")]
         assert all(not d.redelivered for _, _, d in probe.received)
@@ -285,6 +286,7 @@ def test_on_mqtt_311_an_oversized_message_is_dropped_and_acknowledged(
         probe.wait_payload(b"after")
     finally:
         link.stop()
+        broker.stop()
     assert probe.payloads() == [b"y" * 1900, b"after"]
     assert caplog.text.count("over mqtt.max_packet_bytes") == 8
 
