@@ -273,7 +273,9 @@ class MqttLink:
                 if short_sessions == _FLAPPING and not self._stopping.is_set():
                     _LOGGER.warning(
                         "The connection dropped %d times in a row within %d s: is a second "
-                        "agent running with the same node_id (client id %s)?",
+                        "agent running with the same node_id (client id %s)? Or does the broker "
+                        "close a session it cannot reach (a RabbitMQ cluster whose node that held "
+                        "it is down: docs/brokers.md)?",
                         short_sessions,
                         _STABLE_SECONDS,
                         self._client_id,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import ssl
 import threading
 import time
@@ -45,6 +46,8 @@ _LOGGER = logging.getLogger(__name__)
 
 SparkplugEvent = SparkplugConnected | SparkplugLost | SparkplugCommand | SparkplugHostState
 _CONNACK_TIMEOUT: Final = 10.0
+_STABLE_S: Final = 30.0
+"""A session that lasted this long resets the pause before the next."""
 
 
 class BdSeq:
@@ -144,6 +147,7 @@ class SparkplugLink:
     # ---- the thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
+        short = 0  # sessions in a row that ended within _STABLE_S
         while not self._stopping.is_set():
             retrying = Retrying(
                 wait=wait_random_exponential(
@@ -163,15 +167,20 @@ class SparkplugLink:
                         client = self._connect(self._servers[self._index])
             except OSError:
                 return  # stopping
+            up_since = time.monotonic()
             client.loop_forever()  # until the session ends
             with self._lock:
                 self._client = None
             self.server = ""
+            short = 0 if time.monotonic() - up_since >= _STABLE_S else short + 1
             if not self._stopping.is_set():
                 _LOGGER.warning("Sparkplug session ended; trying the next server")
                 self._on_event(SparkplugLost())
                 self._index = (self._index + 1) % len(self._servers)
-                self._stopping.wait(self._mqtt.reconnect_min)
+                # a server that closes each session at once (RabbitMQ while the node that held
+                # the last one is down) is not hammered: the pause grows, as the agent's does
+                low, high = self._mqtt.reconnect_min, self._mqtt.reconnect_max
+                self._stopping.wait(min(high, low * 2 ** min(short, 16)))
 
     def _sleep(self, seconds: float) -> None:
         self._stopping.wait(seconds)  # a stop ends the wait at once
@@ -182,7 +191,10 @@ class SparkplugLink:
         bd_seq = self._bd_seq.take()
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
-            client_id=self._client_id,
+            # a client id of its own per CONNECT: a clean session needs nothing of the last one,
+            # and a broker that still holds the last one where it cannot reach it (RabbitMQ: on
+            # a node that was killed) would refuse the same id elsewhere
+            client_id=f"{self._client_id}-{secrets.token_hex(3)}",
             protocol=MQTTProtocolVersion.MQTTv311,
             clean_session=True,
             reconnect_on_failure=False,
