@@ -33,6 +33,7 @@ from websockets.sync.client import connect
 
 from .agent import AgentProcess, agent_config, write_config
 from .broker import Broker, free_port
+from .cached_venv import put_in_place, run_step
 from .mqtt import Watcher
 from .wait import ROOT, TIMEOUT, wait_until
 
@@ -175,41 +176,27 @@ def _build(release: str, python: Path, final: Path) -> None:
     log = work / "install.log"
     venv = work / "venv"
     try:
-        _run([str(python), "-m", "venv", str(venv)], log)
+        run_step([str(python), "-m", "venv", str(venv)], log)
         inside = str(venv / "bin" / "python")
-        _run([inside, "-m", "pip", "install", "--disable-pip-version-check", "uv"], log)
+        run_step([inside, "-m", "pip", "install", "--disable-pip-version-check", "uv"], log)
         # uv, as Home Assistant installs its own requirements: pip took 5-6 min here, uv ~1.5.
         uv = [inside, "-m", "uv", "pip", "install", "--python", inside, "--compile-bytecode"]
-        _run([*uv, f"homeassistant=={release}"], log)
-        facts = json.loads(_run([inside, "-c", _ALWAYS_LOADED], log))
+        run_step([*uv, f"homeassistant=={release}"], log)
+        facts = json.loads(run_step([inside, "-c", _ALWAYS_LOADED], log))
         components = Path(facts["components"])
         requirements = integration_requirements(components, [*facts["always"], *CONFIGURED])
         constraints = components.parent / "package_constraints.txt"
-        _run([*uv, "--constraint", str(constraints), *requirements], log)
+        run_step([*uv, "--constraint", str(constraints), *requirements], log)
         record = {
             "release": release,
             "python": str(python),
             "requirements": requirements,
             "seconds": round(time.monotonic() - started, 1),
         }
-        (work / "installed.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
-        if final.exists():  # an unfinished venv left by an interrupted build before the lock
-            shutil.rmtree(final)
-        work.rename(final)
+        put_in_place(work, final, record)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-
-
-def _run(command: Sequence[str], log: Path) -> str:
-    """Run a build step, its output appended to `log`; its stdout, or an error with the tail."""
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    with log.open("a", encoding="utf-8") as out:
-        out.write(f"$ {' '.join(command)}\n{result.stdout}{result.stderr}\n")
-    if result.returncode != 0:
-        tail = (result.stdout + result.stderr)[-3000:]
-        raise RuntimeError(f"{command[:4]} failed ({result.returncode}):\n{tail}")
-    return result.stdout
 
 
 def integration_requirements(components: Path, domains: Sequence[str]) -> list[str]:

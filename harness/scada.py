@@ -55,6 +55,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
+from .cached_venv import put_in_place, run_step
 from .wait import ROOT, TIMEOUT
 
 PYSPARKPLUG: Final = "0.6.1"
@@ -118,11 +119,11 @@ def _build(final: Path) -> None:
     log = work / "install.log"
     venv = work / "venv"
     try:
-        _run([sys.executable, "-m", "venv", str(venv)], log)
+        run_step([sys.executable, "-m", "venv", str(venv)], log)
         inside = str(venv / "bin" / "python")
         pip = [inside, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-        _run([*pip, *REQUIREMENTS], log)
-        versions = json.loads(_run([inside, "-c", _VERSIONS], log))
+        run_step([*pip, *REQUIREMENTS], log)
+        versions = json.loads(run_step([inside, "-c", _VERSIONS], log))
         wanted = {"pysparkplug": PYSPARKPLUG, "paho-mqtt": PAHO_MQTT, "protobuf": PROTOBUF}
         if versions != wanted:
             raise RuntimeError(f"the stand-in venv has {versions}, not {wanted}")
@@ -132,24 +133,10 @@ def _build(final: Path) -> None:
             "versions": versions,
             "seconds": round(time.monotonic() - started, 1),
         }
-        (work / "installed.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
-        if final.exists():  # an unfinished venv left by an interrupted build before the lock
-            shutil.rmtree(final)
-        work.rename(final)
+        put_in_place(work, final, record)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-
-
-def _run(command: Sequence[str], log: Path) -> str:
-    """Run a build step, its output appended to `log`; its stdout, or an error with the tail."""
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    with log.open("a", encoding="utf-8") as out:
-        out.write(f"$ {' '.join(command)}\n{result.stdout}{result.stderr}\n")
-    if result.returncode != 0:
-        tail = (result.stdout + result.stderr)[-3000:]
-        raise RuntimeError(f"{command[:4]} failed ({result.returncode}):\n{tail}")
-    return result.stdout
 
 
 # ---------------------------------------------------------------------------------------------
