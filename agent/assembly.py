@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from agent.audio.device import PcmOpener, alsa_opener
 from agent.audio.player import IdlePolicy, Player
@@ -37,7 +37,6 @@ from agent.protocol.status import Status
 from agent.protocol.topics import Topics
 from agent.settings.declarations import DEFAULT_CHIMES, AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
-from agent.sparkplug_node import SparkplugNode
 from agent.speech.chimes import ChimePlan, chime_bank
 from agent.speech.media_decoder import MediaDecoder
 from agent.speech.media_source import FetchLimits, MediaSource
@@ -58,6 +57,9 @@ from agent.voices import (
     ota_directory,
     voice_names,
 )
+
+if TYPE_CHECKING:  # imported when the edge node is on: protobuf costs a node without it
+    from agent.sparkplug_node import SparkplugNode
 
 REPORT_SLOTS: Final = 256
 """Reports of the workers that can wait in the inbox (a worker waits for room beyond)."""
@@ -238,6 +240,7 @@ def _sparkplug(
     (dropped, as QoS 0 is, when the inbox is full), the rest as notices."""
     if not config.sparkplug.enabled:
         return None
+    from agent.sparkplug_node import SparkplugNode  # noqa: PLC0415 - protobuf only when on
 
     def hand_off(event: object) -> None:
         if isinstance(event, SparkplugCommand):

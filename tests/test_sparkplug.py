@@ -6,6 +6,8 @@ stand-in built on another library: tests/test_sparkplug_scada.py."""
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -272,3 +274,38 @@ def test_last_error_follows_refusals_and_the_state() -> None:
 )
 def test_a_host_state_is_read_or_ignored(payload: bytes, expected: object) -> None:
     assert host_state(payload) == expected
+
+
+def test_a_node_without_sparkplug_does_not_load_protobuf() -> None:
+    """The edge node (and protobuf, ~50 ms and a few MB at start) is imported only when
+    `sparkplug.enabled`: the agent's loop, assembly and entry point do not pull it in."""
+    probe = "import sys, agent.__main__, agent.app; print('google.protobuf' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stdout
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """One length-delimited field of the wire format (built by hand here: the library will not
+    write a string that is not UTF-8, which is what a hostile publisher sends)."""
+    length, size = b"", len(data)
+    while True:
+        low, size = size & 0x7F, size >> 7
+        length += bytes([low | (0x80 if size else 0)])
+        if not size:
+            break
+    return bytes([number << 3 | 2]) + length + data
+
+
+@settings(max_examples=300)
+@given(name=st.binary(max_size=80), text=st.binary(max_size=300))
+def test_names_and_texts_that_are_not_utf8_are_refused_never_raised_or_spoken(
+    name: bytes, text: bytes
+) -> None:
+    """A metric name or a Speak text of any bytes: read when it is UTF-8 (the text as text),
+    refused otherwise; never raised, never a bytes value written as its repr."""
+    for metric_name in (name, b"Speak"):
+        metric = _field(1, metric_name) + b"\x20\x0c" + _field(15, text)  # name, String, value
+        for write in read_command(_field(2, metric), DEVICE):
+            assert isinstance(write, Written | Refused)
+            if isinstance(write, Written):
+                assert write.value == text.decode("utf-8"), write

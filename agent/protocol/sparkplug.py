@@ -311,6 +311,8 @@ def read_command(payload: bytes, allowed: frozenset[Write]) -> list[Written | Re
 
 def _written(entry: Any, allowed: frozenset[Write]) -> Written | Refused:
     has_name, has_alias = entry.HasField("name"), entry.HasField("alias")
+    if has_name and not isinstance(entry.name, str):  # the library gives bytes: not UTF-8
+        return Refused("metric", "its name is not UTF-8")
     metric = BY_NAME.get(entry.name) if has_name else BY_ALIAS.get(entry.alias)
     label = _label(entry.name if has_name else f"alias {entry.alias}" if has_alias else "metric")
     if metric is None:
@@ -335,7 +337,8 @@ def _value(entry: Any, expected: DataType) -> Value | Refused:  # noqa: PLR0911 
     if expected == DataType.BOOLEAN and member == "boolean_value" and given in (None, 11):
         return bool(entry.boolean_value)
     if expected == DataType.STRING and member == "string_value" and given in (None, 12, 14):
-        return str(entry.string_value)
+        text = entry.string_value  # bytes when they are not UTF-8 (proto2 does not check)
+        return text if isinstance(text, str) else Refused("", "not UTF-8")
     if expected in (DataType.FLOAT, DataType.DOUBLE):
         if member in ("float_value", "double_value") and given in (None, 9, 10):
             return float(getattr(entry, member))
