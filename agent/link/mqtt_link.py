@@ -48,6 +48,7 @@ from agent.link.servers import (
     Step,
     Version,
     delay,
+    read_password,
     refusal,
     tls_contexts,
 )
@@ -109,7 +110,7 @@ class MqttLink:
         self._on_connected = on_connected
         self._ring = Ring(servers(config), config.protocol)
         self._contexts = tls_contexts(self._ring.servers)  # a file that cannot be used: now
-        self._password_text = self._password()
+        self._password_text = read_password(config.password_file)
         self.acknowledged: deque[int] = deque()
         """Ids of our publishes the broker acknowledged (filled by the network thread)."""
         self.last_error: str | None = None
@@ -180,15 +181,6 @@ class MqttLink:
         # woken through its socket pair) instead of writing from whichever thread publishes.
         client.on_socket_register_write = self._on_socket_register_write
         return client
-
-    def _password(self) -> str | None:
-        path = self._config.password_file
-        if path is None:
-            return None
-        if path.stat().st_mode & 0o077:
-            _LOGGER.warning("%s can be read by other users than the agent's: chmod 600 it", path)
-        lines = path.read_text(encoding="utf-8").splitlines()
-        return lines[0] if lines else ""
 
     # ---- called from other threads ------------------------------------------------------
 

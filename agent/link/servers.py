@@ -14,14 +14,18 @@ of the link.
 from __future__ import annotations
 
 import enum
+import logging
 import random
 import ssl
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final, Literal
 
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.settings.declarations import MqttProtocol, MqttServer, TlsConfig
+
+_LOGGER = logging.getLogger(__name__)
 
 Version = Literal["5", "3.1.1"]
 """An MQTT version a connection speaks."""
@@ -149,3 +153,14 @@ def refusal(reason: ReasonCode, version: Version) -> str:
     if version == V311 and reason.value in _V311_RETURN_CODES:
         return f"{reason} (MQTT 3.1.1 return code {_V311_RETURN_CODES[reason.value]})"
     return str(reason)
+
+
+def read_password(path: Path | None) -> str | None:
+    """The broker password: the first line of its file (None without one); a warning when other
+    users than the agent's can read it."""
+    if path is None:
+        return None
+    if path.stat().st_mode & 0o077:
+        _LOGGER.warning("%s can be read by other users than the agent's: chmod 600 it", path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return lines[0] if lines else ""

@@ -4,8 +4,9 @@ Sparkplug asks for a clean session whose Will is the NDEATH: each CONNECT is a n
 (MQTT 3.1.1, which every broker of a plant speaks, RabbitMQ's included) with the next `bdSeq`
 in its Will. `bdSeq` is kept in a file of the storage directory, so that the NDEATH of the
 session before a restart never matches the NBIRTH after it. The servers are tried in order of
-`mqtt.hosts` (the next after a failed connect, a lost session, a `Node Control/Next Server` or
-the primary host going offline), with tenacity's jittered backoff between rounds.
+`mqtt.hosts` on the agent's own ring (`servers.Ring`: the next after a failed connect, a lost
+session, a `Node Control/Next Server` or the primary host going offline; a short delay within a
+round, backoff after a failed round), with the same TLS contexts and password.
 
 Its thread runs paho's loop; the callbacks only hand events to the loop (`on_event`), which
 decides (`protocol.sparkplug`) and publishes through `publish`.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -25,14 +25,9 @@ from typing import Any, Final
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    stop_when_event_set,
-    wait_random,
-    wait_random_exponential,
-)
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_when_event_set
 
+from agent.link.servers import V311, Ring, Step, delay, read_password, tls_contexts
 from agent.protocol.inputs import (
     SparkplugCommand,
     SparkplugConnected,
@@ -40,7 +35,7 @@ from agent.protocol.inputs import (
     SparkplugLost,
 )
 from agent.protocol.sparkplug import SparkplugTopics, node_death, state_topic
-from agent.settings.declarations import MqttConfig, MqttServer, SparkplugConfig, servers
+from agent.settings.declarations import MqttConfig, SparkplugConfig, servers
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -98,8 +93,10 @@ class SparkplugLink:
         self._bd_seq = bd_seq
         self._on_event = on_event
         self._wall_ms = wall_ms
-        self._servers = servers(mqtt_config)
-        self._index = 0
+        self._ring = Ring(servers(mqtt_config), V311)  # the agent's ring rule, 3.1.1 always
+        self._contexts = tls_contexts(self._ring.servers)  # a file that cannot be used: now
+        self._password = read_password(mqtt_config.password_file)
+        self._step = Step.ROUND
         self._stopping = threading.Event()
         self._client: mqtt.Client | None = None
         self._lock = threading.Lock()
@@ -148,14 +145,10 @@ class SparkplugLink:
 
     def _run(self) -> None:
         short = 0  # sessions in a row that ended within _STABLE_S
+        low, high = self._mqtt.reconnect_min, self._mqtt.reconnect_max
         while not self._stopping.is_set():
             retrying = Retrying(
-                wait=wait_random_exponential(
-                    multiplier=self._mqtt.reconnect_min,
-                    max=self._mqtt.reconnect_max,
-                    min=self._mqtt.reconnect_min,
-                )
-                + wait_random(0, self._mqtt.reconnect_min),
+                wait=self._wait,
                 retry=retry_if_exception_type(OSError),
                 stop=stop_when_event_set(self._stopping),
                 sleep=self._sleep,
@@ -164,7 +157,7 @@ class SparkplugLink:
             try:
                 for attempt in retrying:
                     with attempt:
-                        client = self._connect(self._servers[self._index])
+                        client = self._attempt()
             except OSError:
                 return  # stopping
             up_since = time.monotonic()
@@ -176,18 +169,33 @@ class SparkplugLink:
             if not self._stopping.is_set():
                 _LOGGER.warning("Sparkplug session ended; trying the next server")
                 self._on_event(SparkplugLost())
-                self._index = (self._index + 1) % len(self._servers)
+                self._ring.lost()
                 # a server that closes each session at once (RabbitMQ while the node that held
                 # the last one is down) is not hammered: the pause grows, as the agent's does
-                low, high = self._mqtt.reconnect_min, self._mqtt.reconnect_max
                 self._stopping.wait(min(high, low * 2 ** min(short, 16)))
+
+    def _attempt(self) -> mqtt.Client:
+        """One CONNECT to the ring's current server; on failure the ring moves on."""
+        try:
+            client = self._connect(self._ring.index)
+        except OSError:
+            self._step = self._ring.failed(maybe_not_v5=False)
+            raise
+        self._ring.connected()
+        return client
+
+    def _wait(self, _state: RetryCallState) -> float:
+        return delay(
+            self._step, self._ring.rounds, self._mqtt.reconnect_min, self._mqtt.reconnect_max
+        )
 
     def _sleep(self, seconds: float) -> None:
         self._stopping.wait(seconds)  # a stop ends the wait at once
 
-    def _connect(self, server: MqttServer) -> mqtt.Client:
-        """One CONNECT with the next bdSeq in the NDEATH Will; raises OSError (to try the next
-        server) when it fails."""
+    def _connect(self, index: int) -> mqtt.Client:
+        """One CONNECT to a server with the next bdSeq in the NDEATH Will; raises OSError (to
+        try the next server) when it fails."""
+        server, context = self._ring.servers[index], self._contexts[index]
         bd_seq = self._bd_seq.take()
         client = mqtt.Client(
             CallbackAPIVersion.VERSION2,
@@ -201,9 +209,9 @@ class SparkplugLink:
         )
         client.suppress_exceptions = True
         if self._mqtt.username is not None:
-            client.username_pw_set(self._mqtt.username, _password(self._mqtt.password_file))
-        if server.tls.enabled:
-            client.tls_set_context(_tls_context(server))
+            client.username_pw_set(self._mqtt.username, self._password)
+        if context is not None:  # verified certificate and host name, no plain TCP fallback
+            client.tls_set_context(context)
         client.will_set(
             self._topics.ndeath, node_death(bd_seq, self._wall_ms()), qos=1, retain=False
         )
@@ -213,8 +221,7 @@ class SparkplugLink:
         address = server.address
         try:
             client.connect(server.host, server.port, keepalive=self._config.keepalive)
-        except (OSError, ssl.SSLError) as err:
-            self._index = (self._index + 1) % len(self._servers)
+        except OSError as err:  # ssl.SSLError included
             raise ConnectionError(f"cannot reach {address}: {err}") from err
         deadline = time.monotonic() + _CONNACK_TIMEOUT
         while "reason" not in answer:
@@ -222,12 +229,10 @@ class SparkplugLink:
                 time.monotonic() > deadline
             ):
                 client.disconnect()
-                self._index = (self._index + 1) % len(self._servers)
                 raise ConnectionError(f"no CONNACK from {address}")
         reason = answer["reason"]
         if reason.is_failure:
             client.disconnect()
-            self._index = (self._index + 1) % len(self._servers)
             raise ConnectionError(f"{address} refused the Sparkplug session: {reason}")
         subscriptions = [(self._topics.ncmd, 1), (self._topics.dcmd, 1)]
         if self._config.primary_host_id:
@@ -253,19 +258,3 @@ class SparkplugLink:
                 self._on_event(SparkplugHostState(payload))
         except Exception:
             _LOGGER.exception("A Sparkplug message on %s was dropped", message.topic)
-
-
-def _password(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return lines[0] if lines else ""
-
-
-def _tls_context(server: MqttServer) -> ssl.SSLContext:
-    """The server's certificate verified, its host name checked; no fallback to plain TCP."""
-    tls = server.tls
-    context = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
-    if tls.cert_file is not None:
-        context.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
-    return context
