@@ -113,6 +113,7 @@ class App:
         self._link = parts.link
         self._ledger = parts.ledger
         self._sparkplug = parts.sparkplug
+        self._wyoming = parts.wyoming
         self._voice_names = parts.voice_names
         self._notes = list(parts.notes)
         """What is wrong with the files (the journal, the cache): the state's `storage`."""
@@ -138,6 +139,10 @@ class App:
         self._synthesizer.start()
         self._start_loader()  # the voices' sessions: cached phrases play meanwhile
         self._restore(time.monotonic())
+        if self._wyoming is not None:  # listening before the node says it is online
+            self._wyoming.renderer.start()
+            self._wyoming.server.start_rendering()
+            self._wyoming.server.start()
         self._link.start()
         if self._sparkplug is not None:
             self._sparkplug.link.start()
@@ -164,6 +169,9 @@ class App:
                 self._updater.stop()
             if self._sparkplug is not None:
                 self._sparkplug.link.stop()  # its NDEATH first: the host sees the node go
+            if self._wyoming is not None:
+                self._wyoming.server.stop()
+                self._wyoming.renderer.stop()
             self._link.stop()
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._media.stop()  # and one waiting for a download
@@ -404,6 +412,8 @@ class App:
             self._tier = self._sheet.tier = replace(self._tier, used="fp32", int8="not built")
         self._voices["default"] = choice
         self._synthesizer.use_voice(choice)  # before any later request: one queue, in order
+        if self._wyoming is not None:
+            self._wyoming.renderer.use_voice(choice)
         self._status.connected(time.monotonic())  # announce the new model
         _LOGGER.info("Switched to the model %s (sha256 %s…)", voice.path, voice.sha256[:12])
         return True

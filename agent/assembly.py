@@ -60,6 +60,7 @@ from agent.voices import (
 
 if TYPE_CHECKING:  # imported when the edge node is on: protobuf costs a node without it
     from agent.sparkplug_node import SparkplugNode
+    from agent.wyoming_service import Wyoming
 
 REPORT_SLOTS: Final = 256
 """Reports of the workers that can wait in the inbox (a worker waits for room beyond)."""
@@ -110,6 +111,8 @@ class Parts:
     ledger: Ledger
     sparkplug: SparkplugNode | None
     """The Sparkplug B edge node (`sparkplug.enabled`)."""
+    wyoming: Wyoming | None = None
+    """The Wyoming TTS server and its render worker (`wyoming.enabled`)."""
 
 
 def assemble(
@@ -226,7 +229,19 @@ def assemble(
         sparkplug=_sparkplug(
             config, topics, table.routes, inbox, None if journal.path is None else storage
         ),
+        wyoming=_wyoming(config, voices, phrases),
     )
+
+
+def _wyoming(
+    config: AgentConfig, voices: dict[str, VoiceChoice], phrases: PhraseCache
+) -> Wyoming | None:
+    """The Wyoming server and its render worker (the package imported only when on)."""
+    if not config.wyoming.enabled:
+        return None
+    from agent.wyoming_service import build  # noqa: PLC0415 - wyoming only when on
+
+    return build(config, voices, phrases, new_id)
 
 
 def _sparkplug(

@@ -78,6 +78,10 @@ CONFIGURED: Final = (
 configuration.yaml; the frontend for the device page's screenshot); Home Assistant adds its core
 and default integrations itself."""
 
+BY_CONFIG_FLOW: Final = ("wyoming",)
+"""Integrations a test sets up through their config flow (never in configuration.yaml): their
+requirements are installed with the venv, as Home Assistant would install them on first use."""
+
 _ALWAYS_LOADED: Final = (
     "import json, os, homeassistant, homeassistant.bootstrap as b; print(json.dumps({"
     "'components': os.path.join(os.path.dirname(homeassistant.__file__), 'components'), "
@@ -156,7 +160,7 @@ def install(cache: Path = CACHE) -> Installation:
     Built in a temporary folder next to the cache entry and renamed into place when complete,
     under a lock, so a cached venv is always whole and two runs never build the same one."""
     release, python, version = choose_release()
-    wanted = hashlib.sha256(" ".join(CONFIGURED).encode()).hexdigest()[:8]
+    wanted = hashlib.sha256(" ".join((*CONFIGURED, *BY_CONFIG_FLOW)).encode()).hexdigest()[:8]
     key = f"{release}-py{'.'.join(map(str, version))}-{wanted}"  # a new integration: a new venv
     final = cache / key
     cache.mkdir(parents=True, exist_ok=True)
@@ -184,7 +188,9 @@ def _build(release: str, python: Path, final: Path) -> None:
         run_step([*uv, f"homeassistant=={release}"], log)
         facts = json.loads(run_step([inside, "-c", _ALWAYS_LOADED], log))
         components = Path(facts["components"])
-        requirements = integration_requirements(components, [*facts["always"], *CONFIGURED])
+        requirements = integration_requirements(
+            components, [*facts["always"], *CONFIGURED, *BY_CONFIG_FLOW]
+        )
         constraints = components.parent / "package_constraints.txt"
         run_step([*uv, "--constraint", str(constraints), *requirements], log)
         record = {

@@ -33,7 +33,7 @@ PURE_EXTERNAL = {
     "contextlib",
 }  # fmt: skip
 """Standard modules without I/O, clocks or threads."""
-PURE_LIBRARIES = {"settings.declarations": {"pathlib"}}
+PURE_LIBRARIES = {"settings.declarations": {"ipaddress", "pathlib"}}
 PURE_LIBRARIES |= {"core.egress": {"ipaddress", "socket", "urllib"}}
 PURE_LIBRARIES |= {"protocol.manifest": {"cryptography"}, "formats.pcm": {"numpy"}}
 PURE_LIBRARIES |= {"formats.ssml": {"decimal", "defusedxml", "num2words", "xml"}}
@@ -55,7 +55,7 @@ SHARED = {"guarded"}
 """Client libraries of our own that own no outside thing (no state, no thread): HTTP within the
 egress policy, files opened without following links; any edge may use them."""
 ROOTS = {"app", "assembly", "execution", "fact_sheet", "housekeeping", "voices", "__main__"}
-ROOTS |= {"sparkplug_node"}
+ROOTS |= {"sparkplug_node", "wyoming_service"}
 ROOTS |= {"__init__", "settings.loading"}
 """The composition (the modules at the top of `agent/`, and the config's loader): may import
 anything; nothing imports them (but `__main__`, the modules it runs)."""

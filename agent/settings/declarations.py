@@ -5,6 +5,7 @@ the file and the environment, and makes the checks that look at the disk (`OnDis
 from __future__ import annotations
 
 import enum
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
@@ -636,6 +637,59 @@ class SparkplugConfig:
     )
 
 
+PRIVATE_NETWORKS: Final = (
+    "127.0.0.0/8",
+    "::1/128",
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "169.254.0.0/16",
+    "fc00::/7",
+    "fe80::/10",
+)
+"""Who may reach the Wyoming server by default: loopback and the private and link-local ranges
+(Wyoming has no authentication; a node's Home Assistant is on its local network)."""
+
+
+def _network(value: Any) -> str | None:
+    try:
+        ipaddress.ip_network(str(value), strict=False)
+    except ValueError:
+        return "expected an IP address or network (CIDR)"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class WyomingConfig:
+    """A Wyoming TTS server (docs/wyoming.md): Home Assistant's Assist pipelines synthesize
+    through the node's voices."""
+
+    enabled: bool = _key("Serve Wyoming text to speech.", False)
+    host: str = _key("The address the server listens on.", "0.0.0.0")  # noqa: S104 - the LAN
+    port: int = _key("The TCP port (10200 by Wyoming's convention).", 10200, _between(1, 65535))
+    allow: tuple[str, ...] = _key(
+        "Client addresses or networks (CIDR) allowed to connect; others are closed at once "
+        "(empty: none).",
+        PRIVATE_NETWORKS,
+        _network,
+    )
+    max_clients: int = _key("Connections served at once.", 16, _between(1, 1024))
+    max_text_chars: int = _key(
+        "Characters of text one request (or one stream) may carry.", 100_000, _between(1, 10**7)
+    )
+    idle_seconds: float = _key(
+        "A connection that sends nothing for this long is closed (seconds).",
+        60.0,
+        _between(1, 3600),
+    )
+    write_seconds: float = _key(
+        "A client that reads nothing for this long while audio waits is dropped (seconds); its "
+        "synthesis stops.",
+        10.0,
+        _between(0.5, 600),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     """The whole configuration."""
@@ -654,6 +708,7 @@ class AgentConfig:
     hermes: HermesConfig = field(default_factory=HermesConfig)
     ota: OtaConfig = field(default_factory=OtaConfig)
     sparkplug: SparkplugConfig = field(default_factory=SparkplugConfig)
+    wyoming: WyomingConfig = field(default_factory=WyomingConfig)
 
 
 ENV_OVERRIDES: Final[Mapping[str, str]] = {

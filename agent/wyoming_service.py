@@ -1,0 +1,96 @@
+"""The Wyoming service's wiring (imported only when `wyoming.enabled`): the render worker, a
+second synthesizer over the node's voices and phrase cache whose output goes to the Wyoming
+clients (never the player), and the server, with the `info` it answers `describe` with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Final
+
+from wyoming.info import Attribution, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
+
+from agent.link.wyoming_server import RenderDesk, WyomingServer
+from agent.settings.declarations import AgentConfig
+from agent.speech.phrase_cache import PhraseCache
+from agent.speech.synthesizer import Synthesizer, VoiceChoice
+from agent.system import allocator
+
+ATTRIBUTION: Final = Attribution(name="voice-agent", url="https://github.com/OHF-Voice/piper1-gpl")
+
+
+@dataclass(frozen=True, slots=True)
+class Wyoming:
+    """The Wyoming server, and the synthesizer that renders for its clients."""
+
+    server: WyomingServer
+    renderer: Synthesizer
+
+
+def build(
+    config: AgentConfig,
+    voices: dict[str, VoiceChoice],
+    phrases: PhraseCache,
+    new_id: Callable[[], str],
+) -> Wyoming:
+    """The server and its render worker, not started (`voices` is the loop's view: a model
+    update's new default is named the same)."""
+    desk = RenderDesk(capacity=4 * config.wyoming.max_clients)
+    renderer = Synthesizer(
+        dict(voices),
+        phrases,
+        (config.tts.first_chunk_phonemes, config.tts.max_chunk_phonemes),
+        desk.put,
+        lambda _event: None,  # the desk knows a request's end from its last chunk
+        max_seconds=config.speak.max_audio_seconds,
+        after_request=allocator.trim,
+    )
+    desk.bind(renderer.submit, renderer.cancel)
+    rate = voices["default"].voice.sample_rate
+    server = WyomingServer(
+        config.wyoming,
+        lambda: info_for(voices, _version()),
+        voices.keys,
+        desk,
+        rate,
+        new_id,
+    )
+    return Wyoming(server, renderer)
+
+
+def _version() -> str:
+    try:
+        return version("voice-agent")
+    except PackageNotFoundError:
+        return "0"
+
+
+def info_for(voices: Mapping[str, VoiceChoice], release: str) -> Info:
+    """The `info` answer: one TTS program whose voices are the node's (id as name, as in the
+    select list: `default` first), each with its language and speakers."""
+    tts_voices = []
+    for vid, choice in sorted(voices.items(), key=lambda item: (item[0] != "default", item[0])):
+        voice_info = choice.voice.info
+        language = voice_info.language or "en_US"
+        tts_voices.append(
+            TtsVoice(
+                name=vid,
+                attribution=ATTRIBUTION,
+                installed=True,
+                description=voice_info.label(vid),
+                version=choice.voice.sha256[:12],
+                languages=[language, language.replace("_", "-")],
+                speakers=[TtsVoiceSpeaker(name=s) for s in voice_info.speakers] or None,
+            )
+        )
+    program = TtsProgram(
+        name="voice-agent",
+        attribution=ATTRIBUTION,
+        installed=True,
+        description="voice-agent: on-device Piper voices, streamed by clause",
+        version=release,
+        voices=tts_voices,
+        supports_synthesize_streaming=True,
+    )
+    return Info(tts=[program])

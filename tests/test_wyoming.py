@@ -1,0 +1,257 @@
+"""The Wyoming TTS server, through the `wyoming` client library against the real agent (real
+voice): describe, synthesize, the streaming form, many clients, a client that stalls, hostile
+events, and the allowlist."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import uuid
+
+import numpy as np
+import pytest
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Describe, Info
+from wyoming.tts import (
+    Synthesize,
+    SynthesizeChunk,
+    SynthesizeStart,
+    SynthesizeStop,
+    SynthesizeStopped,
+    SynthesizeVoice,
+)
+
+from harness import Broker, free_port, publish, read_pcm, wait_until
+from tests.conftest import RunningAgent, StartAgent
+
+DEADLINE = 240.0
+"""Seconds a whole exchange may take on a busy 2-core machine."""
+
+
+def _agent(start_agent: StartAgent, **wyoming: object) -> tuple[RunningAgent, int]:
+    port = free_port()
+    sections = {"wyoming": {"enabled": True, "host": "127.0.0.1", "port": port, **wyoming}}
+    agent = start_agent(sections=sections)
+    return agent, port
+
+
+async def _exchange(port: int, *events: Event) -> list[Event]:
+    """Send events, read until audio-stop or synthesize-stopped (or an error)."""
+    received: list[Event] = []
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        for event in events:
+            await client.write_event(event)
+        streaming = any(SynthesizeStart.is_type(e.type) for e in events)
+        while True:
+            event = await asyncio.wait_for(client.read_event(), DEADLINE)
+            assert event is not None, "connection closed early"
+            received.append(event)
+            if Error.is_type(event.type):
+                return received
+            if streaming and SynthesizeStopped.is_type(event.type):
+                return received
+            if not streaming and AudioStop.is_type(event.type):
+                return received
+
+
+def _pcm(events: list[Event]) -> np.ndarray:
+    audio = b"".join(AudioChunk.from_event(e).audio for e in events if AudioChunk.is_type(e.type))
+    return np.frombuffer(audio, dtype=np.int16)
+
+
+def test_describe_lists_the_nodes_voices_with_streaming(start_agent: StartAgent) -> None:
+    _, port = _agent(start_agent)
+
+    async def describe() -> Info:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Describe().event())
+            event = await asyncio.wait_for(client.read_event(), DEADLINE)
+            assert event is not None
+            assert Info.is_type(event.type)
+            return Info.from_event(event)
+
+    info = asyncio.run(describe())
+    (program,) = info.tts
+    assert program.supports_synthesize_streaming is True
+    assert program.installed is True
+    names = [v.name for v in program.voices]
+    assert names[0] == "default"
+    assert "en_US" in program.voices[0].languages
+
+
+def test_synthesize_returns_the_same_speech_the_node_says(
+    start_agent: StartAgent, broker: Broker
+) -> None:
+    agent, port = _agent(start_agent)
+    text = "The front door is open."
+    events = asyncio.run(_exchange(port, Synthesize(text=text).event()))
+    start = AudioStart.from_event(events[0])
+    assert AudioStart.is_type(events[0].type)
+    assert start.rate == 22050
+    assert start.width == 2
+    wyoming_pcm = _pcm(events)
+    assert len(wyoming_pcm) > 0.8 * 22050  # about a second and a half of speech
+
+    request = uuid.uuid4().hex
+    body = {"id": request, "text": text, "chime": False}
+    publish(broker, agent.topics.speak, json.dumps(body).encode())
+    agent.watcher.wait_event(request, "finished")
+    said = read_pcm(agent.capture)
+    # The same voice, text and parameters: the same speech (the phrase cache may serve either)
+    n = min(len(said), len(wyoming_pcm))
+    a = wyoming_pcm[:n].astype(np.float64)
+    b = said[:n].astype(np.float64)
+    correlation = float(np.corrcoef(a, b)[0, 1])
+    assert correlation > 0.9, correlation
+
+
+def test_an_unknown_voice_gets_an_error_and_the_connection_goes_on(
+    start_agent: StartAgent,
+) -> None:
+    _, port = _agent(start_agent)
+
+    async def run() -> tuple[Event, list[Event]]:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            bad = Synthesize(text="Hello.", voice=SynthesizeVoice(name="../../etc/passwd"))
+            await client.write_event(bad.event())
+            error = await asyncio.wait_for(client.read_event(), DEADLINE)
+            assert error is not None
+            await client.write_event(Synthesize(text="Still here.").event())
+            rest: list[Event] = []
+            while True:
+                event = await asyncio.wait_for(client.read_event(), DEADLINE)
+                assert event is not None
+                rest.append(event)
+                if AudioStop.is_type(event.type):
+                    return error, rest
+
+    error, rest = asyncio.run(run())
+    assert Error.is_type(error.type)
+    assert Error.from_event(error).code == "unknown-voice"
+    assert len(_pcm(rest)) > 0
+
+
+def test_a_long_streamed_text_is_spoken_while_it_arrives(start_agent: StartAgent) -> None:
+    _, port = _agent(start_agent)
+    sentence = "The pump in hall three is running at normal speed today"
+    words = [f"{sentence} {n}." for n in range(200)]  # 2,200 words in 200 sentences
+    first_audio: list[float] = []
+
+    async def run() -> list[Event]:
+        received: list[Event] = []
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(SynthesizeStart().event())
+
+            async def send() -> None:
+                for text in words:
+                    await client.write_event(SynthesizeChunk(text=text + " ").event())
+                await client.write_event(SynthesizeStop().event())
+
+            sender = asyncio.create_task(send())
+            while True:
+                event = await asyncio.wait_for(client.read_event(), DEADLINE)
+                assert event is not None
+                if AudioChunk.is_type(event.type) and not first_audio:
+                    first_audio.append(time.monotonic())
+                received.append(event)
+                if SynthesizeStopped.is_type(event.type) or Error.is_type(event.type):
+                    break
+            await sender
+        return received
+
+    received = asyncio.run(run())
+    assert not any(Error.is_type(e.type) for e in received), received[-1]
+    starts = sum(AudioStart.is_type(e.type) for e in received)
+    stops = sum(AudioStop.is_type(e.type) for e in received)
+    assert starts == stops == 200
+    seconds = len(_pcm(received)) / 22050
+    assert seconds > 200 * 2.0  # every sentence said (about 3 s each)
+
+
+def test_ten_clients_at_once_each_get_their_own_speech(start_agent: StartAgent) -> None:
+    _, port = _agent(start_agent)
+
+    async def run() -> list[list[Event]]:
+        texts = [f"Client number {n} asks for its own words." for n in range(10)]
+        return await asyncio.gather(*(_exchange(port, Synthesize(text=t).event()) for t in texts))
+
+    results = asyncio.run(run())
+    assert all(not any(Error.is_type(e.type) for e in r) for r in results)
+    lengths = [len(_pcm(r)) for r in results]
+    assert all(n > 22050 for n in lengths), lengths
+
+
+def test_a_client_that_stops_reading_is_dropped_and_others_are_served(
+    start_agent: StartAgent,
+) -> None:
+    agent, port = _agent(start_agent, write_seconds=2.0)
+    stalled = socket.create_connection(("127.0.0.1", port))
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    long_text = " ".join(f"Sentence number {n} is long enough to matter." for n in range(300))
+    stalled.sendall(_line(Synthesize(text=long_text).event()))
+    # Never read: the server must drop it and serve the next client all the same.
+    events = asyncio.run(_exchange(port, Synthesize(text="I am served.").event()))
+    assert len(_pcm(events)) > 0
+    wait_until(lambda: "dropped" in agent.process.output(), what="the stalled client dropped")
+    stalled.close()
+    assert agent.process.alive()
+
+
+def test_hostile_events_close_the_connection_not_the_server(start_agent: StartAgent) -> None:
+    agent, port = _agent(start_agent)
+    for raw in (
+        b'{"type": "synthesize", "payload_length": 999999999999}\n',
+        b'{"type": "synthesize", "data_length": 99999999}\n',
+        b"x" * 200_000 + b"\n",
+        b"not json\n",
+        b'{"type": "synthesize", "data": {"text": "' + b"a" * 60_000 + b'"}}\n',
+    ):
+        with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) as sock:
+            sock.sendall(raw)
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(65536):
+                pass
+    events = asyncio.run(_exchange(port, Synthesize(text="Still serving.").event()))
+    assert len(_pcm(events)) > 0
+    assert agent.process.alive()
+
+
+def test_a_text_over_the_cap_gets_an_error(start_agent: StartAgent) -> None:
+    _, port = _agent(start_agent, max_text_chars=100)
+    events = asyncio.run(_exchange(port, Synthesize(text="word " * 50).event()))
+    assert Error.is_type(events[-1].type)
+    assert Error.from_event(events[-1]).code == "too-long"
+
+
+def test_a_client_outside_the_allowlist_is_closed(start_agent: StartAgent) -> None:
+    agent, port = _agent(start_agent, allow=["192.0.2.0/24"])
+    with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) as sock:
+        sock.sendall(_line(Describe().event()))
+        try:
+            answer = sock.recv(65536)
+        except ConnectionResetError:  # closed with the request unread
+            answer = b""
+        assert answer == b""  # closed without an answer
+    assert "not in wyoming.allow" in agent.process.output()
+
+
+def _line(event: Event) -> bytes:
+    header: dict[str, object] = {"type": event.type, "version": "1.10.2"}
+    if event.data:
+        header["data"] = event.data
+    return json.dumps(header).encode() + b"\n"
+
+
+@pytest.mark.parametrize("bad", [["not-a-network"], ["10.0.0.0/8", "300.1.1.1"]])
+def test_a_bad_allowlist_fails_at_start(bad: list[str], tmp_path: object) -> None:
+    from agent.settings.loading import load  # noqa: PLC0415
+
+    path = tmp_path / "c.yaml"  # type: ignore[operator]
+    path.write_text(json.dumps({"wyoming": {"enabled": True, "allow": bad}}))
+    with pytest.raises(Exception, match=r"wyoming\.allow"):
+        load(path)
