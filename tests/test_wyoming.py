@@ -197,7 +197,11 @@ def test_a_client_that_stops_reading_is_dropped_and_others_are_served(
     # Never read: the server must drop it and serve the next client all the same.
     events = asyncio.run(_exchange(port, Synthesize(text="I am served.").event()))
     assert len(_pcm(events)) > 0
-    wait_until(lambda: "dropped" in agent.process.output(), what="the stalled client dropped")
+    wait_until(
+        lambda: "dropped" in agent.process.output(),
+        timeout=DEADLINE,
+        what="the stalled client dropped",
+    )
     stalled.close()
     assert agent.process.alive()
 

@@ -21,6 +21,7 @@ import itertools
 import logging
 import queue
 import re
+import socket
 import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -52,6 +53,9 @@ MAX_DATA: Final = 1024 * 1024
 before anything is read)."""
 MAX_PAYLOAD: Final = 1024 * 1024
 """Bytes of an event's payload read at most (a TTS server takes no audio)."""
+SEND_BUFFER: Final = 256 * 1024
+"""The kernel's send buffer per connection (bytes, about 6 s of audio): a client that stops
+reading is found out within `wyoming.write_seconds` of it filling, and holds no more."""
 SAMPLES_PER_CHUNK: Final = 1024
 """Samples per `audio-chunk` (wyoming-piper's default)."""
 _SENTENCE_END: Final = re.compile(r"[.!?;:\u3002\uff01\uff1f]+[\"')\]]*\s+")
@@ -268,6 +272,9 @@ class WyomingServer:
                 await asyncio.wait_for(async_write_event(busy, writer), 1.0)
             writer.close()
             return
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # a client that stops reading holds this much of the kernel's
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self._clients += 1
         connection = _Connection(self, reader, writer)
         try:
