@@ -136,6 +136,7 @@ def test_an_unknown_voice_gets_an_error_and_the_connection_goes_on(
     assert len(_pcm(rest)) > 0
 
 
+@pytest.mark.slow  # 10 minutes of speech synthesized: `make test-slow`
 def test_a_long_streamed_text_is_spoken_while_it_arrives(start_agent: StartAgent) -> None:
     _, port = _agent(start_agent)
     sentence = "The pump in hall three is running at normal speed today"
