@@ -5,7 +5,7 @@ captured audio. No mocks. `tests/` and `bench/` both import it."""
 from __future__ import annotations
 
 from .agent import AgentProcess, agent_config, write_config
-from .audio import FaultyPcm, PulseNullSink, onsets, read_pcm, speech_stats
+from .audio import FaultyPcm, PulseNullSink, onsets, read_pcm, same_speech, speech_stats
 from .broker import Broker, Pki, free_port, make_pki
 from .cgroup import CgroupError, MemoryCgroup, MemoryReading, drop_page_cache
 from .mqtt import Received, Watcher, publish
@@ -31,6 +31,7 @@ __all__ = [
     "onsets",
     "publish",
     "read_pcm",
+    "same_speech",
     "speech_stats",
     "wait_until",
     "write_config",

@@ -22,6 +22,13 @@ def read_pcm(path: Path) -> npt.NDArray[np.int16]:
     return np.frombuffer(path.read_bytes(), dtype="<i2").astype(np.int16)
 
 
+def same_speech(a: npt.NDArray[np.int16], b: npt.NDArray[np.int16]) -> float:
+    """Pearson correlation of two recordings over their common length, from their first sample:
+    above 0.9 for the same voice saying the same text with the same parameters."""
+    n = min(len(a), len(b))
+    return float(np.corrcoef(a[:n].astype(np.float64), b[:n].astype(np.float64))[0, 1])
+
+
 def speech_stats(samples: npt.NDArray[np.int16], rate: int) -> dict[str, float]:
     """Duration, RMS level (dBFS) and the share of 20 ms frames louder than -45 dBFS."""
     audio = samples.astype(np.float64) / 32768.0

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import time
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_read_event
 from wyoming.info import Describe, Info
 from wyoming.tts import (
     Synthesize,
@@ -26,7 +28,8 @@ from wyoming.tts import (
     SynthesizeVoice,
 )
 
-from harness import Broker, free_port, publish, read_pcm, wait_until
+from agent.settings.loading import load
+from harness import Broker, free_port, publish, read_pcm, same_speech, wait_until
 from tests.conftest import RunningAgent, StartAgent
 
 DEADLINE = 240.0
@@ -103,10 +106,7 @@ def test_synthesize_returns_the_same_speech_the_node_says(
     agent.watcher.wait_event(request, "finished")
     said = read_pcm(agent.capture)
     # The same voice, text and parameters: the same speech (the phrase cache may serve either)
-    n = min(len(said), len(wyoming_pcm))
-    a = wyoming_pcm[:n].astype(np.float64)
-    b = said[:n].astype(np.float64)
-    correlation = float(np.corrcoef(a, b)[0, 1])
+    correlation = same_speech(wyoming_pcm, said)
     assert correlation > 0.9, correlation
 
 
@@ -226,6 +226,66 @@ def test_hostile_events_close_the_connection_not_the_server(start_agent: StartAg
     assert agent.process.alive()
 
 
+CHUNK_OF_A_LIST = b'{"type": "synthesize-chunk", "data": {"text": []}}\n'
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        (b"[1]\n", "bad-event"),  # JSON, but no object
+        (b'{"data": {}}\n', "bad-event"),  # no type
+        (b'{"type": "synthesize", "data_length": "5"}\n', "bad-event"),
+        (b'{"type": "synthesize", "data_length": 3}\n[1]', "bad-event"),  # data no object
+        (b'{"type": "synthesize", "data": null}\n', "bad-event"),
+        (b'{"type": "synthesize", "data": {"text": 5}}\n', "bad-event"),
+        (
+            b'{"type": "synthesize-start"}\n{"type": "synthesize-chunk", "data": {"text": []}}\n',
+            "bad-event",
+        ),
+        (b'{"type": "synthesize", "data": {"text": "\\ud800 hello"}}\n', "invalid_utf8"),
+    ],
+)
+def test_an_event_of_the_wrong_shape_is_answered_with_an_error(
+    start_agent: StartAgent, raw: bytes, code: str
+) -> None:
+    _, port = _agent(start_agent)
+
+    async def run() -> Event:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(raw)
+        await writer.drain()
+        try:
+            while True:
+                event = await asyncio.wait_for(async_read_event(reader), DEADLINE)
+                assert event is not None, "closed without an error event"
+                if Error.is_type(event.type):
+                    return event
+        finally:
+            writer.close()
+
+    error = Error.from_event(asyncio.run(run()))
+    assert error.code == code, error
+    events = asyncio.run(_exchange(port, Synthesize(text="Still serving.").event()))
+    assert len(_pcm(events)) > 0  # and no ERROR logged (conftest's teardown checks)
+
+
+@pytest.mark.allow_error_logs(r"Wyoming: cannot listen on wyoming\.host/wyoming\.port")
+def test_a_port_that_cannot_be_bound_stops_the_start_in_one_line(
+    start_agent: StartAgent,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        sections = {"wyoming": {"enabled": True, "host": "127.0.0.1", "port": port}}
+        agent = start_agent(sections=sections, wait=False)
+        wait_until(lambda: not agent.process.alive(), what="the agent to stop")
+    assert agent.process.signal(signal.SIGTERM) == 1  # already ended: its exit code
+    out = agent.process.output()
+    assert "Wyoming: cannot listen on wyoming.host/wyoming.port" in out
+    assert "Traceback" not in out
+
+
 def test_a_text_over_the_cap_gets_an_error(start_agent: StartAgent) -> None:
     _, port = _agent(start_agent, max_text_chars=100)
     events = asyncio.run(_exchange(port, Synthesize(text="word " * 50).event()))
@@ -253,10 +313,8 @@ def _line(event: Event) -> bytes:
 
 
 @pytest.mark.parametrize("bad", [["not-a-network"], ["10.0.0.0/8", "300.1.1.1"]])
-def test_a_bad_allowlist_fails_at_start(bad: list[str], tmp_path: object) -> None:
-    from agent.settings.loading import load  # noqa: PLC0415
-
-    path = tmp_path / "c.yaml"  # type: ignore[operator]
+def test_a_bad_allowlist_fails_at_start(bad: list[str], tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
     path.write_text(json.dumps({"wyoming": {"enabled": True, "allow": bad}}))
     with pytest.raises(Exception, match=r"wyoming\.allow"):
         load(path)

@@ -41,18 +41,18 @@ from wyoming.tts import (
 )
 
 from agent.core.messages import SpeakRequest
+from agent.core.reasons import Reason
 from agent.formats.pcm import Chunk
+from agent.protocol.payloads import has_lone_surrogate
 from agent.settings.declarations import WyomingConfig
 
 _LOGGER = logging.getLogger(__name__)
 
 LINE_LIMIT: Final = 64 * 1024
 """Bytes an event's header line may have (asyncio's reader refuses a longer line)."""
-MAX_DATA: Final = 1024 * 1024
-"""Bytes of an event's extra data read at most (a larger `data_length` closes the connection
-before anything is read)."""
-MAX_PAYLOAD: Final = 1024 * 1024
-"""Bytes of an event's payload read at most (a TTS server takes no audio)."""
+MAX_PART: Final = 1024 * 1024
+"""Bytes of an event's extra data, and of its payload, read at most (a larger `data_length` or
+`payload_length` closes the connection before anything is read; a TTS server takes no audio)."""
 SEND_BUFFER: Final = 256 * 1024
 """The kernel's send buffer per connection (bytes, about 6 s of audio): a client that stops
 reading is found out within `wyoming.write_seconds` of it filling, and holds no more."""
@@ -60,6 +60,11 @@ SAMPLES_PER_CHUNK: Final = 1024
 """Samples per `audio-chunk` (wyoming-piper's default)."""
 _SENTENCE_END: Final = re.compile(r"[.!?;:\u3002\uff01\uff1f]+[\"')\]]*\s+")
 """Where a streamed text can be cut into sentences to say while the rest arrives."""
+
+
+UNREADABLE: Final = (TypeError, AttributeError, KeyError, ValueError)
+"""What the library raises reading an event of the wrong shape (a JSON list, no `type`, a
+`data_length` that is text, `data` that is no object) or a field of the wrong kind."""
 
 
 class ClientError(Exception):
@@ -83,8 +88,8 @@ class _GuardedReader:
         return await self._reader.readline()
 
     async def readexactly(self, n: int) -> bytes:
-        if not isinstance(n, int) or n < 0 or n > max(MAX_DATA, MAX_PAYLOAD):
-            raise ValueError(f"an event part of {n!r} bytes, at most {MAX_PAYLOAD}")
+        if not isinstance(n, int) or n < 0 or n > MAX_PART:
+            raise ValueError(f"an event part of {n!r} bytes, at most {MAX_PART}")
         return await self._reader.readexactly(n)
 
 
@@ -171,8 +176,8 @@ class RenderDesk:
     def put(self, chunk: Chunk) -> bool:
         """The render synthesizer's output: to the current request's sink."""
         with self._lock:
-            current = self._current
-        if current is None or chunk.job != self._token:
+            current, token = self._current, self._token
+        if current is None or chunk.job != token:
             return False
         accepted = current.sink(chunk)
         if chunk.end:
@@ -304,14 +309,23 @@ class _Connection:
 
     async def run(self) -> None:
         while True:
-            event = await asyncio.wait_for(
-                async_read_event(self._reader),  # type: ignore[arg-type]  # its two methods
-                self._config.idle_seconds,
-            )
+            try:
+                event = await asyncio.wait_for(
+                    async_read_event(self._reader),  # type: ignore[arg-type]  # its two methods
+                    self._config.idle_seconds,
+                )
+            except UNREADABLE as err:  # JSON of another shape: the framing is lost, so it ends
+                detail = f"not a Wyoming event: {type(err).__name__}"
+                await self._write(Error(text=detail, code="bad-event").event())
+                return
             if event is None:
                 return
             try:
-                await self._handle(event)
+                try:
+                    await self._handle(event)
+                except UNREADABLE as err:  # a field of the wrong kind (`Event.from_event`)
+                    detail = f"{event.type}: a field of the wrong kind ({type(err).__name__})"
+                    raise ClientError("bad-event", detail) from None
             except ClientError as err:
                 await self._write(Error(text=err.text, code=err.code).event())
 
@@ -330,7 +344,9 @@ class _Connection:
         elif SynthesizeChunk.is_type(event.type):
             if self._stream is None:
                 raise ClientError("no-stream", "synthesize-chunk outside synthesize-start/-stop")
-            text = str(event.data.get("text", ""))
+            text = event.data.get("text", "")
+            if not isinstance(text, str):
+                raise ClientError("bad-event", "synthesize-chunk: text is no string")
             self._streamed += len(text)
             if self._streamed > self._config.max_text_chars:
                 self._stream = None
@@ -356,6 +372,8 @@ class _Connection:
 
     async def _synthesize(self, synthesize: Synthesize) -> None:
         text = synthesize.text or ""
+        if not isinstance(text, str):
+            raise ClientError("bad-event", "synthesize: text is no string")
         if len(text) > self._config.max_text_chars:
             detail = f"{len(text)} characters, at most {self._config.max_text_chars}"
             raise ClientError("too-long", detail)
@@ -378,6 +396,8 @@ class _Connection:
                     )
                 voice = synthesize.voice.name
             speaker = synthesize.voice.speaker or None
+        if has_lone_surrogate(text):
+            raise ClientError(str(Reason.INVALID_UTF8), "a lone surrogate in the text")
         ssml = str(synthesize.text_format or "").lower() == "ssml"
         if ssml:
             raise ClientError("unsupported", "text_format ssml is not served over Wyoming")

@@ -422,6 +422,11 @@ def too_deep(value: object) -> bool:
     return False
 
 
+def has_lone_surrogate(text: str) -> bool:
+    """Whether a decoded text holds a lone surrogate (JSON allows its escape; UTF-8 has none)."""
+    return bool(_LONE_SURROGATE.search(text))
+
+
 def _inspected(value: object) -> object:
     """The decoded value, or the problem with it: too deep (`too_deep`), or a lone surrogate
     (in a key or a string, named by the top-level field it is under), found without recursion."""
@@ -431,13 +436,13 @@ def _inspected(value: object) -> object:
     while stack:
         item, where = stack.pop()
         if isinstance(item, str):
-            if _LONE_SURROGATE.search(item):
+            if has_lone_surrogate(item):
                 return JsonProblem(Reason.INVALID_UTF8, f"a lone surrogate escape in {where}")
         elif isinstance(item, list):
             stack += [(child, where) for child in reversed(item)]
         elif isinstance(item, dict):
             for key, child in reversed(item.items()):
-                if _LONE_SURROGATE.search(key):
+                if has_lone_surrogate(key):
                     problem = f"a lone surrogate escape in a key of {where}"
                     return JsonProblem(Reason.INVALID_UTF8, problem)
                 stack.append((child, f"field {key[:40]!r}" if item is value else where))
