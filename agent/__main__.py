@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import wave
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -121,7 +122,23 @@ def _run(config: AgentConfig) -> int:
 
     code = run(config, _install_signals)
     _LOGGER.info("Stopped")
+    busy = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if busy:
+        _end_now(code, busy)
     return code
+
+
+def _end_now(code: int, busy: list[str]) -> None:
+    """End the process without the interpreter's teardown: a worker still inside ONNX Runtime
+    (a voice loading or prewarming, the tier's speed measured, an update's model checked: minutes
+    on a slow board) aborts the process when the runtime is torn down under it (exit -6,
+    "terminate called without an active exception"). Everything the agent keeps is written and
+    closed by then; the log is flushed here."""
+    _LOGGER.info("Ending with %s still at work", ", ".join(busy))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _install_signals(stop: Callable[[], None]) -> None:

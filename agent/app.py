@@ -69,9 +69,6 @@ from agent.voices import TierDecided, VoicesLoaded, choice_for, int8_tier, load_
 
 _LOGGER = logging.getLogger(__name__)
 
-LOADER_JOIN_S: Final = 30.0
-"""How long a stop waits for the voices' load to finish (seconds): a thread left inside ONNX
-Runtime while the interpreter ends can crash it."""
 _TICK_SECONDS: Final = 0.1
 """How often time passes for the core when nothing else happens (deadlines, repeats)."""
 
@@ -91,7 +88,6 @@ class App:
             config.tts.tier, int8="waiting for the voice"
         )  # measured once loaded
         self._exit_code = 0
-        self._loader: threading.Thread | None = None
         self._tier_from = ""
         """The digest of the model the INT8 variant is being built from."""
         self._voices = voices  # the loop's own; the synthesizer has its copy
@@ -132,17 +128,16 @@ class App:
         self._stopping = True
 
     def serve(self) -> int:
-        """Run until `request_stop` (0) or until the MQTT link fails for good (1)."""
+        """Run until `request_stop` (0) or until the MQTT link fails for good (1); 1 at once
+        when the Wyoming port cannot be bound (before any thread or session starts)."""
+        if not self._listen():
+            return 1
         self._player.open()
         self._player.start()
         self._media.start()
         self._synthesizer.start()
         self._start_loader()  # the voices' sessions: cached phrases play meanwhile
         self._restore(time.monotonic())
-        if self._wyoming is not None:  # listening before the node says it is online
-            self._wyoming.renderer.start()
-            self._wyoming.server.start_rendering()
-            self._wyoming.server.start()
         self._link.start()
         if self._sparkplug is not None:
             self._sparkplug.link.start()
@@ -176,12 +171,24 @@ class App:
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._media.stop()  # and one waiting for a download
             self._synthesizer.stop()
-            if self._loader is not None:  # not left inside ONNX Runtime as the interpreter ends
-                self._loader.join(timeout=LOADER_JOIN_S)
             self._marker.close()
             self._ledger.close()
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
         return self._exit_code
+
+    def _listen(self) -> bool:
+        """The Wyoming server listening and its render worker started (before the node says
+        it is online); False, logged in one line, when its port cannot be bound."""
+        if self._wyoming is None:
+            return True
+        try:
+            self._wyoming.server.start()
+        except OSError as err:
+            _LOGGER.error("Wyoming: cannot listen on wyoming.host/wyoming.port: %s", err)
+            return False
+        self._wyoming.renderer.start()
+        self._wyoming.server.start_rendering()
+        return True
 
     # ---- one event --------------------------------------------------------------------------
 
@@ -349,8 +356,7 @@ class App:
                 loaded = VoicesLoaded(None, self._tier, f"{type(err).__name__}: {err}"[:300])
             self._inbox.report(loaded)
 
-        self._loader = threading.Thread(target=work, name="voice-loader", daemon=True)
-        self._loader.start()
+        threading.Thread(target=work, name="voice-loader", daemon=True).start()
 
     def _voices_loaded(self, event: VoicesLoaded) -> None:
         """The voices can speak: a replacement for an installed model that did not load is

@@ -107,6 +107,27 @@ def test_clean_stop_publishes_offline(start_agent: StartAgent) -> None:
     agent.watcher.wait_payload(agent.topics.status, b"offline", timeout=10)
 
 
+@pytest.mark.parametrize(
+    ("tier", "line"),
+    [
+        ("fp32", "Serving node"),  # the loader thread is loading and prewarming the voice
+        ("auto", "prewarmed in"),  # it is measuring the voice's speed for its tier
+    ],
+)
+def test_a_stop_while_a_voice_runs_on_the_loader_thread_is_clean(
+    start_agent: StartAgent, tier: str, line: str
+) -> None:
+    """SIGTERM while ONNX Runtime works on the loader thread: the agent stops with 0 and says
+    offline, never aborted by the runtime torn down under that thread (seen under QEMU, where
+    the speed measurement takes minutes: exit -6, "terminate called without an active
+    exception")."""
+    agent = start_agent(sections={"tts": {"tier": tier}}, wait=False)
+    wait_until(lambda: line in agent.process.output(), what=line)
+    assert agent.process.signal(signal.SIGTERM) == 0, agent.process.output()
+    assert "terminate called" not in agent.process.output()
+    agent.watcher.wait_payload(agent.topics.status, b"offline", timeout=10)
+
+
 def test_messages_published_while_killed_are_spoken_once_after_restart(
     start_agent: StartAgent, broker: Broker
 ) -> None:
