@@ -184,7 +184,7 @@ class App:
         try:
             self._wyoming.server.start()
         except OSError as err:
-            _LOGGER.error("Wyoming: cannot listen on wyoming.host/wyoming.port: %s", err)
+            _LOGGER.error("Wyoming: cannot listen: %s", err)
             return False
         self._wyoming.renderer.start()
         self._wyoming.server.start_rendering()

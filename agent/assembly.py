@@ -17,7 +17,7 @@ from agent.core.admission import Timing
 from agent.core.catalog import Catalog
 from agent.core.egress import EgressPolicy
 from agent.core.flood import FloodGate
-from agent.core.messages import Delivery, Priority
+from agent.core.messages import Delivery, Priority, SpeakReceived, SpeakRequest
 from agent.core.scheduler import SpeakCore
 from agent.core.states import UpdateReport
 from agent.formats.media import MAX_AUDIO_BYTES
@@ -229,19 +229,27 @@ def assemble(
         sparkplug=_sparkplug(
             config, topics, table.routes, inbox, None if journal.path is None else storage
         ),
-        wyoming=_wyoming(config, voices, phrases),
+        wyoming=_wyoming(config, voices, phrases, inbox),
     )
 
 
 def _wyoming(
-    config: AgentConfig, voices: dict[str, VoiceChoice], phrases: PhraseCache
+    config: AgentConfig,
+    voices: dict[str, VoiceChoice],
+    phrases: PhraseCache,
+    inbox: Inbox[InboxEvent],
 ) -> Wyoming | None:
-    """The Wyoming server and its render worker (the package imported only when on)."""
+    """The Wyoming server, its render worker and its announce target, whose announcements
+    reach the loop as requests that need no acknowledgement (the package imported only when
+    on)."""
     if not config.wyoming.enabled:
         return None
     from agent.wyoming_service import build  # noqa: PLC0415 - wyoming only when on
 
-    return build(config, voices, phrases, new_id)
+    def announce(request: SpeakRequest) -> None:
+        inbox.report(SpeakReceived(request, Delivery(0, 0)))
+
+    return build(config, voices, phrases, new_id, announce)
 
 
 def _sparkplug(

@@ -48,6 +48,9 @@ class Execution:
         self._flood = parts.flood
         self._link = parts.link
         self._switch_voice = switch_voice
+        satellite = parts.wyoming.satellite if parts.wyoming is not None else None
+        self._announced = None if satellite is None else satellite.notified
+        """The Wyoming announce target, told each event (it sends `played` at the last)."""
 
     def execute(self, action: Action, now: float, wall: float | None = None) -> None:
         """Carry out one action; `wall` is the time its events carry (default: now)."""
@@ -100,6 +103,8 @@ class Execution:
         request_id, event, details = notify.id, notify.event, notify.details
         for topic, reply in self._hermes.notified(notify):
             self.publish(topic, reply)  # every Hermes request has its answer, flood or not
+        if self._announced is not None:
+            self._announced(notify)  # and every Wyoming announcement its `played`
         self._status.record(notify, now, at)
         if event == Lifecycle.REJECTED and not self._flood.allow(str(details.get("reason")), now):
             self._ledger.unreported(notify)  # its journal entry ends all the same

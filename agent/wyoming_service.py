@@ -1,6 +1,8 @@
 """The Wyoming service's wiring (imported only when `wyoming.enabled`): the render worker, a
 second synthesizer over the node's voices and phrase cache whose output goes to the Wyoming
-clients (never the player), and the server, with the `info` it answers `describe` with."""
+clients (never the player), the announce target (Home Assistant's satellite port, whose
+announcements go to the loop as requests), and the server, with the `info`s it answers
+`describe` with."""
 
 from __future__ import annotations
 
@@ -9,8 +11,11 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
-from wyoming.info import Attribution, Info, TtsProgram, TtsVoice, TtsVoiceSpeaker
+from wyoming.info import Attribution, Info, Satellite, TtsProgram, TtsVoice, TtsVoiceSpeaker
 
+from agent.core.messages import SpeakRequest
+from agent.formats.media import MAX_AUDIO_BYTES, MAX_AUDIO_SECONDS
+from agent.link.wyoming_satellite import AnnounceTarget, Limits
 from agent.link.wyoming_server import RenderDesk, WyomingServer
 from agent.settings.declarations import AgentConfig
 from agent.speech.phrase_cache import PhraseCache
@@ -26,6 +31,8 @@ class Wyoming:
 
     server: WyomingServer
     renderer: Synthesizer
+    satellite: AnnounceTarget | None
+    """The announce target (None: `wyoming.satellite_port` 0)."""
 
 
 def build(
@@ -33,9 +40,11 @@ def build(
     voices: dict[str, VoiceChoice],
     phrases: PhraseCache,
     new_id: Callable[[], str],
+    announce: Callable[[SpeakRequest], object],
 ) -> Wyoming:
-    """The server and its render worker, not started (`voices` is the loop's view: a model
-    update's new default is named the same)."""
+    """The server, its render worker and its announce target (whose announcements go to
+    `announce`), not started (`voices` is the loop's view: a model update's new default is
+    named the same)."""
     desk = RenderDesk(capacity=4 * config.wyoming.max_clients)
     renderer = Synthesizer(
         dict(voices),
@@ -48,6 +57,15 @@ def build(
     )
     desk.bind(renderer.submit, renderer.cancel)
     rate = voices["default"].voice.sample_rate
+    satellite = None
+    if config.wyoming.satellite_port:
+        seconds = min(config.speak.max_audio_seconds, MAX_AUDIO_SECONDS)  # the decoder's caps
+        most = min(config.audio.max_queued_media_bytes, MAX_AUDIO_BYTES)
+        limits = Limits(seconds, most)
+        name = f"voice-agent {config.node_id}"
+        satellite = AnnounceTarget(
+            config.wyoming, lambda: satellite_info(name, _version()), announce, new_id, limits
+        )
     server = WyomingServer(
         config.wyoming,
         lambda: info_for(voices, _version()),
@@ -55,8 +73,9 @@ def build(
         desk,
         rate,
         new_id,
+        None if satellite is None else satellite.serve,
     )
-    return Wyoming(server, renderer)
+    return Wyoming(server, renderer, satellite)
 
 
 def _version() -> str:
@@ -94,3 +113,16 @@ def info_for(voices: Mapping[str, VoiceChoice], release: str) -> Info:
         supports_synthesize_streaming=True,
     )
     return Info(tts=[program])
+
+
+def satellite_info(name: str, release: str) -> Info:
+    """The announce target's `info`: a satellite (Home Assistant makes the entry an
+    announce target), and nothing else."""
+    satellite = Satellite(
+        name=name,
+        attribution=ATTRIBUTION,
+        installed=True,
+        description="voice-agent: announcements through the node's scheduler",
+        version=release,
+    )
+    return Info(satellite=satellite)

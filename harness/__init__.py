@@ -5,7 +5,7 @@ captured audio. No mocks. `tests/` and `bench/` both import it."""
 from __future__ import annotations
 
 from .agent import AgentProcess, agent_config, write_config
-from .audio import FaultyPcm, PulseNullSink, onsets, read_pcm, same_speech, speech_stats
+from .audio import FaultyPcm, PulseNullSink, located, onsets, read_pcm, same_speech, speech_stats
 from .broker import Broker, Pki, free_port, make_pki
 from .cgroup import CgroupError, MemoryCgroup, MemoryReading, drop_page_cache
 from .mqtt import Received, Watcher, publish
@@ -27,6 +27,7 @@ __all__ = [
     "agent_config",
     "drop_page_cache",
     "free_port",
+    "located",
     "make_pki",
     "onsets",
     "publish",

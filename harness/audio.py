@@ -29,6 +29,16 @@ def same_speech(a: npt.NDArray[np.int16], b: npt.NDArray[np.int16]) -> float:
     return float(np.corrcoef(a[:n].astype(np.float64), b[:n].astype(np.float64))[0, 1])
 
 
+def located(haystack: npt.NDArray[np.int16], needle: npt.NDArray[np.int16]) -> tuple[int, float]:
+    """Where `needle` lies in `haystack` (the best cross-correlation), and the Pearson
+    correlation there."""
+    a, b = haystack.astype(np.float64), needle.astype(np.float64)
+    size = 1 << int(np.ceil(np.log2(len(a) + len(b))))
+    scores = np.fft.irfft(np.fft.rfft(a, size) * np.conj(np.fft.rfft(b, size)), size)
+    lag = int(np.argmax(scores[: len(a) - len(b) + 1]))
+    return lag, float(np.corrcoef(a[lag : lag + len(b)], b)[0, 1])
+
+
 def speech_stats(samples: npt.NDArray[np.int16], rate: int) -> dict[str, float]:
     """Duration, RMS level (dBFS) and the share of 20 ms frames louder than -45 dBFS."""
     audio = samples.astype(np.float64) / 32768.0

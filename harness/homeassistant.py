@@ -339,6 +339,9 @@ class HomeAssistant:
                 "latitude": 0.0,
                 "longitude": 0.0,
                 "elevation": 0,
+                # where its media (a TTS proxy URL) is fetched from by ffmpeg: a Wyoming
+                # satellite's announcement
+                "internal_url": self.url,
             },
             "http": {"server_host": "127.0.0.1", "server_port": self.port},
             "logger": {"default": "info"},

@@ -140,6 +140,8 @@ def start_agent(
         # FP32 unless a test asks: a busy machine must not start an INT8 build (tests/test_tier.py)
         extra["tts"] = {"voices": voices or {}, "tier": "fp32", **extra.get("tts", {})}
         extra["cache"] = {"dir": str(cache_dir), **extra.get("cache", {})}
+        # Many agents at once on one machine: no fixed announce port, no zeroconf on the LAN
+        extra["wyoming"] = {"satellite_port": 0, "zeroconf": False, **extra.get("wyoming", {})}
         config = agent_config(broker, tmp_path, node_id, voice=voice, device=device, **extra)
         path = write_config(tmp_path / f"{node_id}-{len(started)}.yaml", config)
         topics = Topics("voice", node_id)

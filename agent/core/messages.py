@@ -153,6 +153,9 @@ class SpeakRequest:
     fallback: str | None = None
     """Said another way (FALLBACK_CACHED, FALLBACK_CHIME): an alarm or critical announcement
     the agent died on (`crash_loop`); never set by a payload."""
+    source: str | None = None
+    """Where it came from when not a speak message (`wyoming`: Home Assistant's announce
+    target); every event of it carries it. Never set by a payload."""
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -391,6 +394,19 @@ class Notify:
     id: str
     event: Lifecycle
     details: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def last(self) -> bool:
+        """Whether this is the announcement's very last event: a final event that is not a
+        `finished` with plays left, nor a `preempted` that a `requeued` follows (every class
+        but chat is played again)."""
+        if self.event not in FINAL_EVENTS:
+            return False
+        if self.event == Lifecycle.FINISHED:
+            return self.details.get("repeats_left") in (0, None)
+        if self.event == Lifecycle.PREEMPTED:
+            return self.details.get("priority") == Priority.CHAT.label
+        return True
 
 
 @dataclass(frozen=True, slots=True)

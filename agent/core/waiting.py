@@ -111,7 +111,10 @@ class WaitingQueue:
 
 def notify(item: Item, event: Lifecycle, **details: object) -> Notify:
     """A lifecycle event of an accepted announcement, with its class."""
-    return Notify(item.request.id, event, {"priority": item.request.priority.label, **details})
+    source = {"source": item.request.source} if item.request.source else {}
+    return Notify(
+        item.request.id, event, {"priority": item.request.priority.label, **source, **details}
+    )
 
 
 def rejection(item: Item, reason: Reason, detail: str) -> Rejection:

@@ -23,7 +23,7 @@ import queue
 import re
 import socket
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Final
 
@@ -76,7 +76,7 @@ class ClientError(Exception):
         self.text = text
 
 
-class _GuardedReader:
+class GuardedReader:
     """The stream reader `async_read_event` reads through: a data or payload length beyond
     the caps raises ValueError (the library reads it as the end of the stream) before a byte
     of it is read, so a hostile length can never make the server hold it."""
@@ -201,8 +201,14 @@ class RenderDesk:
                 self._current = None
 
 
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+"""What serves one admitted connection."""
+
+
 class WyomingServer:
-    """The server's thread and loop; `start` binds the port (an error there fails the start)."""
+    """The server's thread and loop; `start` binds the ports (an error there fails the start):
+    `wyoming.port` for text to speech and, given the announce target's handler,
+    `wyoming.satellite_port` for it (both behind the same allowlist and connection cap)."""
 
     def __init__(  # noqa: PLR0917 - the composition root passes every collaborator
         self,
@@ -212,8 +218,10 @@ class WyomingServer:
         desk: RenderDesk,
         rate: int,
         new_id: Callable[[], str],
+        satellite: Handler | None = None,
     ) -> None:
         self._config = config
+        self._satellite = satellite if config.satellite_port else None
         self._describe = describe
         self._voice_ids = voice_ids
         self._desk = desk
@@ -221,10 +229,12 @@ class WyomingServer:
         self._new_id = new_id
         self._networks = tuple(ipaddress.ip_network(a, strict=False) for a in config.allow)
         self._loop = asyncio.new_event_loop()
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._clients = 0
         self._thread = threading.Thread(target=self._loop.run_forever, name="wyoming", daemon=True)
         self.port = config.port
+        self.satellite_port: int | None = None
+        """The announce target's port once listening (None: none)."""
 
     def start_rendering(self) -> None:
         """Start the render desk's thread."""
@@ -236,15 +246,33 @@ class WyomingServer:
         return self._clients
 
     def start(self) -> None:
-        """Listen (the port is bound before this returns), then serve on the thread."""
-        self._server = self._loop.run_until_complete(
-            asyncio.start_server(
-                self._serve, self._config.host, self._config.port, limit=LINE_LIMIT
+        """Listen (the ports are bound before this returns), then serve on the thread. Raises
+        OSError naming the key whose port cannot be bound."""
+        self.port = self._listen(self._serve, "wyoming.port", self._config.port)
+        if self._satellite is not None:
+            handler = self._satellite
+            port = self._config.satellite_port
+            self.satellite_port = self._listen(
+                lambda r, w: self._admit(r, w, handler), "wyoming.satellite_port", port
             )
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
         self._thread.start()
-        _LOGGER.info("Wyoming: serving on %s:%d", self._config.host, self.port)
+        _LOGGER.info(
+            "Wyoming: serving on %s:%d%s",
+            self._config.host,
+            self.port,
+            f", the announce target on {self.satellite_port}" if self.satellite_port else "",
+        )
+
+    def _listen(self, handler: Handler, key: str, port: int) -> int:
+        try:
+            server = self._loop.run_until_complete(
+                asyncio.start_server(handler, self._config.host, port, limit=LINE_LIMIT)
+            )
+        except OSError as err:
+            raise OSError(err.errno, f"{key} {self._config.host}:{port}: {err.strerror}") from err
+        self._servers.append(server)
+        bound: int = server.sockets[0].getsockname()[1]
+        return bound
 
     def stop(self) -> None:
         """Close the server and every connection, then the render desk."""
@@ -253,8 +281,8 @@ class WyomingServer:
             return
 
         async def close() -> None:
-            if self._server is not None:
-                self._server.close()
+            for server in self._servers:
+                server.close()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()
@@ -266,6 +294,12 @@ class WyomingServer:
         self._thread.join(timeout=5)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._admit(reader, writer, lambda r, w: _Connection(self, r, w).run())
+
+    async def _admit(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler
+    ) -> None:
+        """A connection served by `handler` if its peer is allowed and there is room."""
         peer = writer.get_extra_info("peername")
         if not allowed(peer, self._networks):
             _LOGGER.warning("Wyoming: refused %s (not in wyoming.allow)", peer)
@@ -281,9 +315,8 @@ class WyomingServer:
         if sock is not None:  # a client that stops reading holds this much of the kernel's
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         self._clients += 1
-        connection = _Connection(self, reader, writer)
         try:
-            await connection.run()
+            await handler(reader, writer)
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             _LOGGER.info("Wyoming: %s dropped", peer)
         except asyncio.CancelledError:  # the server stops: ended here, not logged by asyncio
@@ -301,7 +334,7 @@ class _Connection:
     ) -> None:
         self._server = server
         self._config = server._config
-        self._reader = _GuardedReader(reader)
+        self._reader = GuardedReader(reader)
         self._writer = writer
         self._stream: Synthesize | None = None
         self._pending = ""

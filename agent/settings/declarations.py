@@ -688,6 +688,22 @@ class WyomingConfig:
         10.0,
         _between(0.5, 600),
     )
+    satellite_port: int = _key(
+        "The announce target's TCP port (10700, a Wyoming satellite's convention): Home "
+        "Assistant's `assist_satellite.announce` plays through the node's scheduler; 0: none.",
+        10700,
+        _between(0, 65535),
+    )
+    announce_priority: str = _key(
+        "The class of Home Assistant's announcements: critical, alarm, warning, info or chat.",
+        "info",
+        _one_of(CLASSES),
+    )
+    zeroconf: bool = _key(
+        "Advertise the server (and the announce target) as `_wyoming._tcp` on the local "
+        "network, so Home Assistant discovers them.",
+        True,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -643,6 +643,7 @@ REQUEST_FIELDS: Final[Mapping[str, Check]] = {
     "sound": _optional(_string(_MAX_URL)),
     "sound_after": _optional(_string(_MAX_URL)),
     "fallback": _fallback,
+    "source": _optional(_string(64)),
 }
 """How each journaled field of a request is checked when read back: types, finite numbers,
 bounds wide enough for anything the parser accepts (the journal only holds what it did), so
