@@ -78,6 +78,7 @@ class FactSheet:
             tier=None if self.tier is None else self.tier.as_json(),
             link={"server": parts.link.server, "protocol": parts.link.protocol},
             sparkplug=None if parts.sparkplug is None else {"server": parts.sparkplug.link.server},
+            wyoming=None if parts.wyoming is None else parts.wyoming.facts(),
         )
 
     def _model_name(self, voice: Voice) -> str:

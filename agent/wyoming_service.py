@@ -31,8 +31,20 @@ class Wyoming:
 
     server: WyomingServer
     renderer: Synthesizer
+    desk: RenderDesk
     satellite: AnnounceTarget | None
     """The announce target (None: `wyoming.satellite_port` 0)."""
+
+    def facts(self) -> dict[str, object]:
+        """The state's `wyoming`: connections, renders, whether Home Assistant's satellite
+        connection is up (None: no announce target)."""
+        satellite = self.satellite
+        return {
+            "clients": self.server.clients,
+            "renders": self.desk.rendered,
+            "rendering": self.desk.rendering,
+            "announce_connected": None if satellite is None else satellite.connected,
+        }
 
 
 def build(
@@ -75,7 +87,7 @@ def build(
         new_id,
         None if satellite is None else satellite.serve,
     )
-    return Wyoming(server, renderer, satellite)
+    return Wyoming(server, renderer, desk, satellite)
 
 
 def _version() -> str:

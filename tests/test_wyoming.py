@@ -108,6 +108,22 @@ def test_synthesize_returns_the_same_speech_the_node_says(
     # The same voice, text and parameters: the same speech (the phrase cache may serve either)
     correlation = same_speech(wyoming_pcm, said)
     assert correlation > 0.9, correlation
+    # the state counts the render (published again as the node spoke)
+    wait_until(lambda: (_wyoming_state(agent) or {}).get("renders") == 1, what="renders 1")
+    assert _wyoming_state(agent) == {
+        "clients": 0,
+        "renders": 1,
+        "rendering": False,
+        "announce_connected": None,  # no announce target here (conftest: satellite_port 0)
+    }
+
+
+def _wyoming_state(agent: RunningAgent) -> dict[str, object] | None:
+    states = [m for m in agent.watcher.snapshot() if m.topic == agent.topics.state]
+    if not states:
+        return None
+    wyoming: dict[str, object] | None = json.loads(states[-1].payload)["wyoming"]
+    return wyoming
 
 
 def test_an_unknown_voice_gets_an_error_and_the_connection_goes_on(

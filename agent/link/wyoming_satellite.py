@@ -102,6 +102,11 @@ class AnnounceTarget:
             if self._current is connection:
                 self._current = None
 
+    @property
+    def connected(self) -> bool:
+        """Home Assistant (or another client) is connected to the announce target."""
+        return self._current is not None
+
     def notified(self, notify: Notify) -> None:
         """A lifecycle event went out (the loop's thread): an announcement's last one sends its
         connection `played`."""

@@ -145,6 +145,8 @@ class RenderDesk:
         self._submit: Callable[[SpeakRequest, int], None] | None = None
         self._cancel: Callable[[int], None] | None = None
         self._token = 0
+        self.rendered = 0
+        """Requests rendered since start (sentences: a text is one request per sentence)."""
 
     def bind(
         self, submit: Callable[[SpeakRequest, int], None], cancel: Callable[[int], None]
@@ -199,6 +201,13 @@ class RenderDesk:
             job.done.wait()
             with self._lock:
                 self._current = None
+                self.rendered += 1
+
+    @property
+    def rendering(self) -> bool:
+        """A request is being rendered now."""
+        with self._lock:
+            return self._current is not None
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

@@ -74,6 +74,8 @@ class NodeFacts:
     """The broker in use: `server` (host:port) and `protocol` (`5` or `3.1.1`)."""
     sparkplug: Mapping[str, object] | None = None
     """The Sparkplug session: `server` ("" while there is none); None when it is off."""
+    wyoming: Mapping[str, object] | None = None
+    """The Wyoming server's connections and renders (`Wyoming.facts`); None when it is off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +188,7 @@ class Status:
             "voice_loading": facts.voice_loading,
             "mqtt": None if facts.link is None else dict(facts.link),
             "sparkplug": None if facts.sparkplug is None else dict(facts.sparkplug),
+            "wyoming": None if facts.wyoming is None else dict(facts.wyoming),
         }
         return self._topics.state, json.dumps(body).encode("utf-8"), True
 
