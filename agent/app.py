@@ -165,8 +165,7 @@ class App:
             if self._sparkplug is not None:
                 self._sparkplug.link.stop()  # its NDEATH first: the host sees the node go
             if self._wyoming is not None:
-                self._wyoming.server.stop()
-                self._wyoming.renderer.stop()
+                self._wyoming.stop()
             self._link.stop()
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._media.stop()  # and one waiting for a download
@@ -188,6 +187,7 @@ class App:
             return False
         self._wyoming.renderer.start()
         self._wyoming.server.start_rendering()
+        self._wyoming.advertise(self._config)
         return True
 
     # ---- one event --------------------------------------------------------------------------

@@ -17,6 +17,12 @@ from agent.core.messages import SpeakRequest
 from agent.formats.media import MAX_AUDIO_BYTES, MAX_AUDIO_SECONDS
 from agent.link.wyoming_satellite import AnnounceTarget, Limits
 from agent.link.wyoming_server import RenderDesk, WyomingServer
+from agent.link.wyoming_zeroconf import (
+    Advertised,
+    ZeroconfAdvertiser,
+    addresses_for,
+    instance_name,
+)
 from agent.settings.declarations import AgentConfig
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import Synthesizer, VoiceChoice
@@ -25,7 +31,7 @@ from agent.system import allocator
 ATTRIBUTION: Final = Attribution(name="voice-agent", url="https://github.com/OHF-Voice/piper1-gpl")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Wyoming:
     """The Wyoming server, and the synthesizer that renders for its clients."""
 
@@ -34,6 +40,27 @@ class Wyoming:
     desk: RenderDesk
     satellite: AnnounceTarget | None
     """The announce target (None: `wyoming.satellite_port` 0)."""
+    advertiser: ZeroconfAdvertiser | None = None
+    """The services on multicast DNS, once listening (`advertise`)."""
+
+    def advertise(self, config: AgentConfig) -> None:
+        """With `wyoming.zeroconf`, advertise the ports just bound as `_wyoming._tcp` (it
+        returns at once: zeroconf probes on its own thread; a failure is one warning)."""
+        if not config.wyoming.zeroconf:
+            return
+        services = [Advertised(instance_name(config.node_id), self.server.port)]
+        if self.server.satellite_port is not None:
+            role = instance_name(config.node_id, "satellite")
+            services.append(Advertised(role, self.server.satellite_port))
+        self.advertiser = ZeroconfAdvertiser(services, addresses_for(config.wyoming.host))
+        self.advertiser.start()
+
+    def stop(self) -> None:
+        """The advertisement withdrawn (goodbyes), the server and the render worker stopped."""
+        if self.advertiser is not None:
+            self.advertiser.stop()
+        self.server.stop()
+        self.renderer.stop()
 
     def facts(self) -> dict[str, object]:
         """The state's `wyoming`: connections, renders, whether Home Assistant's satellite

@@ -263,7 +263,7 @@ class HomeAssistant:
         """Start and return once the API answers, Home Assistant is running and its MQTT client
         has published its birth message (it is connected and subscribed to discovery)."""
         if not self.config_dir.exists():
-            self._write_config()
+            self.write_config()
         birth = Watcher(self.broker, f"{DISCOVERY_PREFIX}/status")
         try:
             command = [str(self.installation.python), "-m", "homeassistant"]
@@ -328,8 +328,9 @@ class HomeAssistant:
         except OSError:
             return False
 
-    def _write_config(self) -> None:
-        """configuration.yaml with only what the tests need, and the MQTT config entry."""
+    def write_config(self) -> None:
+        """configuration.yaml with only what the tests need, and the MQTT config entry (`start`
+        writes them when missing; a test may write them first and add a domain)."""
         self.config_dir.mkdir(parents=True)
         config: dict[str, Any] = {
             "homeassistant": {

@@ -49,7 +49,7 @@ EDGES = {"speech", "audio", "link", "storage", "updates", "system", "loop"}
 """The edges, a folder each, by the outside thing they own: each may import pure folders, the
 guarded helpers and its own folder, never another edge."""
 OWNED = {"onnxruntime": "speech", "onnx": "speech", "piper": "speech", "alsaaudio": "audio"}
-OWNED |= {"paho": "link", "sqlite3": "storage"}
+OWNED |= {"paho": "link", "sqlite3": "storage", "zeroconf": "link", "ifaddr": "link"}
 """Outside things only their edge imports."""
 SHARED = {"guarded"}
 """Client libraries of our own that own no outside thing (no state, no thread): HTTP within the
