@@ -42,6 +42,7 @@ from agent.speech.media_decoder import MediaDecoder
 from agent.speech.media_source import FetchLimits, MediaSource
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import Synthesizer, VoiceChoice
+from agent.speech.urgent import UrgentGate
 from agent.speech.voice import Voice
 from agent.storage.journal import Journal
 from agent.storage.ledger import Ledger
@@ -169,6 +170,7 @@ def assemble(
         audio.max_media_bytes, audio.media_timeout_s, audio.media_stall_timeout_s, media_hosts
     )
     media = MediaSource(audio.media, rate, phrases, limits, decoder, report, allocator.trim)
+    gate = UrgentGate() if config.wyoming.enabled else None  # renders give way to alarms
     synthesizer = Synthesizer(
         voices,
         phrases,
@@ -181,6 +183,7 @@ def assemble(
         media=media,
         after_request=allocator.trim,
         steps=marker,
+        urgent=gate,
     )
     names = voice_names(voices)
     swaps: SwapDesk[Voice] = SwapDesk(inbox.report)
@@ -229,7 +232,7 @@ def assemble(
         sparkplug=_sparkplug(
             config, topics, table.routes, inbox, None if journal.path is None else storage
         ),
-        wyoming=_wyoming(config, voices, phrases, inbox),
+        wyoming=None if gate is None else _wyoming(config, voices, phrases, inbox, gate),
     )
 
 
@@ -238,18 +241,17 @@ def _wyoming(
     voices: dict[str, VoiceChoice],
     phrases: PhraseCache,
     inbox: Inbox[InboxEvent],
-) -> Wyoming | None:
-    """The Wyoming server, its render worker and its announce target, whose announcements
-    reach the loop as requests that need no acknowledgement (the package imported only when
-    on)."""
-    if not config.wyoming.enabled:
-        return None
+    gate: UrgentGate,
+) -> Wyoming:
+    """The Wyoming server, its render worker (giving way to the alarms the main synthesizer
+    holds `gate` for) and its announce target, whose announcements reach the loop as requests
+    that need no acknowledgement (the package imported only when on)."""
     from agent.wyoming_service import build  # noqa: PLC0415 - wyoming only when on
 
     def announce(request: SpeakRequest) -> None:
         inbox.report(SpeakReceived(request, Delivery(0, 0)))
 
-    return build(config, voices, phrases, new_id, announce)
+    return build(config, voices, phrases, new_id, announce, gate=gate)
 
 
 def _sparkplug(

@@ -26,6 +26,7 @@ from agent.link.wyoming_zeroconf import (
 from agent.settings.declarations import AgentConfig
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import Synthesizer, VoiceChoice
+from agent.speech.urgent import UrgentGate
 from agent.system import allocator
 
 ATTRIBUTION: Final = Attribution(name="voice-agent", url="https://github.com/OHF-Voice/piper1-gpl")
@@ -40,6 +41,8 @@ class Wyoming:
     desk: RenderDesk
     satellite: AnnounceTarget | None
     """The announce target (None: `wyoming.satellite_port` 0)."""
+    gate: UrgentGate
+    """Held by the main synthesizer through an alarm: the render worker waits meanwhile."""
     advertiser: ZeroconfAdvertiser | None = None
     """The services on multicast DNS, once listening (`advertise`)."""
 
@@ -63,13 +66,14 @@ class Wyoming:
         self.renderer.stop()
 
     def facts(self) -> dict[str, object]:
-        """The state's `wyoming`: connections, renders, whether Home Assistant's satellite
-        connection is up (None: no announce target)."""
+        """The state's `wyoming`: connections, renders, whether a render waits for an alarm,
+        whether Home Assistant's satellite connection is up (None: no announce target)."""
         satellite = self.satellite
         return {
             "clients": self.server.clients,
             "renders": self.desk.rendered,
             "rendering": self.desk.rendering,
+            "waiting_for_alarm": self.gate.waiters > 0,
             "announce_connected": None if satellite is None else satellite.connected,
         }
 
@@ -80,10 +84,13 @@ def build(
     phrases: PhraseCache,
     new_id: Callable[[], str],
     announce: Callable[[SpeakRequest], object],
+    *,
+    gate: UrgentGate,
 ) -> Wyoming:
     """The server, its render worker and its announce target (whose announcements go to
     `announce`), not started (`voices` is the loop's view: a model update's new default is
-    named the same)."""
+    named the same). The render worker waits before each inference while `gate` is held
+    (the main synthesizer holds it through an alarm or a critical request)."""
     desk = RenderDesk(capacity=4 * config.wyoming.max_clients)
     renderer = Synthesizer(
         dict(voices),
@@ -93,6 +100,7 @@ def build(
         lambda _event: None,  # the desk knows a request's end from its last chunk
         max_seconds=config.speak.max_audio_seconds,
         after_request=allocator.trim,
+        yields_to=gate,
     )
     desk.bind(renderer.submit, renderer.cancel)
     rate = voices["default"].voice.sample_rate
@@ -114,7 +122,7 @@ def build(
         new_id,
         None if satellite is None else satellite.serve,
     )
-    return Wyoming(server, renderer, desk, satellite)
+    return Wyoming(server, renderer, desk, satellite, gate)
 
 
 def _version() -> str:

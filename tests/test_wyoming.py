@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -29,17 +30,22 @@ from wyoming.tts import (
 )
 
 from agent.settings.loading import load
-from harness import Broker, free_port, publish, read_pcm, same_speech, wait_until
+from harness import Broker, PulseNullSink, free_port, publish, read_pcm, same_speech, wait_until
 from tests.conftest import RunningAgent, StartAgent
 
 DEADLINE = 240.0
 """Seconds a whole exchange may take on a busy 2-core machine."""
 
 
-def _agent(start_agent: StartAgent, **wyoming: object) -> tuple[RunningAgent, int]:
+def _agent(
+    start_agent: StartAgent, paced: PulseNullSink | None = None, **wyoming: object
+) -> tuple[RunningAgent, int]:
     port = free_port()
-    sections = {"wyoming": {"enabled": True, "host": "127.0.0.1", "port": port, **wyoming}}
-    agent = start_agent(sections=sections)
+    sections: dict[str, dict[str, object]] = {
+        "wyoming": {"enabled": True, "host": "127.0.0.1", "port": port, **wyoming},
+        "state": {"interval": 1},
+    }
+    agent = start_agent(sections=sections, paced=paced)
     return agent, port
 
 
@@ -114,16 +120,79 @@ def test_synthesize_returns_the_same_speech_the_node_says(
         "clients": 0,
         "renders": 1,
         "rendering": False,
+        "waiting_for_alarm": False,
         "announce_connected": None,  # no announce target here (conftest: satellite_port 0)
     }
 
 
 def _wyoming_state(agent: RunningAgent) -> dict[str, object] | None:
+    states = _wyoming_states(agent)
+    return states[-1] if states else None
+
+
+def _wyoming_states(agent: RunningAgent) -> list[dict[str, object]]:
+    """The state's `wyoming` of every state published so far."""
     states = [m for m in agent.watcher.snapshot() if m.topic == agent.topics.state]
-    if not states:
-        return None
-    wyoming: dict[str, object] | None = json.loads(states[-1].payload)["wyoming"]
-    return wyoming
+    return [json.loads(m.payload)["wyoming"] for m in states]
+
+
+ALARM = " ".join(f"Alarm, the pump in hall {n} has stopped, leave the hall now." for n in range(8))
+"""An alarm of about 25 seconds: it plays in real time behind PulseAudio's null sink."""
+
+
+def test_a_render_waits_while_the_node_says_an_alarm(
+    start_agent: StartAgent, broker: Broker, pulse: PulseNullSink
+) -> None:
+    """The main synthesizer holds the urgent gate through an alarm (its synthesis and its
+    hand-over to the player, paced in real time here): a Wyoming render sent meanwhile sends
+    no audio and the state says it waits; once the alarm is over the render is whole."""
+    agent, port = _agent(start_agent, paced=pulse)
+    publish(
+        broker,
+        agent.topics.speak,
+        json.dumps({"id": "fire", "text": ALARM, "priority": "alarm"}).encode(),
+    )
+    agent.watcher.wait_event("fire", "started")
+    first_audio: list[float] = []
+    rendered: list[list[Event]] = []
+
+    def client() -> None:
+        async def run() -> list[Event]:
+            received: list[Event] = []
+            async with AsyncTcpClient("127.0.0.1", port) as connection:
+                await connection.write_event(Synthesize(text="The kettle has boiled.").event())
+                while True:
+                    event = await asyncio.wait_for(connection.read_event(), DEADLINE)
+                    assert event is not None, "connection closed early"
+                    if AudioChunk.is_type(event.type) and not first_audio:
+                        first_audio.append(time.monotonic())
+                    received.append(event)
+                    if AudioStop.is_type(event.type) or Error.is_type(event.type):
+                        return received
+
+        rendered.append(asyncio.run(run()))
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    wait_until(
+        lambda: any(s["waiting_for_alarm"] for s in _wyoming_states(agent)),
+        timeout=DEADLINE,
+        what="a state saying the render waits for the alarm",
+    )
+    assert agent.watcher.events("fire")[-1]["event"] != "finished"  # still playing
+    assert not first_audio  # nothing rendered while the alarm holds the synthesis
+    finished = agent.watcher.wait_event("fire", "finished", timeout=DEADLINE)
+    assert finished["event"] == "finished"
+    thread.join(DEADLINE)
+    assert not thread.is_alive()
+    (events,) = rendered
+    assert not any(Error.is_type(e.type) for e in events), events[-1]
+    assert len(_pcm(events)) > 22050  # the whole sentence, after the alarm
+    wait_until(
+        lambda: (_wyoming_state(agent) or {}).get("waiting_for_alarm") is False,
+        timeout=DEADLINE,
+        what="the state no longer waiting",
+    )
 
 
 def test_an_unknown_voice_gets_an_error_and_the_connection_goes_on(

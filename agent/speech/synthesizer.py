@@ -13,7 +13,9 @@ at once (so it is free for the request that cut in). Each piece of a request's w
 could make fatal in this process (reading its text, an inference) runs inside a step of the
 step marker (`Steps`: the crash-loop breaker); a decode runs in the decoder child, whose death
 is a refused sound, not the agent's. An alarm the agent died on is said another way
-(`SpeakRequest.fallback`).
+(`SpeakRequest.fallback`). Two synthesizers can share an urgent gate (`urgent.UrgentGate`): the
+main one holds it through each alarm or critical request, and the Wyoming render worker waits
+before each of its inferences while it is held (a cached sentence does not wait).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from agent.formats.text import clean_text
 from agent.speech.chimes import ChimePlan
 from agent.speech.media_source import MediaSource
 from agent.speech.phrase_cache import PhraseCache, cache_key
+from agent.speech.urgent import UrgentGate, is_urgent
 from agent.speech.voice import (
     Audio,
     Cancellation,
@@ -155,7 +158,17 @@ class Synthesizer:
         media: MediaSource | None = None,
         after_request: Callable[[], object] | None = None,
         steps: Steps | None = None,
+        *,
+        urgent: UrgentGate | None = None,
+        yields_to: UrgentGate | None = None,
     ) -> None:
+        """`urgent`: a gate this synthesizer holds while it works on an urgent request (the
+        main synthesizer); `yields_to`: a gate it waits on before each inference while it is
+        held (the Wyoming render worker). Never the same gate: it would wait on itself."""
+        if urgent is not None and urgent is yields_to:
+            raise ValueError("a synthesizer cannot yield to the gate it holds")
+        self._urgent = urgent
+        self._yields_to = yields_to
         self._voices = dict(voices)  # this thread's own: a switch arrives as a command
         self._rate = voices["default"].voice.sample_rate
         """The device's rate: the configured default voice's; other voices are resampled."""
@@ -196,6 +209,7 @@ class Synthesizer:
             self._cancelled = {token for token in self._cancelled if token >= job}
             if self._running is not None and self._running[0] == _PHRASES:
                 self._running[1].cancel()
+        self._wake_gate()
         self._commands.put_nowait(_Job(request, job, start_at))
 
     def use_voice(self, choice: VoiceChoice) -> None:
@@ -204,6 +218,7 @@ class Synthesizer:
         with self._lock:
             if self._running is not None and self._running[0] == _PHRASES:
                 self._running[1].cancel()
+        self._wake_gate()
         self._commands.put_nowait(choice)
 
     def cancel(self, job: int) -> None:
@@ -213,6 +228,7 @@ class Synthesizer:
             self._job_cancel.set()  # a wait for a sound ends; the worker clears it per request
             if self._running is not None and self._running[0] == job:
                 self._running[1].cancel()
+        self._wake_gate()  # a wait for an urgent request's end ends now
         if self._media is not None:
             self._media.wake()  # a wait for a sound being downloaded or decoded ends now
 
@@ -222,8 +238,15 @@ class Synthesizer:
         with self._lock:
             if self._running is not None:
                 self._running[1].cancel()
+        self._wake_gate()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+
+    def _wake_gate(self) -> None:
+        """End the current poll of a wait on the gate yielded to (it checks cancellation now);
+        called without this synthesizer's lock held."""
+        if self._yields_to is not None:
+            self._yields_to.wake()
 
     def _run_blocking(self) -> None:
         started = time.monotonic()
@@ -249,6 +272,15 @@ class Synthesizer:
     # ---- requests ---------------------------------------------------------------------------
 
     def _speak_blocking(self, job: _Job) -> None:
+        """The request's work, holding the urgent gate throughout when it is urgent: from its
+        first step (its text read, its sounds waited for) to its end handed to `put`."""
+        if self._urgent is None or not is_urgent(job.request.priority):
+            self._request_blocking(job)
+            return
+        with self._urgent.holding():
+            self._request_blocking(job)
+
+    def _request_blocking(self, job: _Job) -> None:
         """Put the request's chime, sounds and speech into the player's buffer, then its end."""
         request = job.request
         with self._lock:
@@ -519,7 +551,9 @@ class Synthesizer:
         step: tuple[str, str] | None = None,
     ) -> Iterator[Audio]:
         """A voice's stream that `cancel(token)` (or, for phrases, a request) can abort; the time
-        spent in it is counted, and marked as `step` (request id, step) of the step marker."""
+        spent in it is counted, and marked as `step` (request id, step) of the step marker.
+        Before each inference it gives way to an urgent request (`yields_to`): that wait is not
+        counted, and a cancel or a stop ends it."""
         cancellation = Cancellation()
         with self._lock:
             if token in self._cancelled or self._stopping.is_set():
@@ -528,6 +562,7 @@ class Synthesizer:
         chunks = stream(ids, params, plan, cancellation)
         try:
             while True:
+                self._give_way_blocking(token, cancellation)
                 began = time.perf_counter()
                 try:
                     with self._marked(step):
@@ -543,6 +578,21 @@ class Synthesizer:
             chunks.close()
             with self._lock:
                 self._running = None
+
+    def _give_way_blocking(self, token: int, cancellation: Cancellation) -> None:
+        """Wait while the gate yielded to is held; _CancelledError if the stream is cut (or
+        the worker stops) meanwhile."""
+        gate = self._yields_to
+        if gate is None:
+            return
+
+        def cancelled() -> bool:
+            with self._lock:
+                cut = token in self._cancelled
+            return cut or cancellation.cancelled or self._stopping.is_set()
+
+        if not gate.wait_clear(cancelled):
+            raise _CancelledError
 
     def _marked(self, step: tuple[str, str] | None) -> AbstractContextManager[None]:
         return contextlib.nullcontext() if step is None else self._marker.step(*step)
