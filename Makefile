@@ -51,10 +51,11 @@ lint: $(STAMP)  ## ruff (lint and format check) and strict mypy
 	$(VENV)/bin/ruff format --check agent tests scripts bench ota tiers harness
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)  ## benchmark against piper-tts (bench/REPORT.md), rooms: two nodes in step (bench/ROOMS.md), alarms beside hostile sounds and memory of waiting media (bench/TRUST.md)
+bench: $(STAMP)  ## benchmark against piper-tts (bench/REPORT.md), rooms: two nodes in step (bench/ROOMS.md), alarms beside hostile sounds and memory of waiting media (bench/TRUST.md), first audio through Wyoming against wyoming-piper (bench/WYOMING.md)
 	$(VENV)/bin/python -m bench.run --out-dir bench
 	$(VENV)/bin/python -m bench.rooms --out-dir bench
 	$(VENV)/bin/python -m bench.trust --out-dir bench
+	$(VENV)/bin/python -m bench.wyoming --out-dir bench
 
 bench-fleet: $(STAMP)  ## the operator tool against 100-3,000 simulated nodes: bench/FLEET.md, bench/fleet.json
 	$(VENV)/bin/python -m bench.fleet_scale --out-dir bench --save-every-change 300,1000
