@@ -204,19 +204,42 @@ def test_no_render_inference_runs_while_an_alarm_is_synthesized(
 
 
 def test_renders_give_way_to_a_long_alarm_without_a_held_step(node: Node) -> None:
-    """Free-running: after the alarm's first chunk, at most the one render inference that was
-    already running when the alarm began ends before the alarm's last chunk."""
-    main = node.make("main", urgent=node.gate)
-    render = node.make("render", yields_to=node.gate)
-    render.synthesizer.submit(SpeakRequest("answer", ANSWER), 1)
-    wait_until(lambda: node.timeline.speech("render") > 0, DEADLINE, "the render under way")
-    main.synthesizer.submit(SpeakRequest("alarm", ALARM, priority=Priority.ALARM), 1)
-    main.done(1)
-    render.done(1)
+    """No step is held: the overlap is made by the two puts. The render is held in its first
+    chunk's put until the alarm hands over its first chunk; the alarm goes on once the render
+    waits for the gate. From then until the alarm's last chunk no render chunk is made, and
+    the render, still long, finishes after it."""
+    render_in_put, render_go = threading.Event(), threading.Event()
+
+    def render_put(chunk: Chunk) -> bool:
+        node.timeline.add("render", chunk)
+        if not render_in_put.is_set():
+            render_in_put.set()
+            render_go.wait(DEADLINE)
+        return True
+
+    def main_put(chunk: Chunk) -> bool:
+        node.timeline.add("main", chunk)
+        if not render_go.is_set():  # the alarm's first chunk: let the render go on
+            render_go.set()
+            wait_until(lambda: node.gate.waiters == 1, DEADLINE, "the render waiting")
+        return True
+
+    main = node.make("main", put=main_put, urgent=node.gate)
+    render = node.make("render", put=render_put, yields_to=node.gate)
+    try:
+        render.synthesizer.submit(SpeakRequest("answer", ANSWER), 1)
+        assert render_in_put.wait(DEADLINE)  # the render is under way, and long
+        main.synthesizer.submit(SpeakRequest("alarm", ALARM, priority=Priority.ALARM), 1)
+        main.done(1)
+        render.done(1)
+    finally:
+        render_go.set()
     whos = [who for who, _, _ in node.timeline.snapshot()]
     first, last = whos.index("main"), len(whos) - 1 - whos[::-1].index("main")
-    assert whos[first:last].count("render") <= 1
+    assert whos[first:last].count("render") == 0
     assert whos[last:].count("render") > 1  # the render was still long when the alarm began
+    end, _ = node.timeline.end("render")
+    assert (end.error, end.info["sentences"]) == (None, 30)
 
 
 @pytest.mark.parametrize("priority", [Priority.CHAT, Priority.INFO, Priority.WARNING])
