@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from agent.protocol.topics import Topics
 from harness import (
@@ -24,6 +25,12 @@ from harness import (
     write_config,
 )
 from tests.tiny_voice import write_tiny_voice
+
+# Tests judge behaviour, never speed: no property test fails because one example was slow on a
+# busy machine (Hypothesis's 200 ms deadline did, on a fresh-clone `make test`). Each test's own
+# `@settings` inherits this profile for what it does not set.
+settings.register_profile("behaviour", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("behaviour")
 
 
 @pytest.fixture(autouse=True)
