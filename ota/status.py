@@ -8,8 +8,13 @@ the table escapes each cell and passes through `safe_text.terminal`; the JSON is
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Final, TextIO
 
 from ota import inventory
@@ -35,44 +40,65 @@ def run(
 ) -> int:
     """Print the inventory (with `watch`, every `interval` s until Ctrl-C or `rounds`)."""
     fleet = Fleet(settings, events=False)
-    try:
-        if not fleet.sync(sync_timeout):
-            say(
-                f"warning: retained messages may be incomplete (no echo of the tool's marker on "
-                f"{settings.prefix}/_ota/...; nothing arrived for {sync_timeout:.0f} s)",
-                sys.stderr,
-            )
-        shown = 0
-        while True:
-            now = time.time()
-            records = fleet.inventory.records(group)
-            bridges = fleet.inventory.bridges()
-            if as_json:
-                document = inventory.report(records, now, stale_after, bridges)
-                if watch:  # one document per line
-                    text = json.dumps(document, separators=(",", ":"), allow_nan=False)
+    with _ended_by_interrupt(watch) as ended:
+        try:
+            if not fleet.sync(sync_timeout):
+                say(
+                    "warning: retained messages may be incomplete (no echo of the tool's marker"
+                    f" on {settings.prefix}/_ota/...; nothing arrived for {sync_timeout:.0f} s)",
+                    sys.stderr,
+                )
+            shown = 0
+            while not ended.is_set():
+                now = time.time()
+                records = fleet.inventory.records(group)
+                bridges = fleet.inventory.bridges()
+                if as_json:
+                    document = inventory.report(records, now, stale_after, bridges)
+                    if watch:  # one document per line
+                        text = json.dumps(document, separators=(",", ":"), allow_nan=False)
+                    else:
+                        text = json.dumps(document, indent=1, allow_nan=False)
                 else:
-                    text = json.dumps(document, indent=1, allow_nan=False)
-            else:
-                heading = f"{settings.prefix}/ at {settings.address}, {inventory.iso(now)}"
-                if group is not None:
-                    heading += f", group {group}"
-                body = inventory.table(records, now, stale_after, bridges)
-                if not records:
-                    body = f"no node has announced itself under {settings.prefix}/"
-                text = terminal(f"{heading}\n\n{body}")
-                if watch and out.isatty():
-                    text = CLEAR + text  # the tool's own sequence, after the guard
-            print(text, file=out, flush=True)
-            _unread(fleet)
-            shown += 1
-            if not watch or (rounds is not None and shown >= rounds):
-                return 0
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        return 0
+                    heading = f"{settings.prefix}/ at {settings.address}, {inventory.iso(now)}"
+                    if group is not None:
+                        heading += f", group {group}"
+                    body = inventory.table(records, now, stale_after, bridges)
+                    if not records:
+                        body = f"no node has announced itself under {settings.prefix}/"
+                    text = terminal(f"{heading}\n\n{body}")
+                    if watch and out.isatty():
+                        text = CLEAR + text  # the tool's own sequence, after the guard
+                print(text, file=out, flush=True)
+                _unread(fleet)
+                shown += 1
+                if not watch or (rounds is not None and shown >= rounds) or ended.wait(interval):
+                    return 0
+            return 0
+        except KeyboardInterrupt:  # once, or while not watching
+            return 0
+        finally:
+            fleet.close()
+
+
+@contextmanager
+def _ended_by_interrupt(watch: bool) -> Iterator[threading.Event]:
+    """While watching, Ctrl-C (SIGINT) sets the event the loop waits on instead of raising
+    KeyboardInterrupt wherever the main thread happens to be: one raised inside a `with lock`
+    could leave the lock held and the MQTT thread stuck at close."""
+    ended = threading.Event()
+    if not watch or threading.current_thread() is not threading.main_thread():
+        yield ended
+        return
+
+    def interrupted(signum: int, frame: FrameType | None) -> None:
+        ended.set()
+
+    before = signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield ended
     finally:
-        fleet.close()
+        signal.signal(signal.SIGINT, before)
 
 
 def _unread(fleet: Fleet) -> None:
