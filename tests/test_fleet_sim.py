@@ -135,8 +135,8 @@ def test_status_lists_every_node_that_announced_itself(
             if view["sim0001"]["presence"] == "offline":
                 break
     finally:
-        time.sleep(3); watching.send_signal(signal.SIGINT)
-        # read what it still writes: with a full pipe its last flush would wait forever
+        watching.send_signal(signal.SIGINT)
+        # read what it still writes: a print into a full pipe waits until the pipe is read
         watching.communicate(timeout=TIMEOUT)
         assert watching.returncode == 0
 
