@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import ExitStack, asynccontextmanager, suppress
 from dataclasses import asdict, dataclass, field, fields
 from importlib.metadata import version
@@ -531,42 +531,45 @@ def one_shot(
     return samples
 
 
+def interleaved(
+    ports: dict[str, int], count: int, words: int, numbering: int
+) -> Iterator[tuple[int, str, str]]:
+    """(trial, side, text): `count` new long texts of `words` words, each to every server
+    given, who goes first alternating; the numbers in trial t's text start at numbering x t."""
+    rng = random.Random()  # noqa: S311 - varied words, not secrets
+    for trial in range(count):
+        text = long_text(rng, words, numbering * (trial + 1))
+        for side in sides(trial):
+            if side in ports:
+                yield trial, side, text
+
+
 def streams(ports: dict[str, int], plan: Plan, say: Progress) -> dict[str, list[StreamReply]]:
     """The long text streamed to each server given, `plan.stream_runs` times, alternating who
     goes first; each run a new text, the same for both."""
-    rng = random.Random()  # noqa: S311 - varied words, not secrets
     done: dict[str, list[StreamReply]] = {side: [] for side in ports}
-    for run in range(plan.stream_runs):
-        text = long_text(rng, plan.stream_words, 1000 * (run + 1))
-        for side in sides(run):
-            if side not in ports:
-                continue
-            settle()
-            reply = stream(ports[side], text)
-            done[side].append(reply)
-            first = "none" if reply.first is None else f"{reply.first * MS:.0f} ms"
-            say(
-                f"stream {run + 1}/{plan.stream_runs} ({len(text.split())} words) to "
-                f"{SIDE_NAMES[side]}: first audio {first}, total {reply.total:.1f} s, "
-                f"{reply.audio_seconds:.0f} s of audio, clean {reply.clean}"
-            )
+    for run, side, text in interleaved(ports, plan.stream_runs, plan.stream_words, 1000):
+        settle()
+        reply = stream(ports[side], text)
+        done[side].append(reply)
+        first = "none" if reply.first is None else f"{reply.first * MS:.0f} ms"
+        say(
+            f"stream {run + 1}/{plan.stream_runs} ({len(text.split())} words) to "
+            f"{SIDE_NAMES[side]}: first audio {first}, total {reply.total:.1f} s, "
+            f"{reply.audio_seconds:.0f} s of audio, clean {reply.clean}"
+        )
     return done
 
 
 def openings(ports: dict[str, int], plan: Plan, say: Progress) -> dict[str, list[float]]:
     """`plan.openings` new long texts streamed to each server given, interleaved (who goes
     first alternates), each timed to its first audio: seconds, by side."""
-    rng = random.Random()  # noqa: S311 - varied words, not secrets
     firsts: dict[str, list[float]] = {side: [] for side in ports}
-    for trial in range(plan.openings):
-        text = long_text(rng, plan.stream_words, 100 * (trial + 1))
-        for side in sides(trial):
-            if side not in ports:
-                continue
-            settle()
-            firsts[side].append(stream_opening(ports[side], text))
-            time.sleep(AFTER_OPENING_SECONDS)
-        say(f"stream opening: trial {trial + 1}/{plan.openings}")
+    for trial, side, text in interleaved(ports, plan.openings, plan.stream_words, 100):
+        settle()
+        firsts[side].append(stream_opening(ports[side], text))
+        time.sleep(AFTER_OPENING_SECONDS)
+        say(f"stream opening {trial + 1}/{plan.openings} to {SIDE_NAMES[side]}")
     return firsts
 
 
