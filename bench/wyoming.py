@@ -277,7 +277,9 @@ async def _send_stream(writer: asyncio.StreamWriter, framed: bytes, began: float
     return time.perf_counter() - began
 
 
-async def _stream(port: int, chunks: Sequence[str]) -> StreamReply:
+async def _stream(port: int, chunks: Sequence[str], *, opening: bool = False) -> StreamReply:
+    """The chunks streamed on a new connection, read until `synthesize-stopped`; with
+    `opening`, only until the first `audio-chunk` (or an error), then the connection closes."""
     framed = stream_bytes(chunks)
     async with _connected(port) as (reader, writer):
         await async_write_event(SynthesizeStart().event(), writer)
@@ -290,6 +292,8 @@ async def _stream(port: int, chunks: Sequence[str]) -> StreamReply:
                     event = await _read(reader)
                     stopped = SynthesizeStopped.is_type(event.type)
                     received.take(event)
+                    if opening and (received.first is not None or received.errors):
+                        break
         except TimeoutError:
             timed_out = True
         total = time.perf_counter() - received.began
@@ -310,23 +314,6 @@ async def _stream(port: int, chunks: Sequence[str]) -> StreamReply:
     )
 
 
-async def _stream_opening(port: int, chunks: Sequence[str]) -> float:
-    framed = stream_bytes(chunks)
-    async with _connected(port) as (reader, writer):
-        await async_write_event(SynthesizeStart().event(), writer)
-        received = Received(time.perf_counter())
-        sender = asyncio.create_task(_send_stream(writer, framed, received.began))
-        try:
-            while received.first is None and not received.errors:
-                received.take(await _read(reader))
-        finally:
-            sender.cancel()
-            await asyncio.gather(sender, return_exceptions=True)
-    if received.first is None:
-        raise RuntimeError(f"port {port} sent no audio for a stream: {received.errors}")
-    return received.first
-
-
 def describe(port: int) -> Info:
     """The server's `info`."""
     return asyncio.run(_describe(port))
@@ -345,7 +332,10 @@ def stream(port: int, text: str) -> StreamReply:
 def stream_opening(port: int, text: str) -> float:
     """Seconds from the first chunk of the streamed text to its first `audio-chunk`; then the
     connection is closed."""
-    return asyncio.run(_stream_opening(port, text_chunks(text)))
+    reply = asyncio.run(_stream(port, text_chunks(text), opening=True))
+    if reply.first is None:
+        raise RuntimeError(f"port {port} sent no audio for a stream: {reply.errors}")
+    return reply.first
 
 
 def wait_ready(port: int, alive: Callable[[], bool], what: str) -> Info:
