@@ -30,7 +30,7 @@ decisions, data formats, the wire protocol, the config's declarations."""
 PURE_EXTERNAL = {
     "__future__", "collections", "dataclasses", "datetime", "enum", "html", "io", "json",
     "math", "re", "typing", "unicodedata", "wave", "base64", "binascii", "hashlib",
-    "contextlib",
+    "contextlib", "array",
 }  # fmt: skip
 """Standard modules without I/O, clocks or threads."""
 PURE_LIBRARIES = {"settings.declarations": {"ipaddress", "pathlib"}}

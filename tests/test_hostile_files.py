@@ -21,7 +21,7 @@ import pytest
 from agent.audio.device import alsa_opener
 from agent.audio.player import Player
 from agent.core.messages import Event, Priority, SpeakRequest, UtteranceEnded
-from agent.formats.pcm import Chunk
+from agent.formats.chunk import Chunk
 from agent.speech.sessions import cache_stem, cached_session, usable_cache_dir
 from agent.speech.voice import Voice
 from agent.storage.journal import Journal
@@ -283,7 +283,7 @@ def test_the_alsa_writer_never_meets_a_bad_volume(tmp_path: Path, volume: object
         player.volume = volume  # type: ignore[assignment]
         assert player.volume == 0.7
         tone = (np.sin(np.arange(RATE // 2) * 0.12) * 8000).astype(np.int16)
-        player.put(Chunk("a", tone))
+        player.put(Chunk("a", tone.astype("<i2").tobytes()))
         player.put(Chunk("a", end=True))
         ended = events.get(timeout=10)
         while not isinstance(ended, UtteranceEnded):

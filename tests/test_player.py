@@ -16,7 +16,7 @@ from agent.audio.device import Pcm, PcmOpener, alsa_opener
 from agent.audio.player import BUFFER_CHUNKS, Player
 from agent.core.messages import AudioStatus, Event, Priority, UtteranceEnded, UtteranceStarted
 from agent.core.reasons import Reason
-from agent.formats.pcm import Chunk
+from agent.formats.chunk import Chunk
 from harness import FaultyPcm, read_pcm, wait_until
 
 RATE = 22050
@@ -26,6 +26,11 @@ PERIOD = RATE // 50  # 20 ms
 def tone(seconds: float, level: int = 8000) -> np.ndarray:
     n = int(RATE * seconds)
     return (np.sin(np.arange(n) * 2 * np.pi * 440 / RATE) * level).astype(np.int16)
+
+
+def le(samples: np.ndarray) -> bytes:
+    """Samples as a chunk holds them: 16-bit little-endian bytes."""
+    return samples.astype("<i2").tobytes()
 
 
 def collect(events: queue.Queue[Event], count: int) -> list[Event]:
@@ -66,9 +71,9 @@ def test_played_samples_are_exactly_the_chunks_in_order(
     capture = tmp_path / "out.raw"
     player = make_player(file_opener(capture))
     a1, a2, b1 = tone(0.5), tone(0.33, 3000), tone(0.2, 12000)
-    for chunk in (Chunk("a", a1), Chunk("a", a2), Chunk("a", end=True)):
+    for chunk in (Chunk("a", le(a1)), Chunk("a", le(a2)), Chunk("a", end=True)):
         assert player.put(chunk)
-    for chunk in (Chunk("b", b1), Chunk("b", end=True)):
+    for chunk in (Chunk("b", le(b1)), Chunk("b", end=True)):
         assert player.put(chunk)
     assert collect(events, 5) == [
         AudioStatus(True),
@@ -87,9 +92,9 @@ def test_volume_requested_times_global_with_the_alarm_floor(
     capture = tmp_path / "out.raw"
     player = make_player(file_opener(capture), volume=0.5, floor=0.4)
     sound = tone(0.1, 20000)
-    player.put(Chunk("info", sound, volume=0.5, priority=Priority.INFO))
+    player.put(Chunk("info", le(sound), volume=0.5, priority=Priority.INFO))
     player.put(Chunk("info", end=True))
-    player.put(Chunk("alarm", sound, volume=0.1, priority=Priority.ALARM))
+    player.put(Chunk("alarm", le(sound), volume=0.1, priority=Priority.ALARM))
     player.put(Chunk("alarm", end=True))
     collect(events, 5)
     played = read_pcm(capture)
@@ -110,12 +115,12 @@ def test_a_cut_fades_out_within_one_period_and_drops_the_rest(
 
     player = make_player(slow_open)
     long_tone = tone(2.0, 20000)
-    player.put(Chunk("chat", long_tone, job=1))
+    player.put(Chunk("chat", le(long_tone), job=1))
     player.put(Chunk("chat", end=True, job=1))
     wait_until(lambda: _Gated.writes >= 3, 10, "three periods written")
     player.cut(1)
     gate.set()
-    player.put(Chunk("next", tone(0.1), job=2))
+    player.put(Chunk("next", le(tone(0.1)), job=2))
     player.put(Chunk("next", end=True, job=2))
     got = collect(events, 5)
     assert [type(e).__name__ for e in got] == [
@@ -141,7 +146,7 @@ def test_a_cut_before_any_sample_plays_nothing(
     capture = tmp_path / "out.raw"
     player = make_player(file_opener(capture))
     player.cut(7)
-    player.put(Chunk("never", tone(0.5), job=7))
+    player.put(Chunk("never", le(tone(0.5)), job=7))
     player.put(Chunk("never", end=True, job=7))
     assert collect(events, 2)[1] == UtteranceEnded("never", 0.0, job=7)
     assert len(read_pcm(capture)) == 0
@@ -153,11 +158,11 @@ def test_a_late_cut_of_an_earlier_activation_leaves_the_next_alone(
     capture = tmp_path / "out.raw"
     player = make_player(file_opener(capture))
     sound = tone(0.2)
-    player.put(Chunk("w", sound, job=1))
+    player.put(Chunk("w", le(sound), job=1))
     player.put(Chunk("w", end=True, job=1))
     collect(events, 3)
     player.cut(1)  # too late for job 1: it ended
-    player.put(Chunk("w", sound, job=2))  # the same announcement, played again
+    player.put(Chunk("w", le(sound), job=2))  # the same announcement, played again
     player.put(Chunk("w", end=True, job=2))
     assert collect(events, 2) == [UtteranceStarted("w", 2), UtteranceEnded("w", 0.2, job=2)]
     assert len(read_pcm(capture)) == 2 * len(sound)
@@ -168,9 +173,11 @@ def test_put_blocks_while_the_buffer_is_full_and_returns_false_on_stop(
 ) -> None:
     player = Player(alsa_opener("null", RATE, 20, 4), RATE, events.put)  # writer not started
     for _ in range(BUFFER_CHUNKS):
-        assert player.put(Chunk("x", tone(0.01)))
+        assert player.put(Chunk("x", le(tone(0.01))))
     results: list[bool] = []
-    blocked = threading.Thread(target=lambda: results.append(player.put(Chunk("x", tone(0.01)))))
+    blocked = threading.Thread(
+        target=lambda: results.append(player.put(Chunk("x", le(tone(0.01)))))
+    )
     blocked.start()
     blocked.join(0.5)
     assert blocked.is_alive()  # a third chunk waits: the buffer holds two
@@ -183,7 +190,7 @@ def test_a_synthesis_error_after_some_audio_fails_the_announcement(
     tmp_path: Path, events: queue.Queue[Event], make_player: MakePlayer
 ) -> None:
     player = make_player(file_opener(tmp_path / "o.raw"))
-    player.put(Chunk("a", tone(0.1)))
+    player.put(Chunk("a", le(tone(0.1))))
     player.put(Chunk("a", end=True, error=Reason.SYNTHESIS_ERROR, detail="boom"))
     assert collect(events, 3)[1:] == [
         UtteranceStarted("a"),
@@ -228,7 +235,7 @@ def test_an_underrun_is_recovered_and_counted(
 
     player = make_player(opener)
     sound = tone(0.3)
-    player.put(Chunk("a", sound))
+    player.put(Chunk("a", le(sound)))
     player.put(Chunk("a", end=True))
     assert collect(events, 3)[2] == UtteranceEnded("a", len(sound) / RATE)
     assert player.underruns == 1
@@ -248,7 +255,7 @@ def test_a_lost_device_fails_the_announcement_then_is_reopened(
         return (FaultyPcm(pcm, {2: "lost"}) if len(opened) == 1 else pcm), period
 
     player = make_player(opener)
-    player.put(Chunk("a", tone(0.3)))
+    player.put(Chunk("a", le(tone(0.3))))
     player.put(Chunk("a", end=True))
     got = collect(events, 4)
     assert got[0] == AudioStatus(True)
@@ -256,7 +263,7 @@ def test_a_lost_device_fails_the_announcement_then_is_reopened(
     assert isinstance(got[3], UtteranceEnded)
     assert got[3].error == Reason.AUDIO_ERROR
     sound = tone(0.2)
-    player.put(Chunk("b", sound))
+    player.put(Chunk("b", le(sound)))
     player.put(Chunk("b", end=True))
     assert collect(events, 3) == [
         AudioStatus(True),
@@ -281,7 +288,7 @@ def test_a_device_that_cannot_open_is_retried_until_it_can(
 
     player = make_player(opener)
     sound = tone(0.2)
-    player.put(Chunk("a", sound))
+    player.put(Chunk("a", le(sound)))
     player.put(Chunk("a", end=True))
     got = collect(events, 4)
     assert got == [

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from agent.core.messages import Event, Priority, SpeakRequest, SynthesisDone
-from agent.formats.pcm import Chunk
+from agent.formats.chunk import Chunk
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import Synthesizer, VoiceChoice
 from agent.speech.urgent import UrgentGate, is_urgent

@@ -16,8 +16,9 @@ import pytest
 from agent.audio.device import alsa_opener
 from agent.audio.player import Player
 from agent.core.messages import Event, SpeakRequest, SynthesisDone, UtteranceEnded
+from agent.formats.chunk import Chunk
 from agent.formats.chunking import FIRST_FRAMES
-from agent.formats.pcm import PCM16, Chunk
+from agent.formats.pcm import PCM16
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import Synthesizer, VoiceChoice
 from agent.speech.voice import Cancellation, FramePlan, SynthesisParams, Voice
@@ -248,7 +249,7 @@ def test_a_split_voice_streams_decoder_chunks_small_first_and_caches_the_sentenc
     whole, _ = split_rig(tmp_path, split=False)
     try:
         ended = rig.say(SpeakRequest("a", LONG))
-        speech = [c.pcm for c in handed if c.pcm is not None]
+        speech = [np.frombuffer(c.pcm, "<i2") for c in handed if c.pcm is not None]
         assert ended.info["sentences"] == 2
         groups = rig.voice.inferences  # one prior run per clause group
         assert len(speech) > groups  # groups were decoded in several chunks

@@ -328,6 +328,19 @@ class UtteranceEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class NormalPreempted:
+    """The player cut the normal lane's current utterance for an alarm on its urgent lane (or
+    dropped it before a sample played): it did not end, and is not reported ended; its owner
+    requeues it, as a preemption."""
+
+    request_id: str
+    job: int
+    """The activation that was cut (see `Synthesize.job`)."""
+    by: str
+    """What cut it: the id of the alarm that plays instead."""
+
+
+@dataclass(frozen=True, slots=True)
 class MediaHeld:
     """The media source now holds this many bytes for this request (downloaded, read, or
     decoded: what it keeps until the request plays and ends)."""
@@ -363,6 +376,7 @@ Event = (
     | SynthesisDone
     | UtteranceStarted
     | UtteranceEnded
+    | NormalPreempted
     | SwapRequested
     | SwapCancelled
     | MediaHeld

@@ -1,20 +1,16 @@
-"""Audio as it travels from synthesis to the device: 16-bit PCM chunks of one announcement,
-and the edges of speech at a break (its near-silence cut as the chunks stream).
+"""Speech as synthesis makes it: 16-bit samples (numpy), their little-endian bytes for the
+player (`chunk.Chunk`), and the edges of speech at a break (its near-silence cut as the chunks
+stream).
 
 Pure data and arithmetic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
-
-from agent.core.messages import Priority
-from agent.core.reasons import Reason
 
 PCM16 = npt.NDArray[np.int16]
 """Mono 16-bit samples at the device's rate."""
@@ -28,6 +24,12 @@ EDGE_SECONDS: Final = 0.005
 """Near-silence kept at a trimmed edge of speech, faded, so the cut does not click."""
 
 _EMPTY: Final[PCM16] = np.zeros(0, dtype=np.int16)
+
+
+def le_bytes(pcm: PCM16) -> bytes:
+    """The samples as `Chunk.pcm` holds them: 16-bit signed little-endian, on any host (a
+    big-endian one swaps them; a little-endian one copies them as they are)."""
+    return pcm.astype("<i2", copy=False).tobytes()
 
 
 def _loud(pcm: PCM16) -> npt.NDArray[np.intp]:
@@ -98,24 +100,3 @@ class TailTrim:
         held = np.concatenate([_EMPTY, *self._held])
         self._held = []
         return _faded(held[: self._edge], self._edge, rising=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """Audio for one announcement; `end=True` closes it (with its error, if any)."""
-
-    id: str
-    pcm: PCM16 | None = None
-    end: bool = False
-    error: Reason | None = None
-    detail: str = ""
-    info: Mapping[str, object] = field(default_factory=dict)
-    """With `end`: extra fields for the announcement's last event."""
-    volume: float = 1.0
-    """The requested volume (the global volume and the floor are applied at write time)."""
-    priority: Priority = Priority.INFO
-    job: int = 0
-    """The activation token (see `messages.Synthesize.job`): cuts and reports name it."""
-    start_at: float | None = None
-    """The wall-clock instant (Unix seconds) the utterance's first sample should play: the
-    player pads with silence to the exact frame (a timed request)."""

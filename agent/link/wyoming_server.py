@@ -42,7 +42,7 @@ from wyoming.tts import (
 
 from agent.core.messages import SpeakRequest
 from agent.core.reasons import Reason
-from agent.formats.pcm import Chunk
+from agent.formats.chunk import Chunk
 from agent.protocol.payloads import has_lone_surrogate
 from agent.settings.declarations import WyomingConfig
 
@@ -482,7 +482,7 @@ class _Connection:
                         raise ClientError(str(chunk.error), chunk.detail or str(chunk.error))
                     break
                 if chunk.pcm is not None:
-                    data = chunk.pcm.tobytes()
+                    data = chunk.pcm
                     step = SAMPLES_PER_CHUNK * 2
                     for offset in range(0, len(data), step):
                         part = data[offset : offset + step]

@@ -39,9 +39,10 @@ from agent.core.messages import FALLBACK_CACHED, Event, SpeakRequest, SynthesisD
 from agent.core.program import program
 from agent.core.reasons import Reason
 from agent.core.refusal import Refused
+from agent.formats.chunk import Chunk
 from agent.formats.chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
 from agent.formats.media import Resampler
-from agent.formats.pcm import EDGE_SECONDS, PCM16, Chunk, LeadTrim, TailTrim
+from agent.formats.pcm import EDGE_SECONDS, PCM16, LeadTrim, TailTrim, le_bytes
 from agent.formats.ssml import Pause, Segment, Sound
 from agent.formats.text import clean_text
 from agent.speech.chimes import ChimePlan
@@ -597,13 +598,13 @@ class Synthesizer:
     def _marked(self, step: tuple[str, str] | None) -> AbstractContextManager[None]:
         return contextlib.nullcontext() if step is None else self._marker.step(*step)
 
-    def _emit_or_cancel(self, job: _Job, pcm: PCM16) -> None:
+    def _emit_or_cancel(self, job: _Job, pcm: PCM16 | bytes) -> None:
         with self._lock:
             cancelled = job.token in self._cancelled
         request = job.request
         chunk = Chunk(
             request.id,
-            pcm,
+            pcm if isinstance(pcm, bytes) else le_bytes(pcm),  # a chime is bytes already
             volume=request.volume,
             priority=request.priority,
             job=job.token,
