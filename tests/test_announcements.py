@@ -11,7 +11,7 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from agent.speech.chimes import BUILTIN, render_notes
+from agent.formats.chimes import BUILTIN, render_notes
 from harness import PulseNullSink, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
 
@@ -83,7 +83,9 @@ def test_an_alarm_preempts_a_long_chat_with_a_fade(paced: RunningAgent) -> None:
     assert all(e["priority"] == "chat" for e in agent.watcher.events("chat"))
 
     played = read_pcm(agent.capture)
-    chime = render_notes(BUILTIN["alarm"], RATE)  # alarm plays at full volume (1.0)
+    chime = np.frombuffer(
+        render_notes(BUILTIN["alarm"], RATE), "<i2"
+    )  # alarm plays at full volume (1.0)
     cut = find(played, chime)
     assert cut >= RATE  # the chat played a while (a second before the alarm was sent)
     # the half second before the cut (the cut may fall in a pause between words: CI saw a

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from agent.speech.chimes import BUILTIN, render_notes
+from agent.formats.chimes import BUILTIN, render_notes
 from harness import free_port, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
 from tests.media_files import (
@@ -268,7 +268,7 @@ def test_the_chime_comes_before_the_sound(
     speak(agent, id="c1", chime="ding", sound="bell")
     ended(agent, "c1", "finished")
     played = captured(agent)
-    chime = render_notes(BUILTIN["ding"], RATE).astype(np.float64) / 32768.0
+    chime = np.frombuffer(render_notes(BUILTIN["ding"], RATE), "<i2").astype(np.float64) / 32768.0
     (sound,) = find_sounds(played, decode_reference(media["wav_24"], RATE), 1)
     chime_snr = snr_db(played[: len(chime)], chime)
     print(f"chime SNR {chime_snr:.1f} dB, sound at {sound.start} (SNR {sound.snr:.1f} dB)")

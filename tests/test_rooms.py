@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.speech.chimes import BUILTIN, render_notes
+from agent.formats.chimes import BUILTIN, render_notes
 from harness import PulseNullSink, read_pcm, wait_until
 from tests.conftest import RunningAgent, StartAgent
 
@@ -127,7 +127,7 @@ def test_an_announcement_with_at_starts_on_its_instant_on_a_paced_device(
         watcher.join()
     played = read_pcm(agent.capture)
     first = int(np.flatnonzero(played)[0])
-    chime = render_notes(BUILTIN["ding"], RATE)
+    chime = np.frombuffer(render_notes(BUILTIN["ding"], RATE), "<i2")
     assert np.array_equal(played[first : first + 100], chime[np.flatnonzero(chime)[0] :][:100])
     written_at = next(when for when, size in growth if size > 2 * first)
     print(

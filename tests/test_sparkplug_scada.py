@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agent.formats.chimes import BUILTIN, render_notes
 from agent.protocol.sparkplug import DEVICE_METRICS, NODE_METRICS
-from agent.speech.chimes import BUILTIN, render_notes
 from harness import Broker, PulseNullSink, read_pcm, wait_until
 from harness.scada import ScadaHost, metric, values
 from tests.conftest import RunningAgent, StartAgent
@@ -177,7 +177,7 @@ def test_a_critical_speak_preempts_chat_and_is_heard(
     assert {e["priority"] for e in fire()} == {"critical"}
     ddata(host, agent, "Speaking", False, since)
     played = read_pcm(agent.capture)
-    chime = render_notes(BUILTIN["alert"], RATE)
+    chime = np.frombuffer(render_notes(BUILTIN["alert"], RATE), "<i2")
     probe = chime[np.flatnonzero(chime)[0] :][:200]
     windows = np.lib.stride_tricks.sliding_window_view(played, len(probe))
     assert (windows == probe).all(axis=1).any(), "the critical chime was not heard"
