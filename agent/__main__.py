@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--noise-w", type=float, help="phoneme width noise (0 = deterministic)")
     say.add_argument("--length-scale", type=float, help="phoneme duration factor (>1 slower)")
 
+    engine = commands.add_parser("engine")  # the sounder's child: not for people (no help)
+    engine.add_argument("--fd", type=int, required=True)
+    _config_option(engine)
+    engine.add_argument("--debug", action="store_true")
+
     check = commands.add_parser(
         "check-config",
         help="validate a config file",
@@ -86,17 +91,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     allocator.tune()  # before any thread allocates (docs/memory.md)
     args = _parser().parse_args(argv)
     debug = getattr(args, "debug", False)
+    process = "engine " if args.command == "engine" else ""  # the sounder's child says so
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s {process}%(name)s: %(message)s",
     )
     try:
         if args.command == "check-config":
             return _check_config(args.file)
-        config = load(args.config or _env_config_path())
+        config_path = args.config or _env_config_path()
+        config = load(config_path)
         if args.command == "say":
             return _say(config, args)
-        return _run(config)
+        if args.command == "engine":
+            return _engine(config, args.fd)
+        return _run(config, config_path, debug)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
@@ -117,11 +126,24 @@ def _check_config(path: Path) -> int:
     return 0
 
 
-def _run(config: AgentConfig) -> int:
-    from agent.app import run  # noqa: PLC0415 - keeps `check-config` free of onnxruntime start-up
+def _run(config: AgentConfig, config_path: Path | None, debug: bool) -> int:
+    """The sounder (the speaker and the alarm lane), which starts the engine as its child."""
+    from agent.sounder.engine_process import engine_command  # noqa: PLC0415 - lean start
+    from agent.sounder.main import run  # noqa: PLC0415
 
-    code = run(config, _install_signals)
+    command = engine_command(None if config_path is None else str(config_path), debug)
+    code = run(config, command, _install_signals)
     _LOGGER.info("Stopped")
+    return code
+
+
+def _engine(config: AgentConfig, fd: int) -> int:
+    """The engine: synthesis and every edge but the alarm lane, playing through the sounder
+    that started it (`fd`: its end of their socket pair)."""
+    from agent.app import run_engine  # noqa: PLC0415 - keeps `check-config` free of onnxruntime
+
+    code = run_engine(config, fd, _install_signals)
+    _LOGGER.info("Engine stopped")
     busy = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     if busy:
         _end_now(code, busy)

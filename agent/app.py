@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import threading
 import time
@@ -27,6 +28,7 @@ from agent.assembly import InboxEvent, assemble, new_id
 from agent.audio.device import PcmOpener
 from agent.audio.player import announce_role
 from agent.core.messages import (
+    AckRequested,
     AudioStatus,
     Delivery,
     Event,
@@ -42,10 +44,12 @@ from agent.core.messages import (
     UtteranceStarted,
 )
 from agent.core.reasons import Reason
+from agent.core.scheduler import RecentIds
 from agent.core.states import UpdatePhase, UpdateReason, UpdateReport
 from agent.core.tiers import TierState
 from agent.execution import Execution
 from agent.fact_sheet import FactSheet
+from agent.formats.text import clean_text
 from agent.housekeeping import Housekeeping
 from agent.loop.voice_swap import SwapAsked, SwapWithdrawn
 from agent.protocol.inputs import (
@@ -61,8 +65,10 @@ from agent.protocol.inputs import (
     SparkplugHostState,
     SparkplugLost,
 )
+from agent.protocol.lanes import is_alarm
 from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
+from agent.speaker_link import AlarmNotified, SpeakerLink
 from agent.speech.synthesizer import VoiceChoice
 from agent.speech.voice import Voice
 from agent.voices import TierDecided, VoicesLoaded, choice_for, int8_tier, load_engines
@@ -82,6 +88,7 @@ class App:
         voices: dict[str, VoiceChoice],
         open_pcm: PcmOpener | None = None,
         environ: Mapping[str, str] | None = None,
+        speaker: SpeakerLink | None = None,
     ) -> None:
         self._config = config
         self._tier = TierState(
@@ -91,7 +98,14 @@ class App:
         self._tier_from = ""
         """The digest of the model the INT8 variant is being built from."""
         self._voices = voices  # the loop's own; the synthesizer has its copy
-        parts = assemble(config, voices, open_pcm, os.environ if environ is None else environ)
+        parts = assemble(
+            config, voices, open_pcm, os.environ if environ is None else environ, speaker
+        )
+        self._speaker = parts.speaker
+        self._words = parts.words
+        self._chime_files = parts.chime_files or {}
+        self._alarm_ids = RecentIds(config.speak.remembered_ids)
+        """Ids the sounder's alarm lane accepted: their acks are its."""
         self._topics = parts.topics
         self._inbox = parts.inbox
         self._catalog = parts.catalog
@@ -123,6 +137,10 @@ class App:
             parts, self._execution, self._facts, config.homeassistant.prefix
         )
 
+    def report(self, event: object) -> None:
+        """A report from the sounder's pipe, into the inbox (never dropped)."""
+        self._inbox.report(event)  # type: ignore[arg-type]
+
     def request_stop(self) -> None:
         """Ask `serve` to return (safe from a signal handler: it only sets a flag)."""
         self._stopping = True
@@ -136,6 +154,8 @@ class App:
         self._player.start()
         self._media.start()
         self._synthesizer.start()
+        if self._speaker is not None:
+            self._serve_sounder(self._speaker)
         self._start_loader()  # the voices' sessions: cached phrases play meanwhile
         self._restore(time.monotonic())
         self._link.start()
@@ -170,6 +190,8 @@ class App:
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._media.stop()  # and one waiting for a download
             self._synthesizer.stop()
+            if self._words is not None:
+                self._words.stop()
             self._marker.close()
             self._ledger.close()
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
@@ -202,7 +224,7 @@ class App:
             except Exception:
                 _LOGGER.exception("Answering a failed %s failed too", type(event).__name__)
 
-    def _dispatch(self, event: InboxEvent | Tick, now: float) -> None:  # noqa: PLR0912 - by kind
+    def _dispatch(self, event: InboxEvent | Tick, now: float) -> None:  # noqa: PLR0912, PLR0915 - by kind
         match event:
             case UpdateReport():
                 self._update_reported(event, now)
@@ -211,7 +233,9 @@ class App:
             case SwapWithdrawn(token):
                 self._handle(SwapCancelled(token), now)
             case Connected():
-                self._status.connected(now)
+                self._connected(now)
+            case AlarmNotified(notify):
+                self._alarm_notified(notify, now)
             case TierDecided(voice, state):
                 self._tier_decided(voice, state)
             case VoicesLoaded():
@@ -275,7 +299,12 @@ class App:
 
     def _handle(self, event: Event, now: float) -> None:
         """One core event: its journal writes in one transaction (one sync), and only then the
-        acknowledgements and events it caused go out."""
+        acknowledgements and events it caused go out. With a sounder, an alarm-class request
+        (from Hermes, Sparkplug, Wyoming's announce) is handed to its alarm lane, and an ack
+        of an alarm it holds is its."""
+        if self._speaker is not None and self._elsewhere(event):
+            self._link.ack(event.delivery)  # type: ignore[union-attr]
+            return
         wall = None  # when its events happened: the audio writer's time for these, else now
         if isinstance(event, UtteranceStarted | UtteranceEnded) and event.wall:
             wall = event.wall
@@ -288,6 +317,46 @@ class App:
             self._audio_available = event.available
         if not isinstance(event, Tick | SynthesisDone):
             self._status.changed()
+
+    def _connected(self, now: float) -> None:
+        self._status.connected(now)
+        if self._speaker is not None:
+            self._speaker.connected()  # the sounder says `online`: this session exists
+
+    def _alarm_notified(self, notify: Notify, now: float) -> None:
+        self._execution.alarm_notified(notify, now)
+        if notify.event == Lifecycle.ACCEPTED:
+            self._alarm_ids.add(notify.id)
+
+    def _elsewhere(self, event: Event) -> bool:
+        """Whether this event is the sounder's alarm lane's (handed over here)."""
+        assert self._speaker is not None  # noqa: S101 - only asked with a sounder
+        if isinstance(event, SpeakReceived) and is_alarm(event.request.priority):
+            self._speaker.hand_over(event.request)
+            return True
+        return isinstance(event, AckRequested) and event.id in self._alarm_ids
+
+    def _serve_sounder(self, speaker: SpeakerLink) -> None:
+        """The words of the alarm lane said when the sounder asks; the chime files it cannot
+        decode sent to it; the engine stops when the sounder is gone."""
+        words = self._words
+        assert words is not None  # noqa: S101 - built with the speaker
+        speaker.on_gone = self.request_stop
+        speaker.on_words = self._say_words
+        speaker.on_cancel = words.cancel
+        words.start()
+        for name, pcm in self._chime_files.items():
+            speaker.chime(name, pcm)
+
+    def _say_words(self, job: int, request: SpeakRequest) -> None:
+        """On the pipe's thread: an alarm's words (its sounds made ready first)."""
+        assert self._words is not None  # noqa: S101 - only with a sounder
+        if request.has_media:
+            self._media.prepare(request)
+        try:
+            self._words.submit(request, job)
+        except queue.Full:
+            _LOGGER.warning("Words for %s refused: the words' synthesizer is busy", request.id)
 
     def _failed(self, event: InboxEvent | Tick, err: Exception, now: float) -> None:
         """The guard's answer to a fault while handling `event`: the traceback is logged once
@@ -371,6 +440,7 @@ class App:
         if event.replacement is not None:
             self._switch_voice(event.replacement.voice)
         self._tier = self._sheet.tier = event.tier
+        self._tell_sounder()
         if self._tier.int8 == "building":
             self._start_tier_worker()
         if self._updater is not None:
@@ -420,9 +490,25 @@ class App:
         self._synthesizer.use_voice(choice)  # before any later request: one queue, in order
         if self._wyoming is not None:
             self._wyoming.renderer.use_voice(choice)
+        if self._words is not None:
+            self._words.use_voice(choice)
         self._status.connected(time.monotonic())  # announce the new model
+        self._tell_sounder()
         _LOGGER.info("Switched to the model %s (sha256 %s…)", voice.path, voice.sha256[:12])
         return True
+
+    def _tell_sounder(self) -> None:
+        """The voice is ready: the voices' facts, the model and the phrases to keep."""
+        if self._speaker is None:
+            return
+        phrases = [*self._config.cache.phrases]
+        if self._config.cache.alarm_phrase:
+            phrases.append(self._config.cache.alarm_phrase)
+        self._speaker.ready(
+            dict(self._catalog.voices),
+            self._voices["default"].voice.sha256,
+            [clean_text(p) for p in phrases],
+        )
 
 
 def _subject(event: InboxEvent | Tick) -> str | None:
@@ -438,12 +524,42 @@ def _subject(event: InboxEvent | Tick) -> str | None:
 
 
 def run(config: AgentConfig, install_signals: Callable[[Callable[[], None]], None]) -> int:
-    """Load the voices, then serve until a signal asks to stop; returns the exit code."""
+    """This process alone, with a player of its own (no sounder): serve until a signal asks
+    to stop; returns the exit code."""
     from agent.voices import describe_voices  # noqa: PLC0415 - beside run for the CLI
 
     os.umask(0o077)  # the journal, update slots, staged downloads and caches: the agent's only
     announce_role(config.audio.device, config.audio.media_role, os.environ)
 
     app = App(config, describe_voices(config))
+    install_signals(app.request_stop)
+    return app.serve()
+
+
+def run_engine(
+    config: AgentConfig, fd: int, install_signals: Callable[[Callable[[], None]], None]
+) -> int:
+    """The engine of a sounder: plays through it (the socket `fd`), serves until a signal asks
+    to stop or the sounder is gone."""
+    import socket  # noqa: PLC0415
+
+    from agent.voices import describe_voices  # noqa: PLC0415 - beside run for the CLI
+
+    os.umask(0o077)
+    sock = socket.socket(fileno=fd)
+    pending: list[object] = []
+    app: App | None = None
+
+    def report(event: object) -> None:
+        if app is None:
+            pending.append(event)  # before the loop exists (the sounder's first credits)
+        else:
+            app.report(event)
+
+    speaker = SpeakerLink(sock, report)
+    speaker.start()
+    app = App(config, describe_voices(config), speaker=speaker)
+    for event in pending:
+        app.report(event)
     install_signals(app.request_stop)
     return app.serve()

@@ -27,11 +27,13 @@ from agent.loop.voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
 from agent.protocol.hermes_bridge import HermesBridge
 from agent.protocol.inputs import (
     Connected,
+    Ignored,
     SparkplugCommand,
     SparkplugConnected,
     SparkplugHostState,
     SparkplugLost,
 )
+from agent.protocol.lanes import in_alarm_lane
 from agent.protocol.routes import Route, RoutedEvent, route_table
 from agent.protocol.status import Status
 from agent.protocol.topics import Topics
@@ -61,6 +63,7 @@ from agent.voices import (
 
 if TYPE_CHECKING:  # imported when the edge node is on: protobuf costs a node without it
     from agent.sparkplug_node import SparkplugNode
+    from agent.speaker_link import RemotePlayer, SpeakerLink
     from agent.wyoming_service import Wyoming
 
 REPORT_SLOTS: Final = 256
@@ -94,7 +97,9 @@ class Parts:
     inbox: Inbox[InboxEvent]
     catalog: Catalog
     core: SpeakCore
-    player: Player
+    player: Player | RemotePlayer
+    """The speaker: the sounder's, through the pipe (`speaker`), or one of this process's own
+    (an engine run on its own, as tests run it)."""
     cache: PhraseCache
     marker: StepMarker
     notes: tuple[str, ...]
@@ -114,6 +119,12 @@ class Parts:
     """The Sparkplug B edge node (`sparkplug.enabled`)."""
     wyoming: Wyoming | None = None
     """The Wyoming TTS server and its render worker (`wyoming.enabled`)."""
+    speaker: SpeakerLink | None = None
+    """The pipe to the sounder, when this process is the engine of one."""
+    words: Synthesizer | None = None
+    """The synthesizer of the alarm lane's words (the sounder asks; with `speaker`)."""
+    chime_files: dict[str, bytes] | None = None
+    """The chime files as decoded here (for the sounder, which decodes nothing)."""
 
 
 def assemble(
@@ -121,10 +132,13 @@ def assemble(
     voices: dict[str, VoiceChoice],
     open_pcm: PcmOpener | None,
     environ: Mapping[str, str],
+    speaker: SpeakerLink | None = None,
 ) -> Parts:
     """Every part of the agent for this config and these loaded voices (`voices` is the
     synthesizer's; the loop keeps its own). The decoder child is started: the chimes are
-    decoded in it."""
+    decoded in it. With `speaker` this process is the sounder's engine: it plays through the
+    sounder, leaves the alarm classes of its own session to it, and says an alarm's words
+    when the sounder asks."""
     topics = Topics(config.mqtt.topic_prefix, config.node_id)
     deliveries = config.mqtt.receive_maximum + QOS1_SLOTS
     inbox: Inbox[InboxEvent] = Inbox(deliveries, QOS0_SLOTS, REPORT_SLOTS)
@@ -147,10 +161,14 @@ def assemble(
         catalog=known,
         media_budget=audio.max_queued_media_bytes,
     )
-    opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
     report = inbox.report
-    idle = IdlePolicy(audio.lead_in_ms / 1000, audio.idle_wake_s, audio.release_when_idle_s)
-    player = Player(opener, rate, report, audio.volume, audio.alarm_volume_floor, idle)
+    player: Player | RemotePlayer
+    if speaker is None:
+        opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
+        idle = IdlePolicy(audio.lead_in_ms / 1000, audio.idle_wake_s, audio.release_when_idle_s)
+        player = Player(opener, rate, report, audio.volume, audio.alarm_volume_floor, idle)
+    else:
+        player = speaker.player
     cache_dir = resolve_cache_dir(cache, environ)
     phrases = PhraseCache(cache_dir / "phrases", cache.memory_bytes, cache.disk_bytes)
     storage = resolve_storage_dir(config.storage, environ)
@@ -170,7 +188,9 @@ def assemble(
         audio.max_media_bytes, audio.media_timeout_s, audio.media_stall_timeout_s, media_hosts
     )
     media = MediaSource(audio.media, rate, phrases, limits, decoder, report, allocator.trim)
-    gate = UrgentGate() if config.wyoming.enabled else None  # renders give way to alarms
+    # renders (and, with a sounder, this process's own lane) give way to alarms
+    gate = UrgentGate() if config.wyoming.enabled or speaker is not None else None
+    chunking = (config.tts.first_chunk_phonemes, config.tts.max_chunk_phonemes)
     synthesizer = Synthesizer(
         voices,
         phrases,
@@ -183,8 +203,22 @@ def assemble(
         media=media,
         after_request=allocator.trim,
         steps=marker,
-        urgent=gate,
+        urgent=gate if speaker is None else None,
+        yields_to=gate if speaker is not None else None,
     )
+    words = None
+    if speaker is not None:  # the alarm lane's words: no chime (the sounder played it)
+        words = Synthesizer(
+            voices,
+            phrases,
+            chunking,
+            speaker.put_words,
+            lambda _event: None,  # its chunks' end says it all
+            max_seconds=speak.max_audio_seconds,
+            media=media,
+            after_request=allocator.trim,
+            urgent=gate,
+        )
     names = voice_names(voices)
     swaps: SwapDesk[Voice] = SwapDesk(inbox.report)
     updater: Updater[Voice] | None = None
@@ -201,11 +235,12 @@ def assemble(
             cache_dir=cache_dir,  # the check builds the candidate there; the agent only loads
         )
     table = route_table(config, topics, new_id, {n: v for v, n in names.items()})
+    elsewhere = speaker is not None  # the alarm classes are the sounder's
     link = MqttLink(
         config.mqtt,
         client_id=f"voice-agent-{config.node_id}",
-        status_topic=topics.status,
-        handlers={topic: _hand_off(inbox, route) for topic, route in table.routes.items()},
+        status_topic=topics.status if speaker is None else topics.engine,
+        handlers={t: _hand_off(inbox, route, elsewhere) for t, route in table.routes.items()},
         retained=table.restored,
         on_connected=lambda: inbox.notice(Connected()),
     )
@@ -232,7 +267,12 @@ def assemble(
         sparkplug=_sparkplug(
             config, topics, table.routes, inbox, None if journal.path is None else storage
         ),
-        wyoming=None if gate is None else _wyoming(config, voices, phrases, inbox, gate),
+        wyoming=None
+        if not config.wyoming.enabled
+        else _wyoming(config, voices, phrases, inbox, gate or UrgentGate()),
+        speaker=speaker,
+        words=words,
+        chime_files={name: bytes(bank[name]) for name in audio.chime_files if name in bank},
     )
 
 
@@ -281,12 +321,16 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def _hand_off(inbox: Inbox[InboxEvent], route: Route) -> MessageHandler:
+def _hand_off(inbox: Inbox[InboxEvent], route: Route, alarms_elsewhere: bool) -> MessageHandler:
     """The handler on paho's thread: route the message to one event and queue it, never
-    blocking (a refused QoS 1 delivery stays unacknowledged; see `App._housekeeping`)."""
+    blocking (a refused QoS 1 delivery stays unacknowledged; see `App._housekeeping`). An
+    alarm-class speak is the sounder's (`alarms_elsewhere`): acknowledged, not handled here."""
 
     def handle(topic: str, payload: bytes, delivery: Delivery) -> None:
-        inbox.deliver(route(topic, payload, delivery), delivery.qos)
+        event = route(topic, payload, delivery)
+        if alarms_elsewhere and in_alarm_lane(event):
+            event = Ignored(delivery)
+        inbox.deliver(event, delivery.qos)
 
     return handle
 

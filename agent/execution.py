@@ -82,6 +82,15 @@ class Execution:
             case SwitchDeclined(token):
                 self._swaps.answer(token, False)
 
+    def alarm_notified(self, notify: Notify, now: float) -> None:
+        """An event of the sounder's alarm lane (published there): its Hermes reply, Wyoming's
+        `played`, the state's last event."""
+        for topic, reply in self._hermes.notified(notify):
+            self.publish(topic, reply)
+        if self._announced is not None:
+            self._announced(notify)
+        self._status.record(notify, now, time.time())
+
     def notify(self, notify: Notify, now: float) -> None:
         """A lifecycle event of the loop's own (not the core's), in a journal transaction."""
         with self._ledger.transaction():

@@ -681,3 +681,52 @@ def test_a_timed_request_cut_while_playing_plays_again_when_it_can() -> None:
     after = d.play_out("fire")
     synth = next(a for a in after if isinstance(a, Synthesize))
     assert (synth.request.id, synth.start_at) == ("t", None)
+
+
+# ---- the alarm lane of the sounder took the speaker -------------------------------------------
+
+
+def test_an_utterance_the_alarm_lane_took_the_speaker_from_is_preempted_and_requeued() -> None:
+    from agent.core.messages import NormalPreempted  # noqa: PLC0415 - the sounder's report
+
+    d = Driver()
+    d.speak("a", WARNING)
+    d.send(UtteranceStarted("a"))
+    actions = d.send(NormalPreempted("a", d.jobs["a"], "fire"))
+    assert kinds(actions) == ["cut:a", "preempted:a", "requeued:a"]
+    assert details(actions, "a", Lifecycle.PREEMPTED)["by"] == "fire"
+    # its synthesis ends (cancelled): the core is free, and plays it again from the start
+    again = d.send(SynthesisDone("a"))
+    assert kinds(again) == ["synth:a"]
+    assert d.jobs["a"] > 1
+
+
+def test_a_late_report_of_the_lane_preempted_elsewhere_changes_nothing() -> None:
+    from agent.core.messages import NormalPreempted  # noqa: PLC0415
+
+    d = Driver()
+    d.speak("a")
+    first = d.jobs["a"]
+    d.play_out("a")
+    assert d.send(NormalPreempted("a", first, "fire")) == []
+
+
+def test_a_chat_preempted_by_the_alarm_lane_is_not_requeued() -> None:
+    from agent.core.messages import NormalPreempted  # noqa: PLC0415
+
+    d = Driver()
+    d.speak("a", CHAT)
+    d.send(UtteranceStarted("a"))
+    actions = d.send(NormalPreempted("a", d.jobs["a"], "fire"))
+    assert kinds(actions) == ["cut:a", "preempted:a"]
+    assert kinds(d.send(SynthesisDone("a"))) == []
+    assert not d.core.speaking
+
+
+def test_the_core_knows_what_plays_and_waits_only() -> None:
+    d = Driver()
+    d.speak("a")
+    d.speak("b")
+    assert d.core.knows("a") and d.core.knows("b") and not d.core.knows("c")
+    d.play_out("a")
+    assert not d.core.knows("a") and d.core.knows("b")

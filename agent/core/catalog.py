@@ -28,6 +28,25 @@ class VoiceFacts:
         return speaker.isdecimal() and int(speaker) < self.speaker_count
 
 
+def facts_from_json(raw: object) -> VoiceFacts:
+    """What a Piper voice's JSON (`<model>.onnx.json`) says about choosing it; anything missing
+    or of the wrong kind is left at its default."""
+    if not isinstance(raw, dict):
+        return VoiceFacts()
+    language = raw.get("language")
+    code = language.get("code") if isinstance(language, dict) else None
+    speakers = raw.get("speaker_id_map")
+    names: tuple[str, ...] = ()
+    if isinstance(speakers, dict) and all(isinstance(v, int) for v in speakers.values()):
+        names = tuple(sorted((str(k) for k in speakers), key=lambda k: speakers[k]))
+    count = raw.get("num_speakers")
+    return VoiceFacts(
+        code if isinstance(code, str) else "",
+        names,
+        count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1,
+    )
+
+
 def language_key(code: str) -> tuple[str, str]:
     """(language, region) of a code written `de`, `de_DE`, `de-de`: lower case."""
     language, _, region = code.replace("-", "_").partition("_")

@@ -380,6 +380,7 @@ Event = (
     | SwapRequested
     | SwapCancelled
     | MediaHeld
+    | NormalPreempted
 )
 
 

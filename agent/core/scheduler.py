@@ -54,6 +54,7 @@ from agent.core.messages import (
     LetGo,
     Lifecycle,
     MediaHeld,
+    NormalPreempted,
     Prepare,
     Priority,
     Record,
@@ -225,6 +226,21 @@ class SpeakCore:
         self._active = None
         return [Cut(request_id, active.job), *self._switch_when_idle(now), *self._let_go()]
 
+    def knows(self, request_id: str) -> bool:
+        """Whether this request is playing or waiting here."""
+        active = self._active
+        playing = active is not None and active.item.request.id == request_id
+        return playing or self._queue.find(request_id) is not None
+
+    def use_catalog(self, catalog: Catalog) -> None:
+        """Check later arrivals against this catalog (the voices became known)."""
+        self._catalog = catalog
+        self._admission = Admission(catalog, self._timing)
+
+    @property
+    def catalog(self) -> Catalog:
+        return self._catalog
+
     @property
     def speaking(self) -> bool:
         """An announcement is being synthesized or played."""
@@ -298,6 +314,8 @@ class SpeakCore:
                 return [SwitchDeclined(token), *self._next(now)]
             case MediaHeld(request_id, held):
                 return self._media_held(request_id, held)
+            case NormalPreempted():
+                return self._preempted_elsewhere(event, now)
         raise AssertionError(f"unhandled event {event!r}")  # pragma: no cover - exhaustive match
 
     # ---- arrivals ---------------------------------------------------------------------------
@@ -384,13 +402,26 @@ class SpeakCore:
         active = self._active
         if active is None or not active.cuttable or not item.request.interrupts:
             return []
-        current = active.item
-        if item.request.priority <= current.request.priority:
+        if item.request.priority <= active.item.request.priority:
             return []
+        return self._preempt_active(active, item.request.id)
+
+    def _preempted_elsewhere(self, event: NormalPreempted, now: float) -> list[Action]:
+        """The speaker gave the device to an alarm of the other lane: what played is cut and
+        requeued as a preemption here would do; it is over as far as the speaker goes."""
+        active = self._active
+        if active is None or not self._is_active(event.request_id, event.job):
+            return []
+        actions = self._preempt_active(active, event.by) if active.cuttable else []
+        active.played = True
+        return [*actions, *self._finish_active(now)]
+
+    def _preempt_active(self, active: _Active, by: str) -> list[Action]:
+        current = active.item
         active.cut = True
         actions: list[Action] = [
             Cut(current.request.id, active.job),
-            notify(current, Lifecycle.PREEMPTED, by=item.request.id),
+            notify(current, Lifecycle.PREEMPTED, by=by),
         ]
         if current.request.priority in REQUEUED_WHEN_PREEMPTED:
             if active.started or current.request.at is None:  # played again when it can

@@ -25,7 +25,6 @@ from xml.parsers import expat
 
 from defusedxml import DefusedXmlException, DTDForbidden, EntitiesForbidden
 from defusedxml.ElementTree import DefusedXMLParser
-from num2words import CONVERTER_CLASSES, num2words
 
 from agent.core.reasons import Reason
 from agent.core.refusal import Refused
@@ -633,6 +632,8 @@ def _said(pieces: tuple[str | SayAs, ...], numbers: str | None) -> str:
 
 def _number_lang(lang: str) -> str | None:
     """The num2words language for a voice language (`de_DE` -> `de`), None when unsupported."""
+    from num2words import CONVERTER_CLASSES  # noqa: PLC0415 - only SSML with say-as needs it
+
     for candidate in (lang, lang.replace("-", "_"), lang[:2].lower()):
         if candidate in CONVERTER_CLASSES:
             return candidate
@@ -659,6 +660,8 @@ def _digits(text: str, _format: str, lang: str | None) -> str:
 def _words(number: int | Decimal, lang: str | None, to: str = "cardinal") -> str:
     if lang is None:
         return str(number)
+    from num2words import num2words  # noqa: PLC0415 - only SSML with say-as needs it
+
     try:
         words = str(num2words(number, lang=lang, to=to))
     except Exception:  # noqa: BLE001 - a language module's failure: espeak reads the digits

@@ -101,8 +101,12 @@ class MqttLink:
         *,
         retained: frozenset[str] = frozenset(),
         on_connected: Callable[[], object] | None = None,
+        online_now: Callable[[], bool] | None = None,
     ) -> None:
+        """`online_now`: asked at each connect whether to say `online` then (None: always);
+        when it says no, `say_online` says it later."""
         self._config = config
+        self._online_now = online_now
         self._client_id = client_id
         self._status_topic = status_topic
         self._handlers = dict(handlers)
@@ -201,6 +205,12 @@ class MqttLink:
                 return ours
         _LOGGER.warning("Publish to %s dropped: %s", topic, mqtt.error_string(info.rc))
         return ours
+
+    def say_online(self) -> None:
+        """Publish `online` (retained) now: for a link whose `online_now` said not yet."""
+        with self._lock:
+            info = self._client.publish(self._status_topic, ONLINE, qos=1, retain=True)
+            self._meet(info.mid, 0)
 
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge a received QoS 1 message (QoS 0 needs none). One received on an earlier
@@ -456,8 +466,9 @@ class MqttLink:
                     )
                 else:
                     client.subscribe([(topic, 1) for topic in self._handlers])
-                info = client.publish(self._status_topic, ONLINE, qos=1, retain=True)
-                self._meet(info.mid, 0)
+                if self._online_now is None or self._online_now():
+                    info = client.publish(self._status_topic, ONLINE, qos=1, retain=True)
+                    self._meet(info.mid, 0)
             self.last_error = None
             self.connected.set()
             if self._on_connected is not None:

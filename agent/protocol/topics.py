@@ -89,6 +89,12 @@ class Topics:
         return f"{self.prefix}/{self.node_id}/events"
 
     @property
+    def engine(self) -> str:
+        """The engine process's availability (`online`/`offline`, retained; its Last Will):
+        the node's `status` is the sounder's."""
+        return f"{self.prefix}/{self.node_id}/engine"
+
+    @property
     def status(self) -> str:
         """Availability, `online` or `offline` (published retained, QoS 1; the Last Will)."""
         return f"{self.prefix}/{self.node_id}/status"

@@ -418,9 +418,17 @@ class CacheConfig:
         _between(0, 2**44),
     )
     phrases: tuple[str, ...] = _key(
-        "Phrases rendered into the cache at start with the default voice (alarm texts), so "
-        "they play without synthesis.",
+        "Alarm texts said from memory: rendered with the default voice once it is ready and "
+        "kept by the sounder, which plays an alarm of exactly this text at once, even while "
+        "the voice loads or the synthesis process is down.",
         (),
+    )
+    alarm_phrase: str = _key(
+        "Said after an alarm's chime while its own words cannot be synthesized yet (the voice "
+        "loading, the synthesis process restarting); its words follow when they can. Empty: "
+        "the chime alone.",
+        "Alarm.",
+        lambda value: None if len(value) <= 200 else "expected at most 200 characters",
     )
 
 

@@ -479,6 +479,21 @@ def _load(text: object) -> SpeakRequest:
     return SpeakRequest(**values)
 
 
+def request_json(request: SpeakRequest) -> str:
+    """A request as the journal keeps it (JSON; recorded audio and the parsed document left
+    out): also how it crosses between the node's two processes."""
+    return _dump(request)
+
+
+def request_from_json(text: str) -> SpeakRequest:
+    """A request from `request_json`, every field checked as a journal row is; ValueError
+    saying which field and what was expected."""
+    try:
+        return _load(text)
+    except _BadRowError as err:
+        raise ValueError(str(err)) from None
+
+
 def _pending(row: tuple[object, ...]) -> Pending:
     """An announcement row as it can be used (raises _BadRowError). Its crash counts are only
     bookkeeping: unreadable ones are read as none (see `_counts`), never a reason to drop it."""

