@@ -234,8 +234,8 @@ class App:
                 self._handle(SwapCancelled(token), now)
             case Connected():
                 self._connected(now)
-            case AlarmNotified(notify):
-                self._alarm_notified(notify, now)
+            case AlarmNotified():
+                self._alarm_notified(event.notify, now)
             case TierDecided(voice, state):
                 self._tier_decided(voice, state)
             case VoicesLoaded():

@@ -204,46 +204,76 @@ class AlarmVoice:
         """The engine's words for this alarm, the generic phrase first when they do not come
         in time; None when they were all said (or the job was cut)."""
         deadline = time.monotonic() + self._words_wait
-        asked_at: float | None = None
-        epoch = -1
-        generic_said = False
-        heard = False
-        deaths = 0
+        ask = _Ask(self._engine, job)
+        generic_due = True
         while not self._is_cancelled(job):
             now = time.monotonic()
-            if asked_at is None or epoch != self._engine.epoch:  # no ask yet, or a new engine
-                if asked_at is not None:  # the engine died on these words (or was killed)
-                    deaths += 1
-                    if deaths >= CRASH_LOOP_DEATHS:
-                        died = f"the synthesis process died {deaths} times on its words"
-                        return Reason.CRASH_LOOP, died
-                asked_at, epoch = None, self._engine.epoch
-                if self._engine.ready and self._engine.ask_words(job.job, job.request):
-                    asked_at = now
-            late = asked_at is None or now - asked_at > GRACE_SECONDS
-            if late and not generic_said and not heard:
-                generic_said = True
+            died = ask.again_if_needed(now)
+            if died is not None:
+                return died
+            if generic_due and ask.late(now):  # the words do not come: the generic phrase
+                generic_due = False
                 if not self._play(job, self._generic()):
                     return None
                 continue
             if now >= deadline:
                 self._engine.cancel_words(job.job)
-                waited = f"its words did not come within {self._words_wait:g} s"
-                return Reason.SYNTHESIS_ERROR, waited
-            with self._changed:
-                if not self._words:
-                    self._changed.wait(min(0.1, deadline - now))
-                got = self._words.popleft() if self._words else None
-            if got is None:
+                return (
+                    Reason.SYNTHESIS_ERROR,
+                    f"its words did not come within {self._words_wait:g} s",
+                )
+            chunk = self._next_words(ask.epoch, deadline - now)
+            if chunk is None:
                 continue
-            from_epoch, chunk = got
-            self._engine.credit_words()
-            if from_epoch != epoch:
-                continue  # an earlier engine's, asked again of this one
-            if chunk.pcm:
-                heard = True
-                if not self._play(job, chunk.pcm):
-                    return None
+            generic_due = False  # words are heard: the generic phrase would only interrupt
+            if not self._play(job, chunk.pcm):
+                return None
             if chunk.end:
                 return None if chunk.error is None else (chunk.error, chunk.detail)
         return None
+
+    def _next_words(self, epoch: int, wait: float) -> Chunk | None:
+        """The next chunk of words of this engine, waiting up to 0.1 s (a credit goes back for
+        each chunk taken, whatever its engine)."""
+        with self._changed:
+            if not self._words:
+                self._changed.wait(min(0.1, max(0.0, wait)))
+            got = self._words.popleft() if self._words else None
+        if got is None:
+            return None
+        self._engine.credit_words()
+        from_epoch, chunk = got
+        return chunk if from_epoch == epoch else None  # an earlier engine's: asked again
+
+
+class _Ask:
+    """One alarm's ask for its words: made of each engine in turn, as each becomes ready; an
+    engine that goes away while it works on them counts as a death."""
+
+    def __init__(self, engine: Engine, job: _Job) -> None:
+        self._engine = engine
+        self._job = job
+        self.asked_at: float | None = None
+        self.epoch = -1
+        self._deaths = 0
+
+    def again_if_needed(self, now: float) -> tuple[Reason, str] | None:
+        """Ask (again) when no engine has the ask; the crash-loop refusal when engines died
+        on these words too often."""
+        if self.asked_at is not None and self.epoch == self._engine.epoch:
+            return None
+        if self.asked_at is not None:  # the engine died on these words (or was killed)
+            self._deaths += 1
+            if self._deaths >= CRASH_LOOP_DEATHS:
+                return (
+                    Reason.CRASH_LOOP,
+                    f"the synthesis process died {self._deaths} times on its words",
+                )
+        self.asked_at, self.epoch = None, self._engine.epoch
+        if self._engine.ready and self._engine.ask_words(self._job.job, self._job.request):
+            self.asked_at = now
+        return None
+
+    def late(self, now: float) -> bool:
+        """No engine has the ask, or its words are later than the grace."""
+        return self.asked_at is None or now - self.asked_at > GRACE_SECONDS

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from tenacity import wait_exponential
+from tenacity import RetryCallState, Retrying, wait_exponential
 
 from agent.loop.pipe import Pipe
 from agent.protocol.engine_wire import Frame, encode
@@ -120,7 +120,9 @@ class EngineProcess:
             if self._stopping.is_set():
                 return
             failures = 1 if time.monotonic() - began > SERVED_SECONDS else failures + 1
-            delay = backoff(_Attempt(failures))
+            attempt = RetryCallState(Retrying(), None, (), {})
+            attempt.attempt_number = failures
+            delay = backoff(attempt)
             _LOGGER.warning("The engine is gone; starting it again in %.1f s", delay)
             self.restarts += 1
             if self._stopping.wait(delay):
@@ -192,13 +194,6 @@ class EngineProcess:
                 return
             count += 1
             pipe.send(encode("ping", {"n": count}))
-
-
-class _Attempt:
-    """What tenacity's wait functions read of a retry: its attempt number."""
-
-    def __init__(self, number: int) -> None:
-        self.attempt_number = number
 
 
 def _how(code: int) -> str:

@@ -199,8 +199,12 @@ class Sounder:
             else:
                 self._link.ack(delivery)  # the engine answers a bad ack
 
-        handlers = {topics.speak: speak, topics.speak_all: speak, topics.stop: stop,
-                    topics.ack: ack}  # fmt: skip
+        handlers: dict[str, Callable[[str, bytes, Delivery], None]] = {
+            topics.speak: speak,
+            topics.speak_all: speak,
+            topics.stop: stop,
+            topics.ack: ack,
+        }
         for group in config.speak.groups:
             handlers[topics.group(group, "speak")] = speak
             handlers[topics.group(group, "stop")] = stop
