@@ -77,7 +77,12 @@ def discovery_messages(prefix: str, topics: Topics, device: DeviceInfo) -> list[
     ]
     messages = []
     for component, object_id, config in entities:
-        body = {**config, **shared, "unique_id": f"voice_agent_{node}_{object_id}"}
+        common = shared
+        if "availability" in config:  # its own (both processes' topics)
+            common = {
+                k: v for k, v in shared.items() if not k.startswith(("availability", "payload_"))
+            }
+        body = {**config, **common, "unique_id": f"voice_agent_{node}_{object_id}"}
         topic = f"{prefix}/{component}/{node}/{object_id}/config"
         messages.append((topic, json.dumps(body, separators=(",", ":")).encode("utf-8")))
     return messages
@@ -273,6 +278,31 @@ def _status(topics: Topics) -> list[Entity]:
                 "device_class": "problem",
                 "entity_category": "diagnostic",
                 "icon": "mdi:speaker-off",
+            },
+        ),
+        (
+            "binary_sensor",
+            "voice_ready",
+            {
+                "name": "Voice ready",
+                "state_topic": state,
+                "value_template": "{{ 'ON' if value_json.voice_ready else 'OFF' }}",
+                "entity_category": "diagnostic",
+                "icon": "mdi:account-voice",
+                # online (alarms are heard) and the engine up: its state is then current
+                "availability": [
+                    {
+                        "topic": topics.status,
+                        "payload_available": "online",
+                        "payload_not_available": "offline",
+                    },
+                    {
+                        "topic": topics.engine,
+                        "payload_available": "online",
+                        "payload_not_available": "offline",
+                    },
+                ],
+                "availability_mode": "all",
             },
         ),
         (

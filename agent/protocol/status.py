@@ -186,6 +186,7 @@ class Status:
             "clock": "unknown" if facts.clock is None else dict(facts.clock),
             "tier": None if facts.tier is None else dict(facts.tier),
             "voice_loading": facts.voice_loading,
+            "voice_ready": not facts.voice_loading,
             "mqtt": None if facts.link is None else dict(facts.link),
             "sparkplug": None if facts.sparkplug is None else dict(facts.sparkplug),
             "wyoming": None if facts.wyoming is None else dict(facts.wyoming),
