@@ -10,6 +10,8 @@ layer. Every module of `ota/` and `tiers/` is listed with the modules it may imp
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,7 @@ decisions, data formats, the wire protocol, the config's declarations."""
 PURE_EXTERNAL = {
     "__future__", "collections", "dataclasses", "datetime", "enum", "html", "io", "json",
     "math", "re", "typing", "unicodedata", "wave", "base64", "binascii", "hashlib",
-    "contextlib", "array",
+    "contextlib", "array", "struct",
 }  # fmt: skip
 """Standard modules without I/O, clocks or threads."""
 PURE_LIBRARIES = {"settings.declarations": {"ipaddress", "pathlib"}}
@@ -56,9 +58,13 @@ SHARED = {"guarded"}
 egress policy, files opened without following links; any edge may use them."""
 ROOTS = {"app", "assembly", "execution", "fact_sheet", "housekeeping", "voices", "__main__"}
 ROOTS |= {"sparkplug_node", "wyoming_service"}
-ROOTS |= {"__init__", "settings.loading"}
-"""The composition (the modules at the top of `agent/`, and the config's loader): may import
-anything; nothing imports them (but `__main__`, the modules it runs)."""
+ROOTS |= {"__init__", "settings.loading", "speaker_link"}
+"""The composition (the modules at the top of `agent/`, the sounder's in `agent/sounder/`, and
+the config's loader): may import anything; nothing imports them (but `__main__`, the modules
+it runs)."""
+ENGINE_ONLY = {"numpy", "onnxruntime", "onnx", "piper", "soundfile", "soxr", "zeroconf"}
+"""What the sounder's process never loads: the engine's libraries (its start and its alarm
+lane owe nothing to them)."""
 RUN_AS_PROCESSES = {"speech.healthcheck", "speech.split_graph"}
 """Edge modules the agent starts as processes of their own, never imports."""
 
@@ -117,6 +123,8 @@ def agent_modules() -> set[str]:
 
 
 MODULES = agent_modules()
+SOUNDER = {m for m in MODULES if m.startswith("sounder.")}
+ROOTS |= SOUNDER
 
 
 def folder_of(module: str) -> str:
@@ -213,7 +221,30 @@ def test_only_the_composition_imports_the_composition() -> None:
     for module in MODULES - ROOTS:
         assert not agent_imports(module)[1] & ROOTS, module
     _, main = agent_imports("__main__")
-    assert main & ROOTS <= {"app", "voices", "settings.loading", "__init__"}
+    allowed = {"app", "voices", "settings.loading", "__init__", "sounder.main"}
+    assert main & ROOTS <= allowed | {"sounder.engine_process"}
+
+
+@pytest.mark.parametrize("module", sorted(SOUNDER))
+def test_the_sounder_imports_nothing_of_the_engine(module: str) -> None:
+    """The sounder's modules reach neither the speech edge nor the engine's composition."""
+    external, internal = agent_imports(module)
+    engine = {m for m in internal if folder_of(m) == "speech" or (m in ROOTS and m not in SOUNDER)}
+    assert not engine - {"settings.loading"}, f"{module} imports {engine}"
+    assert not external & ENGINE_ONLY, external & ENGINE_ONLY
+
+
+def test_the_sounders_process_starts_without_the_engines_libraries() -> None:
+    """What `voice-agent run` imports before its alarm lane serves: no numpy, no ONNX Runtime,
+    no espeak-ng (as the process loads them, not as the source reads)."""
+    code = (
+        "import sys, agent.__main__, agent.sounder.main; "
+        f"print(sorted(set({sorted(ENGINE_ONLY)!r}) & {{m.split('.')[0] for m in sys.modules}}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_the_composition_root_wires_every_edge() -> None:
