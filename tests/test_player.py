@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,7 +15,14 @@ import pytest
 
 from agent.audio.device import Pcm, PcmOpener, alsa_opener
 from agent.audio.player import BUFFER_CHUNKS, Player
-from agent.core.messages import AudioStatus, Event, Priority, UtteranceEnded, UtteranceStarted
+from agent.core.messages import (
+    AudioStatus,
+    Event,
+    NormalPreempted,
+    Priority,
+    UtteranceEnded,
+    UtteranceStarted,
+)
 from agent.core.reasons import Reason
 from agent.formats.chunk import Chunk
 from harness import FaultyPcm, read_pcm, wait_until
@@ -108,6 +116,7 @@ def test_a_cut_fades_out_within_one_period_and_drops_the_rest(
 ) -> None:
     capture = tmp_path / "out.raw"
     gate = threading.Event()
+    _Gated.writes = 0  # not an earlier test's count (the device opens with the first chunk)
 
     def slow_open() -> tuple[Pcm, int]:
         pcm, period = file_opener(capture)()
@@ -299,3 +308,248 @@ def test_a_device_that_cannot_open_is_retried_until_it_can(
     ]
     assert len(attempts) == 3
     assert np.array_equal(read_pcm(capture), sound)
+
+
+# ---- the two lanes: alarms first -------------------------------------------------------------
+
+CHANCE_SECONDS = 0.3
+"""How long a test leaves a wrong writer to take what it must not (a negative check: passing
+never depends on speed, the writer takes a chunk within one poll, 50 ms)."""
+
+
+@pytest.fixture
+def urgent_events() -> queue.Queue[Event]:
+    return queue.Queue()
+
+
+@pytest.fixture
+def two_lanes(
+    events: queue.Queue[Event], urgent_events: queue.Queue[Event]
+) -> Iterator[Callable[[PcmOpener], Player]]:
+    """Makes a Player (not started) whose urgent lane reports to `urgent_events`."""
+    made: list[Player] = []
+
+    def make(opener: PcmOpener) -> Player:
+        player = Player(opener, RATE, events.put, report_urgent=urgent_events.put)
+        made.append(player)
+        return player
+
+    yield make
+    for player in made:
+        player.stop()
+
+
+def until_ended(events: queue.Queue[Event]) -> list[Event]:
+    """Events up to and including the next UtteranceEnded."""
+    out = [events.get(timeout=10)]
+    while not isinstance(out[-1], UtteranceEnded):
+        out.append(events.get(timeout=10))
+    return out
+
+
+def drained(events: queue.Queue[Event]) -> list[Event]:
+    out = []
+    while not events.empty():
+        out.append(events.get_nowait())
+    return out
+
+
+def test_an_urgent_chunk_overtakes_a_waiting_normal_one_each_lane_reporting_its_own(
+    tmp_path: Path,
+    events: queue.Queue[Event],
+    urgent_events: queue.Queue[Event],
+    two_lanes: Callable[[PcmOpener], Player],
+) -> None:
+    capture = tmp_path / "out.raw"
+    player = two_lanes(file_opener(capture))
+    chat, alarm = tone(0.3, 3000), tone(0.2, 12000)
+    assert player.put(Chunk("chat", le(chat), job=1))
+    assert player.put(Chunk("chat", end=True, job=1))
+    assert player.put_urgent(Chunk("alarm", le(alarm), job=1, priority=Priority.ALARM))
+    assert player.put_urgent(Chunk("alarm", end=True, job=1, priority=Priority.ALARM))
+    player.start()  # both lanes full: the writer chooses
+    assert collect(urgent_events, 3) == [
+        AudioStatus(True),
+        UtteranceStarted("alarm", 1),
+        UtteranceEnded("alarm", len(alarm) / RATE, job=1),
+    ]
+    assert collect(events, 3) == [
+        AudioStatus(True),  # the device's availability: to both
+        UtteranceStarted("chat", 1),
+        UtteranceEnded("chat", len(chat) / RATE, job=1),
+    ]
+    assert np.array_equal(read_pcm(capture), np.concatenate([alarm, chat]))
+
+
+def test_a_preempted_utterance_fades_is_reported_once_and_the_rest_of_its_job_dropped(
+    tmp_path: Path,
+    events: queue.Queue[Event],
+    urgent_events: queue.Queue[Event],
+    two_lanes: Callable[[PcmOpener], Player],
+) -> None:
+    capture = tmp_path / "out.raw"
+    gate = threading.Event()
+    _Gated.writes = 0  # not an earlier test's count (the device opens with the first chunk)
+
+    def gated_open() -> tuple[Pcm, int]:
+        pcm, period = file_opener(capture)()
+        return _Gated(pcm, gate), period
+
+    player = two_lanes(gated_open)
+    player.start()
+    chat, alarm, after = tone(2.0, 20000), tone(0.2, 12000), tone(0.1)
+    player.put(Chunk("chat", le(chat), job=4))
+    wait_until(lambda: _Gated.writes >= 3, 10, "three periods of the chat written")
+    player.put_urgent(Chunk("alarm", le(alarm), job=1))
+    player.put_urgent(Chunk("alarm", end=True, job=1))
+    player.preempt_normal("alarm")
+    player.preempt_normal("alarm")  # once is enough: reported once
+    gate.set()
+    assert player.put(Chunk("chat", le(chat), job=4))  # the rest of the job: dropped
+    assert player.put(Chunk("chat", end=True, job=4))  # its end too, and not reported
+    assert player.put(Chunk("after", le(after), job=5))
+    assert player.put(Chunk("after", end=True, job=5))
+    assert collect(events, 5) == [
+        AudioStatus(True),
+        UtteranceStarted("chat", 4),
+        NormalPreempted("chat", 4, "alarm"),
+        UtteranceStarted("after", 5),
+        UtteranceEnded("after", len(after) / RATE, job=5),
+    ]
+    assert collect(urgent_events, 3)[1:] == [
+        UtteranceStarted("alarm", 1),
+        UtteranceEnded("alarm", len(alarm) / RATE, job=1),
+    ]
+    assert drained(events) == []
+    played = read_pcm(capture)
+    heard = len(played) - len(alarm) - len(after)
+    assert heard < len(chat) // 4  # the chat was cut within periods
+    assert abs(int(played[heard - 1])) < 200  # faded to near silence: no click
+    assert np.array_equal(played[heard:], np.concatenate([alarm, after]))
+
+
+def test_an_utterance_preempted_while_it_waits_in_the_buffer_is_reported_and_never_heard(
+    tmp_path: Path, events: queue.Queue[Event], two_lanes: Callable[[PcmOpener], Player]
+) -> None:
+    capture = tmp_path / "out.raw"
+    player = two_lanes(file_opener(capture))
+    player.preempt_normal("nothing")  # nothing current: nothing happens
+    assert player.put(Chunk("waiting", le(tone(0.5)), job=2))
+    assert player.put(Chunk("waiting", end=True, job=2))
+    player.preempt_normal("alarm")
+    assert events.get(timeout=10) == NormalPreempted("waiting", 2, "alarm")
+    player.start()
+    sound = tone(0.1)
+    assert player.put(Chunk("next", le(sound), job=3))
+    assert player.put(Chunk("next", end=True, job=3))
+    assert collect(events, 3) == [
+        AudioStatus(True),
+        UtteranceStarted("next", 3),
+        UtteranceEnded("next", len(sound) / RATE, job=3),
+    ]
+    assert np.array_equal(read_pcm(capture), sound)
+
+
+def test_a_held_normal_lane_waits_while_the_urgent_lane_plays(
+    tmp_path: Path,
+    events: queue.Queue[Event],
+    urgent_events: queue.Queue[Event],
+    two_lanes: Callable[[PcmOpener], Player],
+) -> None:
+    capture = tmp_path / "out.raw"
+    player = two_lanes(file_opener(capture))
+    player.hold_normal(True)
+    player.start()
+    chat, alarm = tone(0.2, 3000), tone(0.2, 12000)
+    assert player.put(Chunk("chat", le(chat), job=1))
+    assert player.put(Chunk("chat", end=True, job=1))
+    assert player.put_urgent(Chunk("alarm", le(alarm), job=1))
+    assert player.put_urgent(Chunk("alarm", end=True, job=1))
+    assert collect(urgent_events, 3)[2] == UtteranceEnded("alarm", len(alarm) / RATE, job=1)
+    time.sleep(CHANCE_SECONDS)  # the writer is free: a wrong one takes the chat now
+    assert drained(events) == [AudioStatus(True)]
+    player.hold_normal(False)
+    assert collect(events, 2) == [
+        UtteranceStarted("chat", 1),
+        UtteranceEnded("chat", len(chat) / RATE, job=1),
+    ]
+    assert np.array_equal(read_pcm(capture), np.concatenate([alarm, chat]))
+
+
+def test_an_open_urgent_utterance_keeps_the_normal_lane_waiting_between_its_chunks(
+    tmp_path: Path,
+    events: queue.Queue[Event],
+    urgent_events: queue.Queue[Event],
+    two_lanes: Callable[[PcmOpener], Player],
+) -> None:
+    """The chime of an alarm, then its words later (synthesized elsewhere): nothing of the
+    normal lane plays between them."""
+    capture = tmp_path / "out.raw"
+    player = two_lanes(file_opener(capture))
+    chime, words, chat = tone(0.2, 12000), tone(0.3, 9000), tone(0.2, 3000)
+    assert player.put_urgent(Chunk("alarm", le(chime), job=1))
+    assert player.put(Chunk("chat", le(chat), job=1))
+    assert player.put(Chunk("chat", end=True, job=1))
+    player.start()
+    assert collect(urgent_events, 2)[1] == UtteranceStarted("alarm", 1)
+    time.sleep(CHANCE_SECONDS)  # the alarm's next chunk is late: a wrong writer takes the chat
+    assert drained(events) == [AudioStatus(True)]
+    assert player.put_urgent(Chunk("alarm", le(words), job=1))
+    assert player.put_urgent(Chunk("alarm", end=True, job=1))
+    assert urgent_events.get(timeout=10) == UtteranceEnded(
+        "alarm", (len(chime) + len(words)) / RATE, job=1
+    )
+    assert collect(events, 2) == [
+        UtteranceStarted("chat", 1),
+        UtteranceEnded("chat", len(chat) / RATE, job=1),
+    ]
+    assert np.array_equal(read_pcm(capture), np.concatenate([chime, words, chat]))
+
+
+@pytest.mark.parametrize("urgent", [False, True])
+def test_a_cut_names_a_job_of_one_lane_only(
+    tmp_path: Path,
+    events: queue.Queue[Event],
+    urgent_events: queue.Queue[Event],
+    two_lanes: Callable[[PcmOpener], Player],
+    urgent: bool,
+) -> None:
+    """Both owners count their jobs from 1: a cut of job 1 on one lane leaves the other's
+    job 1 whole."""
+    capture = tmp_path / "out.raw"
+    player = two_lanes(file_opener(capture))
+    chat, alarm = tone(0.3, 3000), tone(0.2, 12000)
+    assert player.put(Chunk("chat", le(chat), job=1))
+    assert player.put(Chunk("chat", end=True, job=1))
+    assert player.put_urgent(Chunk("alarm", le(alarm), job=1))
+    assert player.put_urgent(Chunk("alarm", end=True, job=1))
+    if urgent:
+        player.cut_urgent(1)
+    else:
+        player.cut(1)
+    player.start()
+    alarm_ended, chat_ended = until_ended(urgent_events)[-1], until_ended(events)[-1]
+    if urgent:
+        assert alarm_ended == UtteranceEnded("alarm", 0.0, job=1)
+        assert chat_ended == UtteranceEnded("chat", len(chat) / RATE, job=1)
+        assert np.array_equal(read_pcm(capture), chat)
+    else:
+        assert alarm_ended == UtteranceEnded("alarm", len(alarm) / RATE, job=1)
+        assert chat_ended == UtteranceEnded("chat", 0.0, job=1)
+        assert np.array_equal(read_pcm(capture), alarm)
+
+
+def test_put_urgent_blocks_while_its_own_buffer_is_full(events: queue.Queue[Event]) -> None:
+    player = Player(alsa_opener("null", RATE, 20, 4), RATE, events.put)  # writer not started
+    for _ in range(BUFFER_CHUNKS):
+        assert player.put(Chunk("x", le(tone(0.01))))
+    for _ in range(BUFFER_CHUNKS):
+        assert player.put_urgent(Chunk("u", le(tone(0.01))))  # the normal lane's being full
+    results: list[bool] = []
+    blocked = threading.Thread(target=lambda: results.append(player.put_urgent(Chunk("u"))))
+    blocked.start()
+    blocked.join(CHANCE_SECONDS)
+    assert blocked.is_alive()
+    player.stop()
+    blocked.join(5)
+    assert results == [False]

@@ -73,6 +73,9 @@ class Lanes:
         self.normal = Lane(report)
         self.urgent = Lane(report_urgent)
         self._held = False
+        self.reporting = threading.Lock()
+        """Held while a start is reported and while a preemption is decided and reported: a
+        listener never hears a start after the preemption of the same job."""
 
     def put(self, lane: Lane, chunk: Chunk, stopping: threading.Event) -> bool:
         """Queue a chunk, blocking while the lane's buffer is full; False once `stopping`."""
@@ -126,6 +129,10 @@ class Lanes:
             lane.cuts.add(current.job)
             lane.preempted.add(current.job)
             return current.id, current.job
+
+    def is_preempted(self, lane: Lane, job: int) -> bool:
+        with self._lock:
+            return job in lane.preempted
 
     def hold_normal(self, on: bool) -> None:
         with self._changed:

@@ -105,12 +105,14 @@ class Player:
         """Cut the normal lane's current utterance (the one whose first chunk was taken and
         whose end was not, else the one whose chunks wait in its buffer, none of them heard)
         as `cut` does, drop it to its end chunk without reporting it ended, and report
-        `NormalPreempted` once, so its owner requeues it. Nothing current: nothing happens."""
-        preempted = self._lanes.preempt_normal()
-        if preempted is None:
-            return
+        `NormalPreempted` once, so its owner requeues it: after its `UtteranceStarted` if that
+        was reported, and then no `UtteranceStarted` of it follows. Nothing current: nothing
+        happens."""
+        with self._lanes.reporting:  # after its start, if that was reported; else instead
+            preempted = self._lanes.preempt_normal()
+            if preempted is not None:
+                self._report(NormalPreempted(*preempted, by))
         self._wakeup.set()
-        self._report(NormalPreempted(*preempted, by))
 
     def hold_normal(self, on: bool) -> None:
         """While on, nothing is taken from the normal lane: its chunks wait in its buffer (an

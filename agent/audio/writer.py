@@ -121,12 +121,19 @@ class Writer:
                 return
             current.last_sample = int.from_bytes(data[-SAMPLE_BYTES:], "little", signed=True)
             if current.frames == 0:
-                started = current.start_at if current.late_ms == 0 else time.time()
-                report = UtteranceStarted(current.id, current.job, started or time.time())
-                lane.report(replace(report, late_ms=current.late_ms))
+                self._started(lane, current)
             current.frames += len(data) // SAMPLE_BYTES
             if current.cut:
                 return
+
+    def _started(self, lane: Lane, current: Utterance) -> None:
+        """Report the first sample written, unless the utterance was preempted already (then
+        its preemption was reported instead)."""
+        started = current.start_at if current.late_ms == 0 else time.time()
+        report = UtteranceStarted(current.id, current.job, started or time.time())
+        with self._lanes.reporting:
+            if not self._lanes.is_preempted(lane, current.job):
+                lane.report(replace(report, late_ms=current.late_ms))
 
     def _ready(self, lane: Lane, current: Utterance) -> bool:
         """The device open and, before an utterance's first sample, its start: on its instant

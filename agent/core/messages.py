@@ -380,7 +380,6 @@ Event = (
     | SwapRequested
     | SwapCancelled
     | MediaHeld
-    | NormalPreempted
 )
 
 
