@@ -198,7 +198,7 @@ class SpeakerLink:
 
     def _broken(self, why: str) -> None:
         if not self._stopping.is_set():
-            _LOGGER.error("The pipe to the sounder broke (%s): stopping", why)
+            _LOGGER.warning("The pipe to the sounder broke (%s): stopping", why)
             self._stopping.set()
             self.on_gone()
 

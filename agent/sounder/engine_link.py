@@ -211,6 +211,10 @@ class EngineLink:
             if event.kind == "phrases":
                 if event.model != self._kit.model:  # a new model: its phrases replace the old
                     self._kit.model = event.model
+                seconds = len(event.pcm) / 2 / self._kit.rate
+                _LOGGER.info(
+                    "Pinned phrase kept by the sounder: %r (%.2f s)", event.name[:64], seconds
+                )
                 self._render_next()
             self._kit_changed = True
         del files
