@@ -249,7 +249,6 @@ class App:
                 replies, core_event = self._hermes.request(event)
                 for topic, payload in replies:
                     self._execution.publish(topic, payload)
-                core_event = self._spoken_somehow(core_event)
                 if core_event is None:
                     self._link.ack(event.delivery)
                 else:
@@ -287,15 +286,6 @@ class App:
         if notify is not None:
             self._execution.notify(notify, now)
         self._execution.publish(*self._status.update_entity(self._facts(now)))
-
-    def _spoken_somehow(self, event: Event | None) -> Event | None:
-        """A Hermes say whose `lang` no voice speaks is said by the selected voice (Rhasspy
-        sends its profile's language with every say; refusing would leave it silent)."""
-        if not isinstance(event, SpeakReceived) or event.request.lang is None:
-            return event
-        if self._catalog.voice_for(event.request.lang) is None:
-            return replace(event, request=replace(event.request, lang=None))
-        return event
 
     def _handle(self, event: Event, now: float) -> None:
         """One core event: its journal writes in one transaction (one sync), and only then the

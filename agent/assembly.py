@@ -256,7 +256,7 @@ def assemble(
         media=media,
         synthesizer=synthesizer,
         status=Status(config, topics),
-        hermes=HermesBridge(config.hermes.site_id),
+        hermes=HermesBridge(config.hermes.site_id, known),
         flood=FloodGate(),
         systemd=Notifier(environ),
         voice_names=names,

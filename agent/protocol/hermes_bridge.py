@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Final
 
+from agent.core.catalog import Catalog
 from agent.core.messages import (
     FINAL_EVENTS,
     Event,
@@ -32,8 +34,10 @@ MAX_IN_FLIGHT: Final = 4096
 class HermesBridge:
     """Reply contexts, the toggle, and the replies of one Hermes site."""
 
-    def __init__(self, site_id: str) -> None:
+    def __init__(self, site_id: str, catalog: Catalog | None = None) -> None:
         self._site_id = site_id
+        self.catalog = catalog or Catalog()
+        """The node's voices: a say in a language none speaks is said by the selected one."""
         self._contexts: OrderedDict[str, HermesContext] = OrderedDict()
         self.muted = False
         """Toggled off: requests are answered as done without playing."""
@@ -50,6 +54,10 @@ class HermesBridge:
         self._contexts[parsed.id] = context
         while len(self._contexts) > MAX_IN_FLIGHT:
             self._contexts.popitem(last=False)
+        if parsed.lang is not None and self.catalog.voice_for(parsed.lang) is None:
+            # Rhasspy sends its profile's language with every say: refusing would leave it
+            # silent, so the selected voice says it
+            parsed = replace(parsed, lang=None)
         return [], SpeakReceived(parsed, event.delivery)
 
     def notified(self, notify: Notify) -> list[Reply]:
