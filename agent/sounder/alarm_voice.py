@@ -176,21 +176,22 @@ class AlarmVoice:
         with self._changed:
             return job.job in self._cancelled or self._stopping
 
-    def _play(self, job: _Job, pcm: bytes | None, *, first: bool = False) -> bool:
-        """Hand PCM to the player's alarm lane; False once the job is cut (or the player
-        stops)."""
+    def _play(self, job: _Job, pcm: bytes | None) -> bool:
+        """Hand PCM to the player's alarm lane (the first with the job's instant, if timed);
+        False once the job is cut (or the player stops)."""
         if self._is_cancelled(job):
             return False
         if not pcm:
             return True
         request = job.request
         chunk = Chunk(request.id, pcm, volume=request.volume, priority=request.priority,
-                      job=job.job, start_at=job.start_at if first else None)  # fmt: skip
+                      job=job.job, start_at=job.start_at)  # fmt: skip
+        job.start_at = None  # the player waits for it before the first sample only
         return self._speaker.put_urgent(chunk) and not self._is_cancelled(job)
 
     def _say_blocking(self, job: _Job) -> tuple[Reason, str] | None:
         request = job.request
-        if not self._play(job, self._chime_for(request), first=True):
+        if not self._play(job, self._chime_for(request)):
             return None
         pinned = self._pinned(request)
         if pinned is not None:

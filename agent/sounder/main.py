@@ -284,7 +284,9 @@ class Sounder:
         with self._ledger.transaction():
             for action in self._core.handle(event, now):  # type: ignore[arg-type]
                 self._execute(action, now)
-        self._player.hold_normal(self._core.speaking or self._core.queue_depth > 0)
+        # the engine's lane waits while an alarm plays or will play again (a repeat), not for
+        # one timed for later
+        self._player.hold_normal(self._core.speaking or bool(self._core.repeating))
 
     def _core_sees_catalog(self) -> None:
         voices = self._kit.voices
