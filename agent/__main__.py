@@ -20,6 +20,11 @@ from agent.system import allocator
 
 _LOGGER = logging.getLogger(__name__)
 
+CANNOT_RUN = 3
+"""The engine's exit status when it cannot run as configured (the configured voice does not
+load, the Wyoming port cannot be bound, the broker refuses it for good): the sounder ends too,
+with status 1, instead of starting it again."""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -144,6 +149,8 @@ def _engine(config: AgentConfig, fd: int) -> int:
 
     code = run_engine(config, fd, _install_signals)
     _LOGGER.info("Engine stopped")
+    if code == 1:  # it cannot run as configured: the sounder stops too (not an engine to restart)
+        code = CANNOT_RUN
     busy = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     if busy:
         _end_now(code, busy)

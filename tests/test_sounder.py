@@ -54,13 +54,13 @@ def engine_pid(agent: RunningAgent) -> int:
 def kept(cache_dir: Path, text: str) -> None:
     """Wait until the sounder keeps this phrase in its kit (the engine rendered it at its
     asking once its voice was ready; an earlier start's kit already has it)."""
-    kit = KitFiles(cache_dir / "sounder")
+    kit = KitFiles(cache_dir)
     # after the voice loads: on a new cache, its graph analysis first (a minute on a busy machine)
     wait_until(lambda: text in kit.load(RATE).phrases, 600, what=f"{text!r} kept by the sounder")
 
 
 def kept_phrase(cache_dir: Path) -> np.ndarray:
-    kit = KitFiles(cache_dir / "sounder").load(RATE)
+    kit = KitFiles(cache_dir).load(RATE)
     pcm = kit.phrases[PHRASE]
     return np.frombuffer(pcm, dtype="<i2").astype(np.int16)
 

@@ -149,6 +149,11 @@ class EngineLink:
     def pid(self) -> int | None:
         return self._process.pid
 
+    @property
+    def cannot_run(self) -> bool:
+        """The engine cannot run as configured: the sounder ends."""
+        return self._process.cannot_run.is_set()
+
     def start(self) -> None:
         self._relay_thread.start()
         self._process.start()

@@ -30,6 +30,8 @@ _LOGGER = logging.getLogger(__name__)
 PING_SECONDS: Final = 1.0
 HELLO_SECONDS: Final = 120.0
 """How long a new engine may take to say hello (its imports, on a slow board)."""
+CANNOT_RUN: Final = 3
+"""The engine's exit status when it cannot run as configured (`agent.__main__.CANNOT_RUN`)."""
 SERVED_SECONDS: Final = 60.0
 """An engine that lived this long starts the backoff afresh when it dies."""
 
@@ -65,6 +67,8 @@ class EngineProcess:
             target=self._keep_blocking, name="engine-keeper", daemon=True
         )
         self.restarts = 0
+        self.cannot_run = threading.Event()
+        """The engine said it cannot run as configured: it is not started again."""
 
     @property
     def epoch(self) -> int:
@@ -116,8 +120,12 @@ class EngineProcess:
         failures = 0
         while not self._stopping.is_set():
             began = time.monotonic()
-            self._run_one_blocking()
+            code = self._run_one_blocking()
             if self._stopping.is_set():
+                return
+            if code == CANNOT_RUN:
+                _LOGGER.warning("The engine cannot run as configured (see above): stopping")
+                self.cannot_run.set()
                 return
             failures = 1 if time.monotonic() - began > SERVED_SECONDS else failures + 1
             attempt = RetryCallState(Retrying(), None, (), {})
@@ -128,7 +136,8 @@ class EngineProcess:
             if self._stopping.wait(delay):
                 return
 
-    def _run_one_blocking(self) -> None:
+    def _run_one_blocking(self) -> int | None:
+        """One engine, from its start to its end; its exit status (None: it did not start)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with self._lock:
             self._epoch += 1
@@ -142,7 +151,7 @@ class EngineProcess:
             _LOGGER.error("The engine cannot be started: %s", err)
             ours.close()
             theirs.close()
-            return
+            return None
         finally:
             theirs.close()
         self._process = process
@@ -174,9 +183,10 @@ class EngineProcess:
             process.kill()
         code = process.wait()
         self._pipe = None
-        if not self._stopping.is_set():
+        if not self._stopping.is_set() and code != CANNOT_RUN:
             _LOGGER.warning("The engine (pid %d) ended: %s", process.pid, _how(code))
         self._on_change()
+        return code
 
     def _watch_blocking(self, process: subprocess.Popen[bytes], pipe: Pipe) -> None:
         """Ping until the engine is lost, ends, or is silent too long (then killed)."""

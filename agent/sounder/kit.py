@@ -51,25 +51,41 @@ class Kit:
         return sum(map(len, self.phrases.values())) + sum(map(len, self.chimes.values()))
 
 
-class KitFiles:
-    """The kit's directory: read once at start, written as the engine renders."""
+DIRECTORY: Final = "sounder"
+"""The kit's directory in the cache directory."""
 
-    def __init__(self, directory: Path | None) -> None:
-        self._dir = directory
+
+class KitFiles:
+    """The kit's directory (`<cache>/sounder`): read once at start, written as the engine
+    renders. Neither the cache directory nor the kit's may be a symbolic link (as for every
+    cache of the node): then the kit is kept in memory only."""
+
+    def __init__(self, cache: Path | None) -> None:
+        self._cache = cache
         self._lock = threading.Lock()
         self.problem: str | None = None
+
+    def _open(self) -> int:
+        """The kit's directory, opened without following a link (made when missing)."""
+        if self._cache is None:
+            raise FileNotFoundError("no cache directory")
+        root = nofollow.open_directory(self._cache)
+        try:
+            return nofollow.open_subdirectory(root, DIRECTORY)
+        finally:
+            os.close(root)
 
     def load(self, rate: int) -> Kit:
         """The kit as kept (empty when there is none, or it was for another rate)."""
         kit = Kit(rate)
-        if self._dir is None:
+        if self._cache is None:
             return kit
         try:
-            fd = nofollow.open_directory(self._dir)
+            fd = self._open()
         except OSError as err:
             self.problem = f"sounder kit: {err}"
-            _LOGGER.warning("Sounder kit not used: %s", err)
-            self._dir = None
+            _LOGGER.warning("Sounder kit kept in memory only: %s", err)
+            self._cache = None
             return kit
         try:
             index = _index(fd)
@@ -95,11 +111,11 @@ class KitFiles:
     def save(self, kit: Kit) -> None:
         """Keep the kit (the index last: a crash between leaves the old index, whose sounds
         are still there or found damaged)."""
-        if self._dir is None:
+        if self._cache is None:
             return
         with self._lock:
             try:
-                fd = nofollow.open_directory(self._dir)
+                fd = self._open()
             except OSError as err:
                 _LOGGER.warning("Sounder kit not kept: %s", err)
                 return

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Final
 
 from agent.audio.device import alsa_opener
-from agent.audio.player import IdlePolicy, Player
+from agent.audio.player import IdlePolicy, Player, announce_role
 from agent.core.admission import Timing
 from agent.core.catalog import Catalog, VoiceFacts, facts_from_json
 from agent.core.egress import EgressPolicy
@@ -93,7 +93,7 @@ class Sounder:
         topics = self._topics = Topics(config.mqtt.topic_prefix, config.node_id)
         rate = default_rate(config)
         cache = resolve_cache_dir(config.cache, environ)
-        self._kit_files = KitFiles(cache / "sounder")
+        self._kit_files = KitFiles(cache)
         self._kit = self._kit_files.load(rate)
         self._inbox: Inbox[object] = Inbox(config.mqtt.receive_maximum + SLOTS, SLOTS, SLOTS)
         speak = config.speak
@@ -241,7 +241,7 @@ class Sounder:
         next_tick = time.monotonic()
         try:
             while not self._stopping:
-                if self._link.failed.is_set():
+                if self._link.failed.is_set() or self._engine.cannot_run:
                     return 1
                 event = self._inbox.get(_TICK_SECONDS) or Tick()
                 now = time.monotonic()
@@ -401,6 +401,7 @@ def run(
 ) -> int:
     """Serve until a signal asks to stop; the exit code."""
     os.umask(0o077)
+    announce_role(config.audio.device, config.audio.media_role, os.environ)  # before ALSA opens
     sounder = Sounder(config, engine_command, os.environ)
     install_signals(sounder.request_stop)
     return sounder.serve()
