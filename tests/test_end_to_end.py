@@ -198,7 +198,8 @@ def test_agent_reconnects_after_a_broker_restart(start_agent: StartAgent, broker
     broker.start()  # same port, persisted session
     agent.watcher.close()
     agent.watcher = Watcher(broker, f"voice/{agent.topics.node_id}/#")
-    wait_until(lambda: agent.process.output().count("Connected to") == 2, what="a reconnect")
+    # both sessions (the sounder's and the engine's) connected twice
+    wait_until(lambda: agent.process.output().count("Connected to") == 4, what="a reconnect")
     assert "Reconnecting in" in agent.process.output()
     publish(broker, agent.topics.speak, b'{"id": "back", "text": "Connection restored."}')
     agent.watcher.wait_event("back", "finished")

@@ -124,6 +124,8 @@ class EngineLink:
         """Guards the renders (asked by the loop and the alarm voice, ended by the pipe)."""
         self._last_job = 0
         """The engine's lane's last job handed to the player (as the player knows it)."""
+        self._audio: AudioStatus | None = None
+        """What the player last said of the device."""
 
     def attach(self, player: Lanes) -> None:
         self._player = player
@@ -257,6 +259,7 @@ class EngineLink:
                 header = {"id": request_id, "job": _engine_job(job), "by": by}
                 self._process.send(wire.encode("preempted", header))
             case AudioStatus():
+                self._audio = event  # told again to each engine as it says hello
                 self._process.send(wire.audio_frame(event))
 
     # ---- the pipe's reader thread ---------------------------------------------------------------
@@ -272,6 +275,8 @@ class EngineLink:
         for lane in ("normal", "words"):
             for _ in range(CREDITS):
                 self._process.send(wire.encode("credit", {"lane": lane}))
+        if self._audio is not None:  # the device as it is (its state may be older than this engine)
+            self._process.send(wire.audio_frame(self._audio))
 
     def _connected(self, frame: Frame, epoch: int) -> None:
         del frame, epoch
