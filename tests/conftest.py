@@ -115,6 +115,12 @@ class RunningAgent:
         wait_until(lambda: online() or not self.process.alive(), what="online status")
         assert self.process.alive(), self.process.output()
 
+    def wait_voice_ready(self, timeout: float = 600) -> None:
+        """Wait until the engine's voice is loaded (its log says so; the state's `voice_ready`
+        follows): before it, an alarm that needs synthesis is said with the generic alarm
+        phrase first, and other requests wait (a new cache: a minute of graph analysis)."""
+        wait_until(lambda: "prewarmed in" in self.process.output(), timeout, what="the voice")
+
 
 StartAgent = Callable[..., RunningAgent]
 

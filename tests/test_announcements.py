@@ -198,6 +198,7 @@ def _wait_all(agent: RunningAgent, event: str) -> list[dict[str, object]]:
 
 def test_the_alarm_floor_holds_against_a_low_global_volume(start_agent: StartAgent) -> None:
     agent = start_agent(audio={"volume": 0.1, "alarm_volume_floor": 0.6})
+    agent.wait_voice_ready()  # the alarm's words at once: no generic phrase before them
     speak(agent, id="a", text="Evacuate.", priority="alarm", chime=False, volume=0.2)
     agent.watcher.wait_event("a", "finished")
     floored = read_pcm(agent.capture)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from agent.core.messages import Event, SpeakRequest, SynthesisDone
@@ -69,6 +69,9 @@ class _Job:
     request: SpeakRequest
     job: int
     start_at: float | None
+    said: list[str] = field(default_factory=list)
+    """What was handed to the player, in order: `chime`, `pinned`, `alarm_phrase`, `words`
+    (the finished event's `said`)."""
 
 
 class AlarmVoice:
@@ -160,8 +163,9 @@ class AlarmVoice:
                 error = (Reason.INTERNAL, type(err).__name__)
             reason, detail = error if error is not None else (None, "")
             request = job.request
+            said = {"said": job.said}
             end = Chunk(request.id, end=True, error=reason, detail=detail,
-                        priority=request.priority, job=job.job)  # fmt: skip
+                        info=said, priority=request.priority, job=job.job)  # fmt: skip
             self._speaker.put_urgent(end)
             with self._changed:
                 self._saying = None
@@ -176,13 +180,15 @@ class AlarmVoice:
         with self._changed:
             return job.job in self._cancelled or self._stopping
 
-    def _play(self, job: _Job, pcm: bytes | None) -> bool:
+    def _play(self, job: _Job, pcm: bytes | None, what: str) -> bool:
         """Hand PCM to the player's alarm lane (the first with the job's instant, if timed);
         False once the job is cut (or the player stops)."""
         if self._is_cancelled(job):
             return False
         if not pcm:
             return True
+        if not job.said or job.said[-1] != what:
+            job.said.append(what)
         request = job.request
         chunk = Chunk(request.id, pcm, volume=request.volume, priority=request.priority,
                       job=job.job, start_at=job.start_at)  # fmt: skip
@@ -191,11 +197,11 @@ class AlarmVoice:
 
     def _say_blocking(self, job: _Job) -> tuple[Reason, str] | None:
         request = job.request
-        if not self._play(job, self._chime_for(request)):
+        if not self._play(job, self._chime_for(request), "chime"):
             return None
         pinned = self._pinned(request)
         if pinned is not None:
-            self._play(job, pinned)
+            self._play(job, pinned, "pinned")
             return None
         if not request.text and not request.has_media:
             return None
@@ -214,7 +220,7 @@ class AlarmVoice:
                 return died
             if generic_due and ask.late(now):  # the words do not come: the generic phrase
                 generic_due = False
-                if not self._play(job, self._generic()):
+                if not self._play(job, self._generic(), "alarm_phrase"):
                     return None
                 continue
             if now >= deadline:
@@ -227,7 +233,7 @@ class AlarmVoice:
             if chunk is None:
                 continue
             generic_due = False  # words are heard: the generic phrase would only interrupt
-            if not self._play(job, chunk.pcm):
+            if not self._play(job, chunk.pcm, "words"):
                 return None
             if chunk.end:
                 return None if chunk.error is None else (chunk.error, chunk.detail)
