@@ -52,6 +52,11 @@ class Engine(Protocol):
         """The engine's voice is loaded and it answers."""
 
     @property
+    def answering(self) -> bool:
+        """An engine takes asks (its voice may still be loading: it says the words once it
+        can, holding its urgent gate meanwhile)."""
+
+    @property
     def epoch(self) -> int:
         """Counts the engine's starts: words of an earlier one are not this one's."""
 
@@ -233,24 +238,31 @@ class AlarmVoice:
             if chunk is None:
                 continue
             generic_due = False  # words are heard: the generic phrase would only interrupt
-            if not self._play(job, chunk.pcm, "words"):
+            deadline = time.monotonic() + self._words_wait  # they come: the wait is for the next
+            played = self._play(job, chunk.pcm, "words")
+            self._engine.credit_words()  # in the player's buffer: room for the next one
+            if not played:
                 return None
             if chunk.end:
                 return None if chunk.error is None else (chunk.error, chunk.detail)
         return None
 
     def _next_words(self, epoch: int, wait: float) -> Chunk | None:
-        """The next chunk of words of this engine, waiting up to 0.1 s (a credit goes back for
-        each chunk taken, whatever its engine)."""
+        """The next chunk of words of this engine, waiting up to 0.1 s; the caller gives its
+        credit back once it is in the player's buffer (so the engine's words synthesizer, and
+        the urgent gate it holds, keep pace with the alarm). An earlier engine's chunk is
+        credited at once and skipped: its words are asked again."""
         with self._changed:
             if not self._words:
                 self._changed.wait(min(0.1, max(0.0, wait)))
             got = self._words.popleft() if self._words else None
         if got is None:
             return None
-        self._engine.credit_words()
         from_epoch, chunk = got
-        return chunk if from_epoch == epoch else None  # an earlier engine's: asked again
+        if from_epoch != epoch:
+            self._engine.credit_words()
+            return None
+        return chunk
 
 
 class _Ask:
@@ -277,10 +289,13 @@ class _Ask:
                     f"the synthesis process died {self._deaths} times on its words",
                 )
         self.asked_at, self.epoch = None, self._engine.epoch
-        if self._engine.ready and self._engine.ask_words(self._job.job, self._job.request):
+        if self._engine.answering and self._engine.ask_words(self._job.job, self._job.request):
             self.asked_at = now
         return None
 
     def late(self, now: float) -> bool:
-        """No engine has the ask, or its words are later than the grace."""
-        return self.asked_at is None or now - self.asked_at > GRACE_SECONDS
+        """No engine has the ask, its voice is not ready, or its words are later than the
+        grace: the generic phrase is due."""
+        if self.asked_at is None or not self._engine.ready:
+            return True
+        return now - self.asked_at > GRACE_SECONDS

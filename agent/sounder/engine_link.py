@@ -144,6 +144,10 @@ class EngineLink:
         return self._process.ready
 
     @property
+    def answering(self) -> bool:
+        return self._process.answering
+
+    @property
     def epoch(self) -> int:
         return self._process.epoch
 

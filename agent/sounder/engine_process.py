@@ -75,9 +75,15 @@ class EngineProcess:
         return self._epoch
 
     @property
+    def answering(self) -> bool:
+        """An engine said hello on a pipe that holds: it takes asks (its voice may still load)."""
+        pipe = self._pipe
+        return self._hello and pipe is not None and not pipe.broken
+
+    @property
     def ready(self) -> bool:
         """The engine answers and said its voice is ready."""
-        return self._ready and self._pipe is not None and not self._pipe.broken
+        return self._ready and self.answering
 
     @property
     def pid(self) -> int | None:

@@ -70,8 +70,8 @@ _LOGGER = logging.getLogger(__name__)
 
 _TICK_SECONDS: Final = 0.1
 WORDS_WAIT_SECONDS: Final = 60.0
-"""How long an alarm waits for its words (the voice loading, the engine restarting) after its
-chime and the generic phrase, before it ends `failed`."""
+"""How long an alarm waits for its words, or for the next of them (the voice loading, the
+engine restarting), after its chime and the generic phrase, before it ends `failed`."""
 SLOTS: Final = 256
 """Inbox room of each kind: alarms are few; a flood of them is bounded like any other."""
 ONE_PLAY: Final = 1
