@@ -232,7 +232,7 @@ class AlarmVoice:
                 self._engine.cancel_words(job.job)
                 return (
                     Reason.SYNTHESIS_ERROR,
-                    f"its words did not come within {self._words_wait:g} s",
+                    f"no words came for {self._words_wait:g} s",
                 )
             chunk = self._next_words(ask.epoch, deadline - now)
             if chunk is None:
