@@ -46,7 +46,8 @@ from agent.core.messages import (
 )
 from agent.core.reasons import Reason
 from agent.core.scheduler import SpeakCore
-from agent.formats.ssml import MAX_PAUSE, MAX_RATE, MIN_RATE, Pause, Speech, parse_ssml
+from agent.core.segments import Pause, Speech
+from agent.formats.ssml import MAX_PAUSE, MAX_RATE, MIN_RATE, parse_ssml
 from agent.protocol import hermes
 from agent.protocol.hermes_bridge import HermesBridge
 from agent.protocol.inputs import (

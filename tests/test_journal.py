@@ -35,8 +35,9 @@ from agent.core.messages import (
     UtteranceEnded,
 )
 from agent.core.scheduler import SpeakCore
+from agent.core.segments import Speech
 from agent.core.states import EntryState
-from agent.formats.ssml import Speech, parse_ssml
+from agent.formats.ssml import parse_ssml
 from agent.storage import step_marker
 from agent.storage.journal import REQUEST_FIELDS, UNJOURNALED, Journal, _dump
 from agent.storage.ledger import DEATHS_IN_A_ROW, Ledger, Restored

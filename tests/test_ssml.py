@@ -8,7 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agent.core.segments import Pause, Segment, Sound, Speech
 from agent.formats import ssml
+from agent.formats.markup import is_ssml
 from agent.formats.ssml import (
     BREAK_STRENGTHS,
     MAX_DEPTH,
@@ -19,13 +21,8 @@ from agent.formats.ssml import (
     MIN_RATE,
     PARAGRAPH_PAUSE,
     SENTENCE_PAUSE,
-    Pause,
-    Segment,
-    Sound,
-    Speech,
     SsmlError,
     in_language,
-    is_ssml,
     parse_ssml,
     spoken_text,
 )

@@ -10,8 +10,6 @@ import threading
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from tenacity import Retrying, retry_if_exception_type, wait_exponential
-
 from agent.core.messages import AudioStatus, Event
 
 _LOGGER = logging.getLogger(__name__)
@@ -103,6 +101,9 @@ class Device:
         (then AudioUnavailableError)."""
         if self.pcm is not None:
             return
+        # tenacity loads with the first reopen, not with the process
+        from tenacity import Retrying, retry_if_exception_type, wait_exponential  # noqa: PLC0415
+
         retrying = Retrying(
             wait=wait_exponential(multiplier=0.5, max=_REOPEN_MAX_SECONDS),
             retry=retry_if_exception_type(AudioUnavailableError),

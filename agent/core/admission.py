@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 from agent.core.catalog import Catalog
 from agent.core.messages import Rejection, SpeakRequest, is_url
-from agent.core.program import named_voices
 from agent.core.reasons import Reason
+from agent.core.segments import named_voices
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,7 @@ class Admission:
             known = ", ".join(facts.speakers) or f"0 to {facts.speaker_count - 1}"
             detail = f"{request.speaker[:64]!r} is no speaker of {request.voice}: {known}"
             return Rejection(request.id, Reason.UNKNOWN_SPEAKER, detail, "speaker", priority)
-        unknown = sorted(named_voices(request) - self._voices)
+        unknown = sorted(named_voices(request.document) - self._voices)
         if unknown:
             detail = f"<voice name={unknown[0][:64]!r}>: known voices: {', '.join(self._voices)}"
             return Rejection(request.id, Reason.UNKNOWN_VOICE, detail, "ssml", priority)

@@ -11,7 +11,7 @@ from enum import IntEnum, StrEnum
 from typing import Final
 
 from agent.core.reasons import Reason
-from agent.formats.ssml import Segment
+from agent.core.segments import Segment
 
 
 class Lifecycle(StrEnum):

@@ -28,6 +28,7 @@ from defusedxml.ElementTree import DefusedXMLParser
 
 from agent.core.reasons import Reason
 from agent.core.refusal import Refused
+from agent.core.segments import Pause, SayAs, Segment, Sound, Speech
 from agent.formats.text import clean_text
 
 MAX_SSML_CHARS: Final = 65_536
@@ -116,74 +117,6 @@ _CLOCK: Final = re.compile(
     r"(\d{1,2})[:.h](\d{2})(?:[:.](\d{2}))?\s*(?:([ap])\.?\s*m\.?)?", re.IGNORECASE | re.ASCII
 )
 _DATE_PARTS: Final = re.compile(r"[-/.\s]+")
-_SSML_START: Final = re.compile(r"[\s\ufeff]*(?:<\?xml[^>]{0,200}\?>\s*)?<speak[\s/>]")
-
-
-# ---- segments -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SayAs:
-    """A `say-as` as written: its words depend on the language of the voice that reads it
-    (numbers, ordinals, dates, times), so they are made when that voice is known."""
-
-    text: str
-    interpret_as: str
-    format: str
-
-
-@dataclass(frozen=True, slots=True)
-class Speech:
-    """Text to synthesize, with the voice and prosody in force where it stands."""
-
-    text: str
-    """Cleaned text (see `text.clean_text`), never empty; `sub` applied, and `say-as` in the
-    language the document was parsed for (`in_language` says it in another)."""
-    rate: float = 1.0
-    """Speaking-rate factor, MIN_RATE to MAX_RATE (4 decimals): the speech's duration is
-    divided by it (`Voice.at_rate`)."""
-    volume: float = 1.0
-    """Linear gain, 0 to 1 (4 decimals), applied on top of the request's and the global volume."""
-    voice: str | None = None
-    """Voice id from `<voice name>`; None: the request's voice."""
-    speaker: str | None = None
-    """Speaker of a multi-speaker voice (a name or a number, as written); None: its default."""
-    said: tuple[str | SayAs, ...] = field(default=(), compare=False)
-    """The text as written, with its `say-as` pieces, when it has any (else empty): what
-    `in_language` says again for another voice."""
-    break_before: bool = False
-    """A break (any `<break>`, one of no time too, or an `s`/`p` boundary) stands just before
-    it: the voice's own near-silence at its start is cut, so the break is the whole silence."""
-    break_after: bool = False
-    """A break stands just after it (the same at its end)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Pause:
-    """Silence: a `<break>`, or a sentence or paragraph boundary."""
-
-    seconds: float
-    """More than 0 and at most MAX_PAUSE: the silence between the speech on its sides (the
-    voice's own near-silence there is cut, see `Speech.break_before`). A break of no time
-    makes no Pause, only the marks on the speech beside it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Sound:
-    """A named sound (`<audio src>`): the media name as written, resolved by the player."""
-
-    name: str
-    fallback: tuple[Segment, ...] = ()
-    """What to say instead when there is no such sound (the element's content)."""
-    volume: float = 1.0
-    """Linear gain, 0 to 1 (4 decimals), from the enclosing `prosody volume`."""
-    names_only: bool = False
-    """Only a name of `audio.media` (SSML's `<audio src>`), never a URL: a document cannot
-    make the node download."""
-
-
-Segment = Speech | Pause | Sound
-"""One step of a parsed document."""
 
 
 class SsmlError(Refused[Reason]):
@@ -200,12 +133,6 @@ class SsmlError(Refused[Reason]):
 
 
 # ---- public functions ---------------------------------------------------------------------
-
-
-def is_ssml(text: str) -> bool:
-    """Whether a text payload is SSML: `<speak` first, after white space, a byte-order mark
-    and an optional XML declaration."""
-    return _SSML_START.match(text) is not None
 
 
 def parse_ssml(

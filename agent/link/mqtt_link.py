@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
@@ -33,14 +33,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception_type,
-    stop_when_event_set,
-)
 
 from agent.core.messages import Delivery
+
+if TYPE_CHECKING:  # tenacity loads only once a connect failed
+    from tenacity import RetryCallState
 from agent.link.servers import (
     UNSUPPORTED_PROTOCOL,
     V5,
@@ -299,6 +296,23 @@ class MqttLink:
         return not self._stopping.wait(pause)
 
     def _connect_with_backoff(self) -> None:
+        """Connect, retrying with tenacity's backoff: the first attempt at once, before
+        tenacity is even imported (a node's start waits on nothing it does not need)."""
+        try:
+            self._attempt()
+        except OSError as err:
+            if self._stopping.is_set():
+                raise
+            first = err
+        else:
+            return
+        from tenacity import (  # noqa: PLC0415 - only once a connect failed
+            Retrying,
+            retry_if_exception_type,
+            stop_when_event_set,
+        )
+
+        self._log_first_failure(first)
         retrying = Retrying(
             wait=self._wait,
             retry=retry_if_exception_type(OSError),
@@ -383,7 +397,13 @@ class MqttLink:
                 raise _MaybeNotV5Error(self.last_error)
             raise ConnectRefusedError(self.last_error)
 
-    def _wait(self, state: RetryCallState) -> float:
+    def _log_first_failure(self, error: OSError) -> None:
+        """The first attempt's failure, said as tenacity's hook says the later ones."""
+        pause = self._wait(None)
+        self._log(error, pause, 1)
+        self._sleep(pause)
+
+    def _wait(self, state: RetryCallState | None) -> float:
         low, high = self._config.reconnect_min, self._config.reconnect_max
         return delay(self._step, self._ring.rounds, low, high)
 
@@ -393,6 +413,9 @@ class MqttLink:
     def _log_retry(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
         pause = state.next_action.sleep if state.next_action else 0.0
+        self._log(error, pause, state.attempt_number + 1)  # the first was tried before tenacity
+
+    def _log(self, error: BaseException | None, pause: float, attempt: int) -> None:
         if self._step is Step.SAME:
             _LOGGER.info("%s: %s; trying MQTT 3.1.1", self._failed_at, error)
         elif self._step is Step.NEXT:
@@ -408,7 +431,7 @@ class MqttLink:
                 "Cannot connect to %s (%s); retry %d in %.2f s (to %s)",
                 self._failed_at,
                 error,
-                state.attempt_number,
+                attempt,
                 pause,
                 self.server,
             )

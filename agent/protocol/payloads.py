@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from agent.core.messages import Lifecycle, Priority, Rejection, SpeakRequest, is_url
 from agent.core.reasons import Reason
-from agent.formats.ssml import SsmlError, is_ssml, parse_ssml, spoken_text
+from agent.formats.markup import is_ssml
 from agent.formats.text import clean_text
 
 MAX_ID_CHARS: Final = 128
@@ -488,6 +488,9 @@ def _finish_ssml(
 ) -> SpeakRequest | Rejection:
     """An SSML request: a document that parses (kept parsed in the request, `document`), whose
     words are within the text limit."""
+    # the parser (XML, number words) loads with the first document, not with every process
+    from agent.formats.ssml import SsmlError, parse_ssml, spoken_text  # noqa: PLC0415
+
     try:
         segments = parse_ssml(request.text)
     except SsmlError as err:

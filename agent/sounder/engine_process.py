@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from tenacity import RetryCallState, Retrying, wait_exponential
-
 from agent.loop.pipe import Pipe
 from agent.protocol.engine_wire import Frame, encode
 
@@ -122,6 +120,8 @@ class EngineProcess:
     # ---- the keeper thread ------------------------------------------------------------------
 
     def _keep_blocking(self) -> None:
+        from tenacity import RetryCallState, Retrying, wait_exponential  # noqa: PLC0415 - lean start
+
         backoff = wait_exponential(multiplier=0.5, max=30)
         failures = 0
         while not self._stopping.is_set():

@@ -36,14 +36,14 @@ from typing import Final, Protocol
 import numpy as np
 
 from agent.core.messages import FALLBACK_CACHED, Event, SpeakRequest, SynthesisDone, is_url
-from agent.core.program import program
 from agent.core.reasons import Reason
 from agent.core.refusal import Refused
+from agent.core.segments import Pause, Segment, Sound
 from agent.formats.chunk import Chunk
 from agent.formats.chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
 from agent.formats.media import Resampler
 from agent.formats.pcm import EDGE_SECONDS, PCM16, LeadTrim, TailTrim, le_bytes
-from agent.formats.ssml import Pause, Segment, Sound
+from agent.formats.program import program
 from agent.formats.text import clean_text
 from agent.speech.chimes import ChimePlan
 from agent.speech.media_source import MediaSource

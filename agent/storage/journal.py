@@ -33,7 +33,6 @@ from typing import Any, Final
 
 from agent.core.messages import FALLBACKS, Priority, SpeakRequest
 from agent.core.states import EntryState
-from agent.formats.ssml import SsmlError, parse_ssml
 from agent.guarded import nofollow
 from agent.storage.outbox import KEPT, Outbox
 from agent.storage.set_aside import SetAside
@@ -470,6 +469,8 @@ def _load(text: object) -> SpeakRequest:
         if name not in values:
             raise _BadRowError(f"request field {name}: missing")
     if values.get("ssml"):  # parsed again, as it was on arrival
+        from agent.formats.ssml import SsmlError, parse_ssml  # noqa: PLC0415 - only for SSML
+
         try:
             values["document"] = parse_ssml(values["text"])
         except SsmlError as err:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agent.core.messages import SpeakRequest
-from agent.formats.ssml import Segment, Sound, Speech, in_language
+from agent.core.segments import Segment, Sound, Speech
 
 
 def program(request: SpeakRequest, voice: str, lang: str) -> tuple[Segment, ...]:
@@ -21,6 +21,8 @@ def program(request: SpeakRequest, voice: str, lang: str) -> tuple[Segment, ...]
     if request.sound:
         parts.append(Sound(request.sound))
     if request.ssml:
+        from agent.formats.ssml import in_language  # noqa: PLC0415 - the SSML parser, when needed
+
         parts += (_voiced(s, request, voice) for s in in_language(request.document, lang))
     elif request.text:
         parts.append(Speech(request.text, voice=voice, speaker=request.speaker))
@@ -40,18 +42,3 @@ def _voiced(segment: Segment, request: SpeakRequest, voice: str) -> Segment:
         fallback = tuple(_voiced(s, request, voice) for s in segment.fallback)
         return replace(segment, fallback=fallback)
     return segment
-
-
-def named_voices(request: SpeakRequest) -> frozenset[str]:
-    """The voices an SSML request switches to with `<voice name>` (to check on arrival)."""
-    return frozenset(_voices(request.document))
-
-
-def _voices(segments: tuple[Segment, ...]) -> list[str]:
-    found: list[str] = []
-    for segment in segments:
-        if isinstance(segment, Speech) and segment.voice is not None:
-            found.append(segment.voice)
-        elif isinstance(segment, Sound):
-            found += _voices(segment.fallback)
-    return found
