@@ -88,14 +88,15 @@ class StepMarker:
     def _open(self, directory: Path, name: str) -> None:
         folder = nofollow.open_directory(directory)
         try:
-            if nofollow.kind(folder, name) not in (None, "file"):
-                _LOGGER.warning("The step marker %s is no regular file: replaced", name)
-                nofollow.unlink(folder, name)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    self.last = _parsed(nofollow.read_file(folder, name, _MAX_RECORD), self.boot_id)
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            self._fd = os.open(name, flags, 0o600, dir_fd=folder)
+            try:
+                self.last = _parsed(nofollow.read_file(folder, name, _MAX_RECORD), self.boot_id)
+            except FileNotFoundError:
+                pass
+            except nofollow.FileRefusedError as err:  # planted: never followed, read or kept
+                self.problem = f"step marker {name} was {err.found}: replaced"
+                _LOGGER.warning("The %s", self.problem)
+                nofollow.remove(folder, name)
+            self._fd = nofollow.open_regular(folder, name, os.O_RDWR | os.O_CREAT)
         finally:
             os.close(folder)
 
