@@ -66,8 +66,10 @@ class StepMarker:
         self, directory: Path | None, name: str, environ: Mapping[str, str] | None = None
     ) -> None:
         """Open (or create) `name` in `directory` without following links, and read what the
-        previous process left (`last`). Without a directory, or when it cannot be used, the
-        marker does nothing (`problem` says why)."""
+        previous process left (`last`). Anything but a regular file of at most a record's
+        bound in its place (a link, a FIFO, a directory, a device, a huge file) is removed,
+        never read, and a new marker made (`problem` says what was found). Without a
+        directory, or when it cannot be used, the marker does nothing (`problem` says why)."""
         self.boot_id = _boot_id()
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.last: Death | None = None

@@ -4,7 +4,9 @@ target), the model slots and the staged downloads; read and written without foll
 Everything below the OTA directory is the updater's own. A symbolic link, a FIFO or a device
 found there (planted by someone with disk access) is refused, never followed: each directory
 below the OTA directory and the file itself are opened with `O_NOFOLLOW`, one after the other
-(`dir_fd`), and the file is checked to be a regular one (`UnsafeFileError` otherwise). The OTA
+(`dir_fd`), and the file is checked to be a regular one (`nofollow.open_regular`: opened with
+`O_NONBLOCK`, so a FIFO never blocks; `UnsafeFileError` otherwise), of at most
+MAX_SLOT_FILE_BYTES before a byte of it is hashed. The OTA
 directory itself is where the owner put it: its own path may go through links, as the storage
 directory's may.
 
