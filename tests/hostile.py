@@ -245,6 +245,10 @@ class NodeFile:
     seeded: bool = True
     """Whether a node that ran once (the matrix's seed) has it; one that is not there is
     planted all the same (the node must meet it at its next start)."""
+    said: str = "state"
+    """Where the node says that it found one planted: `state` (its state's `storage`),
+    `events` (the updater's events: `unsafe_file`, `damaged`, `state_damaged`), `log` (a
+    warning or error in the log), or nowhere (""): a file the node only replaces, never reads."""
 
 
 _JOURNAL = "storage.journal (SQLite)"
@@ -256,13 +260,25 @@ NODE_FILES: tuple[NodeFile, ...] = (
     NodeFile("storage", "journal-{node}.sqlite3-shm", "its shared memory", _JOURNAL, False),
     NodeFile("storage", "journal-{node}.sqlite3-journal", "a rollback journal", _JOURNAL, False),
     NodeFile("storage", "steps-{node}", "the step marker", "storage.step_marker"),
-    NodeFile("ota", "state.json", "the update state", _STORE),
-    NodeFile("ota", "state.json.damaged", "a state set aside", _STORE, False),
-    NodeFile("ota", "slots/a/tiny.onnx", "an update slot's model", _STORE),
-    NodeFile("ota", "slots/a/tiny.onnx.json", "an update slot's voice config", _STORE),
-    NodeFile("ota", "staging/" + "0" * 64, "a staged download", "updates.clean_up"),
-    NodeFile("ota", "staging/" + "1" * 64 + ".part", "a partial download", "updates.downloads"),
+    NodeFile("storage", "alarms-{node}.sqlite3", "the sounder's journal", _JOURNAL, said="log"),
+    NodeFile("storage", "alarms-{node}.sqlite3-wal", "its WAL", _JOURNAL, False, "log"),
+    NodeFile("ota", "state.json", "the update state", _STORE, said="events"),
+    NodeFile("ota", "state.json.damaged", "a state set aside", _STORE, False, said=""),
+    NodeFile("ota", "slots/a/tiny.onnx", "an update slot's model", _STORE, said="events"),
+    NodeFile(
+        "ota", "slots/a/tiny.onnx.json", "an update slot's voice config", _STORE, said="events"
+    ),
+    NodeFile("ota", "staging/" + "0" * 64, "a staged download", "updates.clean_up", said="events"),
+    NodeFile(
+        "ota",
+        "staging/" + "1" * 64 + ".part",
+        "a partial download",
+        "updates.downloads",
+        said="events",
+    ),
     NodeFile("cache", "phrases/*/*.pcm", "a phrase cache entry", "speech.phrase_cache"),
+    NodeFile("cache", "sounder/index.json", "the sounder's kit index", "sounder.kit", said="log"),
+    NodeFile("cache", "sounder/*.pcm", "a sound of the sounder's kit", "sounder.kit", said="log"),
     NodeFile("cache", "models/digest-*", "a model's remembered digest", _SESSIONS),
     NodeFile("cache", "models/*.onnx", "the optimized model", _SESSIONS),
     NodeFile("cache", "models/*.onnx.data", "the optimized model's weights", _SESSIONS),

@@ -27,6 +27,7 @@ from agent.formats.chunk import Chunk
 from agent.guarded import nofollow
 from agent.settings import loading
 from agent.settings.declarations import ConfigError
+from agent.sounder.kit import Kit, KitFiles
 from agent.speech import sessions
 from agent.speech.cache_sweep import sweep_models
 from agent.speech.chimes import chime_bank
@@ -509,3 +510,32 @@ def test_a_cached_weights_file_of_another_size_is_never_hashed(
     monkeypatch.setattr(sessions, "_sha256_of", no_hash)
     assert in_time(lambda: cached_session(cached, 1)) is None
     assert not weights.exists()  # removed, to be built again
+
+
+@pytest.mark.parametrize("kind", sorted(hostile.NOT_REGULAR))
+def test_a_file_planted_where_the_node_writes_is_replaced_never_written_through(
+    tmp_path: Path, outside: Path, kind: str
+) -> None:
+    """`write_file_atomic` (every cache entry, the sounder's kit, remembered digests) over each
+    planted kind: the node's file takes its place (a directory is removed with what it holds),
+    nothing outside changes; the sounder's kit is kept again over a planted index."""
+    folder = tmp_path / "own"
+    folder.mkdir()
+    hostile.plant(folder / "entry", kind, outside)
+    hostile.plant(folder / "gone", kind, outside)
+    fd = nofollow.open_directory(folder)
+    try:
+        in_time(lambda: nofollow.write_file_atomic(fd, "entry", b"the node's"))
+        nofollow.unlink(fd, "gone")
+    finally:
+        os.close(fd)
+    assert (folder / "entry").read_bytes() == b"the node's"
+    assert sorted(p.name for p in folder.iterdir()) == ["entry"]
+    kit_dir = tmp_path / "sounder"
+    kit_dir.mkdir()
+    hostile.plant(kit_dir / "index.json", kind, outside)
+    files = KitFiles(kit_dir)
+    assert in_time(lambda: files.load(RATE)).phrases == {}
+    files.save(Kit(RATE, phrases={"Fire.": b"\x01\x00" * 100}))
+    assert KitFiles(kit_dir).load(RATE).phrases == {"Fire.": b"\x01\x00" * 100}
+    assert (outside / "precious").read_bytes() == hostile.PRECIOUS

@@ -160,6 +160,27 @@ def noted(agent: RunningAgent) -> str:
     return storage_state(agent)
 
 
+UPDATE_REASONS = {"unsafe_file", "damaged", "state_damaged"}
+
+
+def said_so(agent: RunningAgent, file: NodeFile) -> None:
+    """Wait until the node said that it found `file` planted, where it says so (`said`)."""
+    if file.said == "state":
+        noted(agent)
+    elif file.said == "events":
+
+        def reported() -> bool:
+            events = agent.watcher.events()
+            return any(
+                e.get("event") == "update" and e.get("reason") in UPDATE_REASONS for e in events
+            )
+
+        wait_until(reported, what="the updater's event")
+    elif file.said == "log":
+        lines = agent.process.output().splitlines()
+        assert [line for line in lines if " WARNING " in line or " ERROR " in line], lines[-20:]
+
+
 ALLOWED_ERRORS = (
     r"journal \S+ unreadable \(.*\); moved to ",
     r"state\.json.*: set aside, the configured model speaks$",
@@ -189,5 +210,5 @@ def test_each_file_of_the_node_planted_with_each_kind(
 ) -> None:
     """The matrix: one file, one kind at a time (NODE_FILES x PLANTED_KINDS)."""
     agent = start_planted(start_agent, seed, tmp_path, [(file, kind)])
-    if kind in NOT_REGULAR and file.where != "ota":  # the updater reports in its own events
-        assert noted(agent)
+    if kind in NOT_REGULAR:
+        said_so(agent, file)

@@ -122,15 +122,6 @@ def kind(dir_fd: int, name: str) -> str | None:
     return "directory" if stat.S_ISDIR(mode) else "other"
 
 
-def found(dir_fd: int, name: str) -> str | None:
-    """What `name` in `dir_fd` is, in words (`describe`: "a FIFO", ...), without following
-    it; None when there is nothing of that name."""
-    try:
-        return describe(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except FileNotFoundError:
-        return None
-
-
 def entries(dir_fd: int) -> list[tuple[str, os.stat_result]]:
     """The names in a directory with what lstat says of each (links not followed)."""
     seen = []
@@ -229,12 +220,15 @@ def read_regular(path: Path, max_bytes: int, *, follow: bool = True) -> bytes:
 def write_file_atomic(dir_fd: int, name: str, data: bytes, mode: int = 0o600) -> None:
     """Write `name` in `dir_fd` whole or not at all: a new temporary file (never an existing
     one, never through a link), then renamed over `name` (a link of that name is replaced, its
-    target untouched)."""
+    target untouched; a directory, which a rename cannot replace, is removed first with what it
+    holds)."""
     temporary = f".{name}.{uuid.uuid4().hex[:12]}.partial"
     fd = os.open(temporary, _NEW_FLAGS, mode, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
+        if kind(dir_fd, name) == "directory":  # planted where a file goes
+            remove(dir_fd, name)
         os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -243,9 +237,14 @@ def write_file_atomic(dir_fd: int, name: str, data: bytes, mode: int = 0o600) ->
 
 
 def unlink(dir_fd: int, name: str) -> None:
-    """Remove `name` from `dir_fd` if it is there (a link is removed, never its target)."""
-    with contextlib.suppress(FileNotFoundError):
+    """Remove `name` from `dir_fd` if it is there, whatever it is (a link is removed, never its
+    target; a directory planted where a file goes, with what it holds: `remove`)."""
+    try:
         os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except IsADirectoryError:
+        remove(dir_fd, name)
 
 
 def open_file(path: Path, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
