@@ -100,6 +100,13 @@ def seed(tmp_path_factory: pytest.TempPathFactory, tiny_voice: Path) -> Seed:
         wait_until(lambda: any(m.payload == b"online" for m in watcher.snapshot()), what="online")
         publish(broker, f"voice/{NODE}/speak", json.dumps({"id": "s", "text": PHRASE}).encode())
         watcher.wait_event("s", "finished")
+        kit = root / "cache" / "sounder"
+
+        def kept() -> bool:  # the sounder keeps the pinned phrase the engine rendered
+            index = kit / "index.json"
+            return index.is_file() and PHRASE.encode() in index.read_bytes()
+
+        wait_until(kept, what="the sounder's kit kept")
         agent.signal(15)
         wait_until(lambda: not agent.alive(), what="the seed agent to stop")
     finally:
@@ -109,6 +116,7 @@ def seed(tmp_path_factory: pytest.TempPathFactory, tiny_voice: Path) -> Seed:
         broker.stop()
     assert list((root / "cache" / "phrases").glob("*/*.pcm")), agent.output()
     assert list((root / "cache" / "models").glob("*.onnx.seal")), agent.output()
+    assert list((root / "cache" / "sounder").glob("*.pcm")), agent.output()
     return made
 
 
