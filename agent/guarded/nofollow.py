@@ -93,6 +93,18 @@ def open_subdirectory(dir_fd: int, name: str, *, create: bool = True) -> int:
     )
 
 
+def open_inner_directory(path: Path, *, create: bool = True) -> int:
+    """An open descriptor of `path`, a directory inside one of the agent's own (the cache
+    root's `phrases`, `sounder`): neither it nor its parent may be a symbolic link
+    (SymlinkRefusedError), so nothing is made or read through a link planted as either; the
+    parent's own parents are the operator's, and followed."""
+    root = open_directory(path.parent, create=create)
+    try:
+        return open_subdirectory(root, path.name, create=create)
+    finally:
+        os.close(root)
+
+
 def _opened_directory(
     path: object, opener: Callable[[], int], lstat: Callable[[], os.stat_result]
 ) -> int:

@@ -106,7 +106,7 @@ class PhraseCache:
         self._fd: int | None = None
         if directory is not None and self._disk_limit > 0:
             try:
-                self._fd = _open_cache_directory(directory)
+                self._fd = nofollow.open_inner_directory(directory)  # the cache root no link either
             except OSError as err:
                 self._note(f"phrase cache: {err}; kept in memory only")
                 _LOGGER.warning("Phrase cache: %s; kept in memory only", err)
@@ -328,16 +328,6 @@ class PhraseCache:
                 self._counts["evictions"] += 1
             with contextlib.suppress(OSError), self._folder(key) as folder:
                 nofollow.unlink(folder, f"{key}{_SUFFIX}")
-
-
-def _open_cache_directory(directory: Path) -> int:
-    """The cache's directory, open: neither it nor its parent (the agent's cache root) may be a
-    symbolic link."""
-    root = nofollow.open_directory(directory.parent)
-    try:
-        return nofollow.open_subdirectory(root, directory.name)
-    finally:
-        os.close(root)
 
 
 def _encode(pcm: PCM16, sample_rate: int) -> bytes:
