@@ -351,7 +351,3 @@ def tree(root: Path, leave_out: Sequence[Path] = ()) -> dict[str, tuple[str, int
             else:
                 seen[path] = ("other", info.st_mode, "")
     return seen
-
-
-planted_kinds = st.sampled_from(PLANTED_KINDS)
-node_files = st.sampled_from(NODE_FILES)
