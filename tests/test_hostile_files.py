@@ -539,3 +539,24 @@ def test_a_file_planted_where_the_node_writes_is_replaced_never_written_through(
     files.save(Kit(RATE, phrases={"Fire.": b"\x01\x00" * 100}))
     assert KitFiles(kit_dir).load(RATE).phrases == {"Fire.": b"\x01\x00" * 100}
     assert (outside / "precious").read_bytes() == hostile.PRECIOUS
+
+
+def test_a_media_file_replaced_while_the_node_runs_is_refused_without_blocking(
+    start_agent: StartAgent, tiny_voice: Path, tmp_path: Path, outside: Path
+) -> None:
+    """An `audio.media` file (the operator's, so it may be a link) replaced after the start by
+    a FIFO, a link to one, /dev/zero or a sparse 64 GiB file: each request for it ends at once,
+    `sound_unavailable` (`too_large` by its size), and the node speaks on (a plain open of the
+    FIFO held the media thread, and every sound after it, for good)."""
+    door = tmp_path / "door.wav"
+    door.write_bytes(b"RIFF")
+    agent = start_agent(voice=tiny_voice, audio={"media": {"door": str(door)}})
+    for kind in ("fifo", "link_to_fifo", "device", "huge"):
+        hostile.plant(door, kind, outside)
+        payload = {"id": kind, "text": "The door.", "sound": "door"}
+        agent.watcher.publish(agent.topics.speak, json.dumps(payload).encode())
+        event = agent.watcher.wait_end(kind)
+        assert event["event"] in ("failed", "rejected"), event  # refused on arrival or at play
+        expected = "too_large" if kind == "huge" else "sound_unavailable"
+        assert event["reason"] == expected, event
+    control(agent)
