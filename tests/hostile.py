@@ -12,8 +12,15 @@ UTF-8, truncation, random bytes.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import random
+import shutil
+import stat
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
@@ -192,3 +199,155 @@ topic_segments = st.text(
 """The last segment of a playBytes topic: what a broker lets through in a topic name (MQTT
 forbids wildcards in it; Mosquitto refuses NUL, controls, surrogates and non-characters and
 drops the client that sent them, before the agent sees anything)."""
+
+
+# ---- planted files ---------------------------------------------------------------------------
+# The local user of the threat model (docs/security.md: "a local user who can write beside the
+# storage and cache directories", and the Disk) replaces any file of the node with something
+# else: a link out of the directory, a FIFO (whose open blocks), a directory, a device, a huge
+# sparse file, a truncated or garbage one. `NODE_FILES` names every file of the node and who
+# reads it; `plant` puts one kind of hostile file in its place.
+
+PLANTED_KINDS: tuple[str, ...] = (
+    "link_outside",
+    "link_to_fifo",
+    "fifo",
+    "directory",
+    "device",
+    "huge",
+    "truncated",
+    "garbage",
+)
+"""Every kind of planted file: a symbolic link to a file outside the node's directories (to be
+left unchanged), a link to a FIFO outside (an open that follows it blocks), a FIFO, a directory
+(with a file inside), a device (a link to /dev/zero: endless bytes), a sparse file of
+`HUGE_BYTES`, the file cut to half its length, random bytes of its length."""
+NOT_REGULAR: frozenset[str] = frozenset(PLANTED_KINDS) - {"truncated", "garbage"}
+"""The kinds that are no regular file of a sane size (refused before a byte is read)."""
+HUGE_BYTES = 1 << 36
+"""A planted huge file (sparse: it takes no disk): 64 GiB, past every bound the node reads
+with (a read of it whole would take the node's memory)."""
+PRECIOUS = b"someone else's file, not the node's\n"
+"""The content of the file outside that links point to (it must stay so)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFile:
+    """One file of the node: where it is, what it is, who reads and writes it."""
+
+    where: str
+    """The directory it is under: `storage`, `cache` or `ota` (the node's update directory)."""
+    pattern: str
+    """Its path there, a glob (`{node}` is the node id)."""
+    what: str
+    reader: str
+    """The module of `agent/` that reads (and writes) it."""
+    seeded: bool = True
+    """Whether a node that ran once (the matrix's seed) has it; one that is not there is
+    planted all the same (the node must meet it at its next start)."""
+    said: str = "state"
+    """Where the node says that it found one planted: `state` (its state's `storage`),
+    `events` (the updater's events: `unsafe_file`, `damaged`, `state_damaged`), `log` (a
+    warning or error in the log), or nowhere (""): a file the node only replaces, never reads."""
+
+
+_JOURNAL = "storage.journal (SQLite)"
+_STORE = "updates.update_store"
+_SESSIONS = "speech.sessions"
+NODE_FILES: tuple[NodeFile, ...] = (
+    NodeFile("storage", "journal-{node}.sqlite3", "the journal", _JOURNAL),
+    NodeFile("storage", "journal-{node}.sqlite3-wal", "the journal's WAL", _JOURNAL, False),
+    NodeFile("storage", "journal-{node}.sqlite3-shm", "its shared memory", _JOURNAL, False),
+    NodeFile("storage", "journal-{node}.sqlite3-journal", "a rollback journal", _JOURNAL, False),
+    NodeFile("storage", "steps-{node}", "the step marker", "storage.step_marker"),
+    NodeFile("storage", "alarms-{node}.sqlite3", "the sounder's journal", _JOURNAL, said="log"),
+    NodeFile("storage", "alarms-{node}.sqlite3-wal", "its WAL", _JOURNAL, False, "log"),
+    NodeFile("ota", "state.json", "the update state", _STORE, said="events"),
+    NodeFile("ota", "state.json.damaged", "a state set aside", _STORE, False, said=""),
+    NodeFile("ota", "slots/a/tiny.onnx", "an update slot's model", _STORE, said="events"),
+    NodeFile(
+        "ota", "slots/a/tiny.onnx.json", "an update slot's voice config", _STORE, said="events"
+    ),
+    NodeFile("ota", "staging/" + "0" * 64, "a staged download", "updates.clean_up", said="events"),
+    NodeFile(
+        "ota",
+        "staging/" + "1" * 64 + ".part",
+        "a partial download",
+        "updates.downloads",
+        said="events",
+    ),
+    NodeFile("cache", "phrases/*/*.pcm", "a phrase cache entry", "speech.phrase_cache"),
+    NodeFile("cache", "sounder/index.json", "the sounder's kit index", "sounder.kit", said="log"),
+    NodeFile("cache", "sounder/*.pcm", "a sound of the sounder's kit", "sounder.kit", said="log"),
+    NodeFile("cache", "models/digest-*", "a model's remembered digest", _SESSIONS),
+    NodeFile("cache", "models/*.onnx", "the optimized model", _SESSIONS),
+    NodeFile("cache", "models/*.onnx.data", "the optimized model's weights", _SESSIONS),
+    NodeFile("cache", "models/*.onnx.seal", "the optimized model's seal", _SESSIONS),
+    NodeFile("cache", "models/*.split*.json", "the split decoder's record", "speech.decoder_build"),
+)
+"""Every file the node reads or writes in its directories, as the matrix of
+`tests/test_planted_files.py` meets them. Not here: the Sparkplug bdSeq file and the INT8 tier's
+files (their own tests, with their edges)."""
+
+
+def plant(path: Path, kind: str, outside: Path, seed: int = 0) -> None:
+    """Put a planted file of `kind` (one of PLANTED_KINDS) where `path` is, replacing what is
+    there. Links point into `outside` (see `outside_files`)."""
+    rest = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "link_outside":
+        path.symlink_to(outside / "precious")
+    elif kind == "link_to_fifo":
+        path.symlink_to(outside / "fifo")
+    elif kind == "fifo":
+        os.mkfifo(path, 0o600)
+    elif kind == "directory":
+        path.mkdir()
+        (path / "inside").write_bytes(PRECIOUS)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "huge":
+        with path.open("wb") as out:
+            out.truncate(HUGE_BYTES)
+    elif kind == "truncated":
+        path.write_bytes(rest[: len(rest) // 2])
+    elif kind == "garbage":
+        path.write_bytes(random.Random(seed).randbytes(max(len(rest), 4096)))
+    else:
+        raise ValueError(f"no planted kind {kind!r}")
+
+
+def outside_files(outside: Path) -> None:
+    """The files outside the node's directories that planted links point to: a regular file
+    (`precious`) and a FIFO (`fifo`)."""
+    outside.mkdir(parents=True, exist_ok=True)
+    (outside / "precious").write_bytes(PRECIOUS)
+    if not (outside / "fifo").exists():
+        os.mkfifo(outside / "fifo", 0o600)
+
+
+def tree(root: Path, leave_out: Sequence[Path] = ()) -> dict[str, tuple[str, int, str]]:
+    """What is under `root` (links not followed), but for `leave_out`: each path with its kind,
+    its mode and, for a regular file, its sha256; a link with its target. Two snapshots differ
+    when anything there was written, replaced, removed or made."""
+    seen: dict[str, tuple[str, int, str]] = {}
+    skipped = {str(p) for p in leave_out}
+    for folder, directories, files in os.walk(root):  # links to directories not followed
+        directories[:] = [d for d in directories if os.path.join(folder, d) not in skipped]
+        for name in sorted(directories + files):
+            path = os.path.join(folder, name)
+            if path in skipped:
+                continue
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                seen[path] = ("link", info.st_mode, os.readlink(path))
+            elif stat.S_ISREG(info.st_mode):
+                digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                seen[path] = ("file", info.st_mode, digest)
+            else:
+                seen[path] = ("other", info.st_mode, "")
+    return seen

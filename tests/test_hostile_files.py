@@ -12,8 +12,10 @@ import math
 import os
 import queue
 import sqlite3
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -22,13 +24,24 @@ from agent.audio.device import alsa_opener
 from agent.audio.player import Player
 from agent.core.messages import Event, Priority, SpeakRequest, UtteranceEnded
 from agent.formats.chunk import Chunk
+from agent.guarded import nofollow
+from agent.settings import loading
+from agent.settings.declarations import ConfigError
+from agent.sounder.kit import Kit, KitFiles
+from agent.speech import sessions
+from agent.speech.cache_sweep import sweep_models
+from agent.speech.chimes import chime_bank
+from agent.speech.phrase_cache import PhraseCache
 from agent.speech.sessions import cache_stem, cached_session, usable_cache_dir
 from agent.speech.voice import Voice
 from agent.storage.journal import Journal
+from agent.storage.step_marker import StepMarker
 from harness import read_pcm, wait_until
+from tests import hostile
 from tests.conftest import RunningAgent, StartAgent
 
 RATE = 22050
+_T = TypeVar("_T")
 
 
 def control(agent: RunningAgent, request_id: str = "control") -> None:
@@ -292,3 +305,258 @@ def test_the_alsa_writer_never_meets_a_bad_volume(tmp_path: Path, volume: object
     finally:
         player.stop()
     assert audible(capture)
+
+
+# ---- planted files, reader by reader (the matrix through the agent: test_planted_files.py) ---
+
+
+def in_time(work: Callable[[], _T], seconds: float = 30.0) -> _T:
+    """`work`'s result, run in a thread: a read that blocks (an open of a FIFO without
+    O_NONBLOCK) fails the test instead of hanging it."""
+    result: list[_T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as err:  # noqa: BLE001 - handed to the test's thread
+            failure.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), "blocked (a FIFO opened without O_NONBLOCK?)"
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """The files planted links point to: a file and a FIFO outside the node's directories."""
+    hostile.outside_files(tmp_path / "outside")
+    return tmp_path / "outside"
+
+
+@pytest.mark.parametrize("kind", hostile.PLANTED_KINDS)
+def test_a_planted_file_is_refused_by_what_it_is_before_a_byte_is_read(
+    tmp_path: Path, outside: Path, kind: str
+) -> None:
+    """`nofollow.read_file` on each kind: a link, a FIFO (never blocking), a directory, a device,
+    a file over the bound are refused with what they are; a truncated or garbage file is read
+    (its reader judges its content)."""
+    folder = tmp_path / "own"
+    folder.mkdir()
+    (folder / "f").write_bytes(b"x" * 100)
+    hostile.plant(folder / "f", kind, outside)
+    fd = nofollow.open_directory(folder)
+    try:
+        if kind in hostile.NOT_REGULAR:
+            with pytest.raises(nofollow.FileRefusedError) as refused:
+                in_time(lambda: nofollow.read_file(fd, "f", 1 << 20))
+            expected = {
+                "link_outside": "a symbolic link",
+                "link_to_fifo": "a symbolic link",
+                "device": "a symbolic link",
+                "fifo": "a FIFO",
+                "directory": "a directory",
+                "huge": f"{hostile.HUGE_BYTES} bytes, over {1 << 20}",
+            }
+            assert refused.value.found == expected[kind]
+        else:
+            assert len(in_time(lambda: nofollow.read_file(fd, "f", 1 << 20))) in (50, 4096)
+    finally:
+        os.close(fd)
+    assert (outside / "precious").read_bytes() == hostile.PRECIOUS
+
+
+def test_the_operators_files_may_be_links_but_never_fifos_devices_or_huge(
+    tmp_path: Path, outside: Path
+) -> None:
+    """`read_regular` (the config, chime and media files): a link to a file is followed, a link
+    to a FIFO, /dev/zero or a huge file is refused without blocking."""
+    for kind in ("link_outside", "link_to_fifo", "fifo", "device", "huge", "directory"):
+        path = tmp_path / f"operator-{kind}"
+        hostile.plant(path, kind, outside)
+        if kind == "link_outside":
+            assert nofollow.read_regular(path, 1000) == hostile.PRECIOUS
+            continue
+        with pytest.raises(nofollow.FileRefusedError):
+            in_time(lambda p=path: nofollow.read_regular(p, 1 << 20))  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link_to_fifo", "device", "huge", "directory"])
+def test_a_config_file_that_is_no_regular_file_fails_at_once_with_what_it_is(
+    tmp_path: Path, outside: Path, kind: str
+) -> None:
+    path = tmp_path / "agent.yaml"
+    hostile.plant(path, kind, outside)
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        in_time(lambda: loading.load(path))
+
+
+def test_a_config_file_that_is_not_utf8_is_one_clear_problem(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_bytes(b"node_id: caf\xe9\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        loading.load(path)
+
+
+@pytest.mark.allow_error_logs(r"Chime 'door' \(.*\) left out: ")
+@pytest.mark.parametrize("kind", ["fifo", "link_to_fifo", "device", "huge"])
+def test_a_chime_file_that_is_no_regular_file_is_left_out_without_blocking(
+    tmp_path: Path, outside: Path, kind: str
+) -> None:
+    """The chime bank at start: the file is left out (logged), the built-ins stay."""
+    path = tmp_path / "chime.wav"
+    hostile.plant(path, kind, outside)
+    bank = in_time(lambda: chime_bank({"door": path}, RATE))
+    assert "door" not in bank
+    assert "alarm" in bank
+
+
+@pytest.mark.parametrize("kind", hostile.PLANTED_KINDS)
+def test_a_planted_step_marker_is_replaced_and_said(
+    tmp_path: Path, outside: Path, kind: str
+) -> None:
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    (storage / "steps-n").write_bytes(b"S00000000 []\n")
+    hostile.plant(storage / "steps-n", kind, outside)
+    marker = in_time(lambda: StepMarker(storage, "steps-n", {}))
+    try:
+        marker.enter("a", "infer 1")
+        if kind in hostile.NOT_REGULAR:
+            assert marker.problem is not None
+            assert marker.problem.startswith("step marker steps-n was ")
+        else:
+            assert marker.problem is None
+        assert (storage / "steps-n").is_file()
+        assert not (storage / "steps-n").is_symlink()
+    finally:
+        marker.close()
+    assert (outside / "precious").read_bytes() == hostile.PRECIOUS
+
+
+@pytest.mark.allow_error_logs(r"journal \S+ unreadable \(.*\); moved to ")
+@pytest.mark.parametrize("companion", ["", "-wal", "-shm", "-journal"])
+@pytest.mark.parametrize("kind", sorted(hostile.NOT_REGULAR))
+def test_a_planted_journal_or_companion_is_moved_aside_unread(
+    tmp_path: Path, outside: Path, kind: str, companion: str
+) -> None:
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    path = storage / "journal-n.sqlite3"
+    planted(path, [SpeakRequest("a", "A.")])
+    hostile.plant(Path(f"{path}{companion}"), kind, outside)
+    journal, problem = in_time(lambda: Journal.open_or_renew(path, 100))
+    try:
+        assert problem is not None
+        assert f"{path.name}{companion} is " in problem
+        assert "moved to" in problem
+        assert journal.path == path
+        journal.probe()
+    finally:
+        journal.close()
+    assert (outside / "precious").read_bytes() == hostile.PRECIOUS
+
+
+def test_what_is_planted_in_the_caches_is_removed_at_start_and_said(
+    tmp_path: Path, outside: Path
+) -> None:
+    """The phrase cache's entries and the model cache's files, each kind: removed (never
+    followed), counted, named in `problem`; what is the cache's own stays."""
+    cache = tmp_path / "cache"
+    phrases = PhraseCache(cache / "phrases", 1 << 20, 1 << 20)
+    tone = (np.sin(np.arange(2000) * 0.1) * 5000).astype(np.int16)
+    for n in range(len(hostile.NOT_REGULAR) + 1):
+        phrases.put(f"{n:02d}" + "a" * 62, tone, RATE)
+    models = cache / "models"
+    models.mkdir()
+    (models / "own.onnx").write_bytes(b"model")
+    (models / "tier.int8").mkdir()  # the tier's folder: its own reader's
+    for n, kind in enumerate(sorted(hostile.NOT_REGULAR)):
+        hostile.plant(
+            cache / "phrases" / f"{n:02d}" / (f"{n:02d}" + "a" * 62 + ".pcm"), kind, outside
+        )
+        hostile.plant(models / f"planted-{n}.onnx.seal", kind, outside)
+    (models / "huge-dir.onnx").mkdir()
+    again = in_time(lambda: PhraseCache(cache / "phrases", 1 << 20, 1 << 20))
+    assert again.problem is not None
+    assert again.problem.startswith("phrase cache: ")
+    assert again.stats().refused == len(hostile.NOT_REGULAR)
+    assert again.stats().disk_entries == 1
+    left = sorted(p.name for p in models.iterdir())
+    assert left == ["own.onnx", "tier.int8"]
+    assert again.get(f"{len(hostile.NOT_REGULAR):02d}" + "a" * 62, RATE) is not None
+    assert (outside / "precious").read_bytes() == hostile.PRECIOUS
+    assert sweep_models(models) == []  # once removed, nothing more to say
+
+
+def test_a_cached_weights_file_of_another_size_is_never_hashed(
+    tiny_voice: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A huge sparse file in place of the optimized model's weights: found by its size against
+    the seal, the copy rebuilt, not a byte hashed (hashing 64 GiB would hold the start)."""
+    cache = tmp_path / "cache"
+    Voice.load(tiny_voice, 1, cache, split=False)
+    cached = next((cache / "models").glob("*.onnx"))
+    weights = cached.with_name(cached.name + ".data")
+    hostile.plant(weights, "huge", tmp_path)
+
+    def no_hash(path: Path, *, follow: bool = True) -> str:
+        raise AssertionError(f"{path} hashed")
+
+    monkeypatch.setattr(sessions, "_sha256_of", no_hash)
+    assert in_time(lambda: cached_session(cached, 1)) is None
+    assert not weights.exists()  # removed, to be built again
+
+
+@pytest.mark.parametrize("kind", sorted(hostile.NOT_REGULAR))
+def test_a_file_planted_where_the_node_writes_is_replaced_never_written_through(
+    tmp_path: Path, outside: Path, kind: str
+) -> None:
+    """`write_file_atomic` (every cache entry, the sounder's kit, remembered digests) over each
+    planted kind: the node's file takes its place (a directory is removed with what it holds),
+    nothing outside changes; the sounder's kit is kept again over a planted index."""
+    folder = tmp_path / "own"
+    folder.mkdir()
+    hostile.plant(folder / "entry", kind, outside)
+    hostile.plant(folder / "gone", kind, outside)
+    fd = nofollow.open_directory(folder)
+    try:
+        in_time(lambda: nofollow.write_file_atomic(fd, "entry", b"the node's"))
+        nofollow.unlink(fd, "gone")
+    finally:
+        os.close(fd)
+    assert (folder / "entry").read_bytes() == b"the node's"
+    assert sorted(p.name for p in folder.iterdir()) == ["entry"]
+    kit_dir = tmp_path / "sounder"
+    kit_dir.mkdir()
+    hostile.plant(kit_dir / "index.json", kind, outside)
+    files = KitFiles(kit_dir)
+    assert in_time(lambda: files.load(RATE)).phrases == {}
+    files.save(Kit(RATE, phrases={"Fire.": b"\x01\x00" * 100}))
+    assert KitFiles(kit_dir).load(RATE).phrases == {"Fire.": b"\x01\x00" * 100}
+    assert (outside / "precious").read_bytes() == hostile.PRECIOUS
+
+
+def test_a_media_file_replaced_while_the_node_runs_is_refused_without_blocking(
+    start_agent: StartAgent, tiny_voice: Path, tmp_path: Path, outside: Path
+) -> None:
+    """An `audio.media` file (the operator's, so it may be a link) replaced after the start by
+    a FIFO, a link to one, /dev/zero or a sparse 64 GiB file: each request for it ends at once,
+    `sound_unavailable` (`too_large` by its size), and the node speaks on (a plain open of the
+    FIFO held the media thread, and every sound after it, for good)."""
+    door = tmp_path / "door.wav"
+    door.write_bytes(b"RIFF")
+    agent = start_agent(voice=tiny_voice, audio={"media": {"door": str(door)}})
+    for kind in ("fifo", "link_to_fifo", "device", "huge"):
+        hostile.plant(door, kind, outside)
+        payload = {"id": kind, "text": "The door.", "sound": "door"}
+        agent.watcher.publish(agent.topics.speak, json.dumps(payload).encode())
+        event = agent.watcher.wait_end(kind)
+        assert event["event"] in ("failed", "rejected"), event  # refused on arrival or at play
+        expected = "too_large" if kind == "huge" else "sound_unavailable"
+        assert event["reason"] == expected, event
+    control(agent)

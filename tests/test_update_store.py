@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 
 from agent.settings.declarations import OtaConfig
 from agent.updates import update_store as store
+from agent.updates.clean_up import clean_up
 from agent.updates.model_at_start import start_model
 from agent.updates.update_store import Pending, UnsafeFileError, UpdateState, read_state, save_state
+from tests import hostile
 from tests.test_ota_trust import HOSTILE_STATES, _write_hostile
 
 GENERATED = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -224,6 +226,45 @@ def test_a_fifo_is_refused_without_blocking(tree: Path) -> None:
         store.sha256_of(tree, ("slots", "a", "voice.onnx"))
     with pytest.raises(UnsafeFileError, match="not a regular file"):
         store.open_append(tree, ("slots", "a", "voice.onnx"))
+
+
+@pytest.mark.parametrize("kind", sorted(hostile.NOT_REGULAR))
+def test_each_planted_kind_in_a_slot_makes_it_damaged_unread(tree: Path, kind: str) -> None:
+    """A slot's file replaced by a link, a FIFO, a directory, a device or a sparse 64 GiB file:
+    the slot is `damaged`, saying what was found, at once (nothing hashed, nothing followed);
+    the clean-up at start removes what is no file."""
+    outside = tree.parent / "outside"
+    hostile.outside_files(outside)
+    hostile.plant(tree / "slots" / "a" / "voice.onnx", kind, outside)
+    state = UpdateState(release=1, version="1", active="a", model="voice.onnx")
+    state.files = {"voice.onnx": hashlib.sha256(b"model").hexdigest()}
+    problem = store.slot_problem(tree, state)
+    assert problem is not None
+    assert problem.reason == "damaged"
+    assert problem.detail.startswith("slots/a/voice.onnx is ")
+    if kind == "huge":
+        assert f"over {store.MAX_SLOT_FILE_BYTES}" in problem.detail
+    unsafe = clean_up(tree, state)
+    assert unsafe == ([] if kind == "huge" else [f"slots/a/voice.onnx was {_kind(kind)}"])
+    assert (outside / "precious").read_bytes() == hostile.PRECIOUS
+
+
+def _kind(kind: str) -> str:
+    return {"fifo": "a FIFO", "directory": "a directory"}.get(kind, "a symbolic link")
+
+
+def test_a_staged_download_over_the_bound_is_removed_at_start(tree: Path) -> None:
+    """A sparse file of 64 GiB in the staging area is no download of a release: removed at
+    start, reported, never hashed; a staged file of a sane size stays."""
+    (tree / "staging").mkdir()
+    hostile.plant(tree / "staging" / ("0" * 64), "huge", tree)
+    (tree / "staging" / ("1" * 64)).write_bytes(b"part of a release")
+    unsafe = clean_up(tree, UpdateState())
+    assert unsafe == [
+        f"staging/{'0' * 64} was a file of {hostile.HUGE_BYTES} bytes, "
+        f"over {store.MAX_SLOT_FILE_BYTES}"
+    ]
+    assert [p.name for p in (tree / "staging").iterdir()] == ["1" * 64]
 
 
 def test_a_dangling_link_is_never_created_through(tree: Path, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 
 import yaml
 
+from agent.guarded import nofollow
 from agent.settings.declarations import (
     ENV_OVERRIDES,
     NAME_RE,
@@ -37,6 +38,11 @@ _SHOWN_CHARS: Final = 60
 
 DEFAULT_CONFIG_PATH: Final = Path(__file__).resolve().parents[2] / "config" / "agent.yaml"
 """The default configuration file of a source checkout (absent from an installed wheel)."""
+
+
+MAX_CONFIG_BYTES: Final = 1 << 20
+"""The largest configuration file read (1 MiB: a full one is a few KB); larger is refused
+before it is read."""
 
 
 SYSTEM_CONFIG_PATH: Final = Path("/etc/voice-agent/agent.yaml")
@@ -72,10 +78,18 @@ def load(
     if path is None:
         return from_mapping({}, "(defaults)", os.environ if environ is None else environ, hostname)
     source = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a link is followed (the operator's file); a FIFO or a device never blocks the start
+        data = nofollow.read_regular(path, MAX_CONFIG_BYTES)
+    except nofollow.FileRefusedError as err:
+        raise ConfigError(source, [f"cannot read the file: it is {err.found}"]) from None
     except OSError as err:
         raise ConfigError(source, [f"cannot read the file: {err.strerror or err}"]) from err
+    if len(data) > MAX_CONFIG_BYTES:  # it grew while read
+        raise ConfigError(source, [f"cannot read the file: over {MAX_CONFIG_BYTES} bytes"])
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(source, [f"not UTF-8 (byte {err.start})"]) from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.formats.chimes import BUILTIN, ChimePlan, render_notes
+from agent.guarded import nofollow
 
 if TYPE_CHECKING:
     from agent.formats.pcm import PCM16
@@ -30,13 +31,14 @@ Decode = Callable[[bytes, int], "PCM16"]
 
 def load_sound(path: Path, rate: int, decode: Decode | None = None) -> bytes:
     """A sound file (WAV of any sample format, FLAC, Ogg, MP3) as 16-bit little-endian mono
-    bytes at `rate` (decoded by `decode`; here, without one). Raises MediaError and OSError."""
+    bytes at `rate` (decoded by `decode`; here, without one): the operator's file, a link
+    followed, refused when no regular file or over MAX_AUDIO_BYTES before a byte is read.
+    Raises MediaError and OSError."""
     # numpy and the decoders load with the first file, not with the module
     from agent.formats.media import MAX_AUDIO_BYTES, decode_audio  # noqa: PLC0415
     from agent.formats.pcm import le_bytes  # noqa: PLC0415
 
-    with path.open("rb") as file:
-        data = file.read(MAX_AUDIO_BYTES + 1)  # more is refused by its size
+    data = nofollow.read_regular(path, MAX_AUDIO_BYTES)  # a FIFO or a device: refused
     if decode is None:
         return le_bytes(decode_audio(data, rate).samples)
     return le_bytes(decode(data, rate))

@@ -33,6 +33,7 @@ from agent.speech.sessions import (
     cached_session,
     graph_feed,
     load_optimized,
+    read_cached,
     takes,
 )
 
@@ -201,10 +202,16 @@ def part_path(stem: Path, part: str) -> Path:
     return Path(f"{stem}.split{SPLIT_FORMAT}.{suffix}")
 
 
+MAX_RECORD_BYTES: Final = 65536
+"""The largest split record read (a few hundred bytes are written)."""
+
+
 def read_record(record: Path) -> dict[str, Any] | None:
+    """The split record of a cached model (no link followed, a regular file of at most
+    MAX_RECORD_BYTES: `sessions.read_cached`), None when absent or unreadable."""
     try:
-        known = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        known = json.loads(read_cached(record, MAX_RECORD_BYTES))
+    except (OSError, ValueError, RecursionError):
         return None
     return known if isinstance(known, dict) else None
 

@@ -22,6 +22,7 @@ not decoded again (a recording is not kept: it plays once).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import threading
@@ -37,6 +38,7 @@ from agent.core.messages import Event, MediaHeld, SpeakRequest, is_url
 from agent.core.reasons import Reason
 from agent.core.refusal import Refused
 from agent.formats.pcm import PCM16
+from agent.guarded import nofollow
 from agent.guarded.http_fetch import FetchError, fetch_bytes, redact
 from agent.speech.media_decoder import DecodeAbortedError, MediaDecoder
 from agent.speech.phrase_cache import PhraseCache
@@ -412,13 +414,13 @@ class MediaSource:
         path = self._files.get(name)
         if path is None:
             raise Refused(Reason.UNKNOWN_SOUND, f"no sound named {name[:64]!r}")
-        try:
-            size = path.stat().st_size
-            if size > self._limits.max_bytes:
-                detail = f"{name}: {size} bytes, at most {self._limits.max_bytes} allowed"
-                raise Refused(Reason.TOO_LARGE, detail)
-            with path.open("rb") as file:
-                return file.read(self._limits.max_bytes + 1)  # it may have grown since
+        try:  # the operator's file (a link is followed), a regular one: a FIFO never blocks
+            return nofollow.read_regular(path, self._limits.max_bytes)
+        except nofollow.FileRefusedError as err:
+            if err.errno == errno.EFBIG:
+                detail = f"{name}: {err.found}"
+                raise Refused(Reason.TOO_LARGE, detail) from None
+            raise Refused(Reason.SOUND_UNAVAILABLE, f"{name}: {err.found}") from None
         except OSError as err:
             detail = f"{name}: {err.strerror or err}"
             raise Refused(Reason.SOUND_UNAVAILABLE, detail) from None

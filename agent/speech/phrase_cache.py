@@ -7,10 +7,14 @@ code. Both tiers are bounded in bytes and drop the least recently used entry fir
 pinned one (the configured phrases: requests cannot push the alarm texts out). Disk
 entries are written atomically (temporary file, then rename) and carry their length and sha256,
 so a truncated or corrupt entry is detected, dropped and synthesized again. The directory and
-every entry are opened without following symbolic links (`nofollow`): a link planted in the
-cache is refused and reported, never read through, written through or deleted through; a
-cache directory that is itself a link leaves the cache in memory only (`problem`). Used from
-one thread (the synthesis thread); `stats` may be read from any.
+every entry are opened without following symbolic links, and an entry only when it is a regular
+file no larger than the cache (`nofollow`): a link, a FIFO, a device, a directory or a huge file
+planted in the cache is removed at start and named in `problem` (the state's `storage`), never
+read through, written through or deleted through (one planted later is dropped when met); a
+cache directory that is itself a link leaves the cache in memory only (`problem`). Opening the
+cache also sweeps the optimized-model cache beside it once (`cache_sweep`), so that what was
+planted there is named in the same `problem`. Used from one thread (the synthesis thread);
+`stats` may be read from any.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import stat
 import struct
 import threading
 from collections import OrderedDict
@@ -31,6 +36,7 @@ import numpy as np
 
 from agent.formats.pcm import PCM16
 from agent.guarded import nofollow
+from agent.speech.cache_sweep import sweep_models
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -94,17 +100,22 @@ class PhraseCache:
             ("memory_hits", "disk_hits", "misses", "stores", "evictions", "corrupt", "refused"), 0
         )
         self.problem: str | None = None
-        """Why the disk tier is off although configured (its directory was refused)."""
+        """Why the disk tier is off although configured (its directory was refused), or what
+        was planted in it and removed at start: for the state's `storage`."""
+        self._found: list[str] = []
         self._fd: int | None = None
         if directory is not None and self._disk_limit > 0:
             try:
-                self._fd = _open_cache_directory(directory)
+                self._fd = nofollow.open_inner_directory(directory)  # the cache root no link either
             except OSError as err:
-                self.problem = f"phrase cache: {err}; kept in memory only"
+                self._note(f"phrase cache: {err}; kept in memory only")
                 _LOGGER.warning("Phrase cache: %s; kept in memory only", err)
                 self._disk_limit = 0
             else:
                 self._index_disk()
+        if directory is not None:  # the cache root's other tenant, checked once at start
+            for found in sweep_models(directory.parent / "models"):
+                self._note(found)
 
     def get(self, key: str, sample_rate: int, *, count: bool = True) -> PCM16 | None:
         """The audio stored under key (checked against its digest), or None.
@@ -193,18 +204,19 @@ class PhraseCache:
         _LOGGER.warning("Phrase cache: %s refused: %s", what, err)
 
     def _index_disk(self) -> None:
+        """Read what the disk holds (names and sizes, no entry opened): what is no entry of
+        the cache's own (a link, a FIFO, a device, a directory where an entry goes, an entry
+        larger than the whole cache) is removed, never followed, and named in `problem`."""
         assert self._fd is not None  # noqa: S101 - only called with a directory
         entries = []
-        with os.scandir(self._fd) as folders:
-            for folder in folders:
-                if not folder.is_dir(follow_symlinks=False):
-                    if folder.is_symlink():
-                        self._refused(folder.name, nofollow.SymlinkRefusedError(folder.name))
-                    continue
+        for name, info in nofollow.entries(self._fd):
+            if stat.S_ISDIR(info.st_mode):
                 try:
-                    entries += self._index_folder(folder.name)
+                    entries += self._index_folder(name)
                 except OSError as err:
-                    self._refused(folder.name, err)
+                    self._refused(name, err)
+            else:
+                self._planted(self._fd, name, nofollow.describe(info.st_mode))
         for _, key, size in sorted(entries):
             self._disk[key] = size
             self._disk_bytes += size
@@ -215,25 +227,43 @@ class PhraseCache:
 
     def _index_folder(self, name: str) -> list[tuple[int, str, int]]:
         """The entries of one subdirectory (modification time, key, size); what a crash left
-        mid-write is removed, a link is refused."""
+        mid-write is removed, and so is what was planted."""
         assert self._fd is not None  # noqa: S101 - only called with a directory
         entries = []
         fd = nofollow.open_subdirectory(self._fd, name, create=False)
         try:
-            with os.scandir(fd) as files:
-                for entry in files:
-                    if entry.name.endswith(".partial"):  # left by a crash mid-write
-                        nofollow.unlink(fd, entry.name)
-                    elif not entry.is_file(follow_symlinks=False):
-                        self._refused(f"{name}/{entry.name}", OSError("not a regular file"))
-                    elif entry.name.endswith(_SUFFIX):
-                        stat = entry.stat(follow_symlinks=False)
-                        key = entry.name.removesuffix(_SUFFIX)
-                        if key[:2] == name:
-                            entries.append((stat.st_mtime_ns, key, stat.st_size))
+            for entry, info in nofollow.entries(fd):
+                if entry.endswith(".partial"):  # left by a crash mid-write
+                    nofollow.remove(fd, entry)
+                elif not stat.S_ISREG(info.st_mode):
+                    self._planted(fd, f"{name}/{entry}", nofollow.describe(info.st_mode))
+                elif info.st_size > self._disk_limit:
+                    size = f"{info.st_size} bytes, over the cache's {self._disk_limit}"
+                    self._planted(fd, f"{name}/{entry}", size)
+                elif entry.endswith(_SUFFIX) and entry[:2] == name:
+                    entries.append((info.st_mtime_ns, entry.removesuffix(_SUFFIX), info.st_size))
         finally:
             os.close(fd)
         return entries
+
+    def _planted(self, folder: int, name: str, found: str) -> None:
+        """Something that is no entry of the cache's own found at start: removed (a link, never
+        its target; a directory with what it holds), counted, logged once and named in
+        `problem` (for the state's `storage`)."""
+        self._refused(name, nofollow.FileRefusedError(name, found))
+        try:
+            nofollow.remove(folder, name.rpartition("/")[2])
+        except OSError as err:
+            _LOGGER.warning("Phrase cache: %s could not be removed: %s", name, err)
+        self._note(f"phrase cache: {name} was {found}: removed")
+
+    def _note(self, found: str) -> None:
+        """Something planted in the cache directory, for the state's `storage` (the first
+        two, and how many more)."""
+        self._found.append(found)
+        shown = "; ".join(self._found[:2])
+        more = len(self._found) - 2
+        self.problem = shown if more <= 0 else f"{shown}; and {more} more"
 
     def _read(self, key: str, sample_rate: int) -> PCM16 | None:
         with self._lock:
@@ -245,14 +275,13 @@ class PhraseCache:
             with self._folder(key) as folder:
                 try:
                     data = nofollow.read_file(folder, name, self._disk_limit)
-                except nofollow.SymlinkRefusedError as err:
+                except nofollow.FileRefusedError as err:  # planted since the start
                     self._refused(name, err)
-                    nofollow.unlink(folder, name)  # the link itself, never its target
                 except OSError:
                     pass
                 pcm = _decode(data, sample_rate)
-                if pcm is None:
-                    nofollow.unlink(folder, name)
+                if pcm is None:  # a link goes, never its target; a directory with its files
+                    nofollow.remove(folder, name)
                 else:
                     with contextlib.suppress(OSError):  # recency survives a restart
                         os.utime(name, dir_fd=folder, follow_symlinks=False)
@@ -299,16 +328,6 @@ class PhraseCache:
                 self._counts["evictions"] += 1
             with contextlib.suppress(OSError), self._folder(key) as folder:
                 nofollow.unlink(folder, f"{key}{_SUFFIX}")
-
-
-def _open_cache_directory(directory: Path) -> int:
-    """The cache's directory, open: neither it nor its parent (the agent's cache root) may be a
-    symbolic link."""
-    root = nofollow.open_directory(directory.parent)
-    try:
-        return nofollow.open_subdirectory(root, directory.name)
-    finally:
-        os.close(root)
 
 
 def _encode(pcm: PCM16, sample_rate: int) -> bytes:

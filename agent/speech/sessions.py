@@ -26,6 +26,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -168,7 +169,7 @@ def model_digest(path: Path, cache_dir: Path | None) -> str:
         ident = f"{path.resolve()}|{_identity(path)}"
         memo = cache_dir / "models" / f"digest-{hashlib.sha256(ident.encode()).hexdigest()[:32]}"
         with contextlib.suppress(OSError, UnicodeDecodeError):
-            remembered = _read(memo, 256).decode("ascii").strip()
+            remembered = read_cached(memo, 256).decode("ascii").strip()
             if _SHA256.fullmatch(remembered):
                 return remembered
     digest = _sha256_of(path)
@@ -186,15 +187,16 @@ def _identity(path: Path, *, follow: bool = True) -> str:
 
 
 def _sha256_of(path: Path, *, follow: bool = True) -> str:
-    """The digest of a file (a symbolic link refused unless `follow`: the model the operator
-    names may be one, a cached copy may not)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC) if follow else nofollow.open_file(path)
+    """The digest of a regular file (a symbolic link refused unless `follow`: the model the
+    operator names may be one, a cached copy may not; a FIFO or a device never: `nofollow`)."""
+    fd = nofollow.open_regular(None, path, follow=follow)
     with os.fdopen(fd, "rb") as data:
         return hashlib.file_digest(data, "sha256").hexdigest()
 
 
-def _read(path: Path, max_bytes: int) -> bytes:
-    """A small cached file (no symbolic link followed, neither it nor its directory)."""
+def read_cached(path: Path, max_bytes: int) -> bytes:
+    """A small cached file (no symbolic link followed, neither it nor its directory; a regular
+    file of at most `max_bytes`, else `nofollow.FileRefusedError`)."""
     folder = nofollow.open_directory(path.parent, create=False)
     try:
         return nofollow.read_file(folder, path.name, max_bytes)
@@ -318,6 +320,8 @@ def install_optimized(built: Path, cached: Path) -> None:
     nofollow.check_directory(cached.parent, create=False)  # never moved through a link
     files = [path for path in (built, _weights(built)) if path.is_file()]
     digests = {path.name: _sha256_of(path, follow=False) for path in files}
+    if any(_planted(p) for p in (cached, _weights(cached), _seal_path(cached))):
+        remove_optimized(cached)  # a link, a FIFO, a directory where a file goes: not kept
     _seal_path(cached).unlink(missing_ok=True)
     for path in reversed(files):
         os.replace(path, cached.parent / path.name)
@@ -329,9 +333,14 @@ def install_optimized(built: Path, cached: Path) -> None:
 
 
 def remove_optimized(cached: Path) -> None:
-    """Remove a cached optimized model, its weights and its seal."""
-    for path in (cached, _weights(cached), _seal_path(cached)):
-        path.unlink(missing_ok=True)
+    """Remove a cached optimized model, its weights and its seal, whatever is in their place (a
+    link, never its target; a directory with what it holds: `nofollow.remove`)."""
+    folder = nofollow.open_directory(cached.parent, create=False)
+    try:
+        for path in (cached, _weights(cached), _seal_path(cached)):
+            nofollow.remove(folder, path.name)
+    finally:
+        os.close(folder)
 
 
 def _weights(model: Path) -> Path:
@@ -359,10 +368,13 @@ def cached_session(cached: Path, threads: int, part: bool = False) -> ort.Infere
     except OSError as err:
         _LOGGER.warning("Optimized model %s not used: %s", cached.name, err)
         return None
-    links = [p for p in (cached, _weights(cached), _seal_path(cached)) if p.is_symlink()]
-    if links:
+    planted = [p for p in (cached, _weights(cached), _seal_path(cached)) if _planted(p)]
+    if planted:
         _LOGGER.warning(
-            "Optimized model %s: %s is a symbolic link: refused, rebuilt", cached, links[0].name
+            "Optimized model %s: %s is %s: refused, rebuilt",
+            cached,
+            planted[0].name,
+            _planted(planted[0]),
         )
         remove_optimized(cached)  # the links themselves, never their targets
         return None
@@ -383,6 +395,16 @@ def cached_session(cached: Path, threads: int, part: bool = False) -> ort.Infere
     return None
 
 
+def _planted(path: Path) -> str | None:
+    """What is in the place of a cached file if it is no regular file (a link, a FIFO, a
+    directory, a device), None if it is one or absent."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    return None if stat.S_ISREG(mode) else nofollow.describe(mode)
+
+
 def _current_identity(folder: Path, name: str, digest: str, sealed: str) -> str:
     """A sealed file's identity now, after "|" (hashed when it is not the sealed one); or what
     is wrong with it (a link, missing, another content)."""
@@ -391,7 +413,8 @@ def _current_identity(folder: Path, name: str, digest: str, sealed: str) -> str:
         return f"{name!r} is no file of its own"
     try:
         current = _identity(path, follow=False)
-        if current != sealed and _sha256_of(path, follow=False) != digest:
+        resized = current.split("|", 1)[0] != sealed.split("|", 1)[0]  # never hashed then
+        if current != sealed and (resized or _sha256_of(path, follow=False) != digest):
             return f"{name} is not the file it was built as"
     except FileNotFoundError:
         return f"{name} is missing"
@@ -405,7 +428,7 @@ def _seal_problem(cached: Path) -> str | None:
     identity (size, inode, times) is still the sealed one is taken as sealed; another is
     hashed (e.g. a restored backup), and its new identity kept when the hash matches."""
     try:
-        seal = json.loads(_read(_seal_path(cached), 65536))
+        seal = json.loads(read_cached(_seal_path(cached), 65536))
         entries = [(str(e["name"]), str(e["sha256"]), str(e["identity"])) for e in seal["files"]]
     except (OSError, ValueError, TypeError, KeyError, RecursionError):
         return "its seal is unreadable"

@@ -11,8 +11,10 @@
 Every row is checked when it is read back (types, finite numbers in range, known classes and
 states, valid UTF-8): whatever a damaged card or a hand edit left in the file, a row that cannot
 be used is set aside (copied into the `damaged` table, for inspection) and reported, never a
-failed start. The directory and the file are opened without following symbolic links
-(`nofollow`); a link in the file's place is moved aside like a damaged file.
+failed start. The directory is opened without following symbolic links, and the file and its
+companions (-wal, -shm, -journal) are checked to be regular files of a sane size through it
+(`nofollow`) before SQLite opens them: a link, a FIFO, a directory, a device or a huge file in
+the place of any of them is moved aside like a damaged file.
 
 Used from the app thread only.
 """
@@ -80,6 +82,13 @@ _COLUMNS: Final = {
     "outbox": (("rank", "INTEGER NOT NULL DEFAULT 9"),),  # before the outbox was bounded
 }
 """Columns added since the first journal: added to an older file when it is opened."""
+COMPANIONS: Final = ("", "-wal", "-shm", "-journal")
+"""The journal file and the files SQLite keeps beside it (its write-ahead log and shared
+memory; a rollback journal, which a WAL database never makes but SQLite would read)."""
+MAX_FILE_BYTES: Final = 256 * 1024 * 1024
+"""The largest journal (or companion) opened: what this agent writes stays far below (recent
+ids, waiting announcements, at most OUTBOX_MAX unsent events: a few MB); a larger one is no
+journal of its own (a planted sparse file), moved aside unread."""
 BOOT_SETTING: Final = "boot"
 """The setting that holds the boot id of the machine at the agent's last start."""
 
@@ -171,9 +180,10 @@ class Journal:
     @classmethod
     def open_or_renew(cls, path: Path, remembered: int) -> tuple[Journal, str | None]:
         """Open the journal; one that cannot be used is moved aside (kept for inspection, with
-        its -wal and -shm; a symbolic link in its place is moved, never followed) and a fresh
-        one started. A directory that cannot be used (a symbolic link, read-only) gives a
-        journal in memory. Returns it and what went wrong, if anything."""
+        its companions; a link, a FIFO, a directory or a file over MAX_FILE_BYTES in the place
+        of any of them is moved, never followed or read) and a fresh one started. A directory
+        that cannot be used (a symbolic link, read-only) gives a journal in memory. Returns it
+        and what went wrong, if anything."""
         try:
             return cls(path, remembered), None
         except StorageRefusedError as err:
@@ -184,7 +194,7 @@ class Journal:
         try:
             directory = nofollow.open_directory(path.parent)
             try:
-                for suffix in ("", "-wal", "-shm"):
+                for suffix in COMPANIONS:
                     with contextlib.suppress(FileNotFoundError):
                         os.replace(
                             f"{path.name}{suffix}",
@@ -393,17 +403,22 @@ class Journal:
 
 def _check_place(path: Path) -> None:
     """The journal's directory is one (no symbolic link: StorageRefusedError); the file and its
-    -wal and -shm are regular files or absent (else JournalDamagedError: moved aside). A new
-    file is private from the start (SQLite's -wal and -shm take its mode)."""
+    companions (COMPANIONS) are regular files of at most MAX_FILE_BYTES, or absent (else
+    JournalDamagedError: moved aside), checked before SQLite opens any of them. A new file is
+    private from the start (SQLite's -wal and -shm take its mode)."""
     try:
         directory = nofollow.open_directory(path.parent)
     except OSError as err:
         raise StorageRefusedError(str(err)) from None
     try:
-        for suffix in ("", "-wal", "-shm"):
-            kind = nofollow.kind(directory, f"{path.name}{suffix}")
-            if kind not in (None, "file"):
-                raise JournalDamagedError(f"{path.name}{suffix} is a {kind}: not followed")
+        for suffix in COMPANIONS:
+            name = f"{path.name}{suffix}"
+            try:
+                os.close(nofollow.open_regular(directory, name, max_bytes=MAX_FILE_BYTES))
+            except FileNotFoundError:
+                continue
+            except nofollow.FileRefusedError as err:
+                raise JournalDamagedError(f"{name} is {err.found}") from None
         if nofollow.kind(directory, path.name) is None:
             flags = os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
             os.close(os.open(path.name, flags, 0o600, dir_fd=directory))

@@ -66,8 +66,10 @@ class StepMarker:
         self, directory: Path | None, name: str, environ: Mapping[str, str] | None = None
     ) -> None:
         """Open (or create) `name` in `directory` without following links, and read what the
-        previous process left (`last`). Without a directory, or when it cannot be used, the
-        marker does nothing (`problem` says why)."""
+        previous process left (`last`). Anything but a regular file of at most a record's
+        bound in its place (a link, a FIFO, a directory, a device, a huge file) is removed,
+        never read, and a new marker made (`problem` says what was found). Without a
+        directory, or when it cannot be used, the marker does nothing (`problem` says why)."""
         self.boot_id = _boot_id()
         self.token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.last: Death | None = None
@@ -88,14 +90,15 @@ class StepMarker:
     def _open(self, directory: Path, name: str) -> None:
         folder = nofollow.open_directory(directory)
         try:
-            if nofollow.kind(folder, name) not in (None, "file"):
-                _LOGGER.warning("The step marker %s is no regular file: replaced", name)
-                nofollow.unlink(folder, name)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    self.last = _parsed(nofollow.read_file(folder, name, _MAX_RECORD), self.boot_id)
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            self._fd = os.open(name, flags, 0o600, dir_fd=folder)
+            try:
+                self.last = _parsed(nofollow.read_file(folder, name, _MAX_RECORD), self.boot_id)
+            except FileNotFoundError:
+                pass
+            except nofollow.FileRefusedError as err:  # planted: never followed, read or kept
+                self.problem = f"step marker {name} was {err.found}: replaced"
+                _LOGGER.warning("The %s", self.problem)
+                nofollow.remove(folder, name)
+            self._fd = nofollow.open_regular(folder, name, os.O_RDWR | os.O_CREAT)
         finally:
             os.close(folder)
 

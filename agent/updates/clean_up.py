@@ -1,11 +1,14 @@
 """What an interrupted update left, cleaned up at start: slots neither active nor previous (an
 install that never switched) and temporary state files go; staged downloads stay a while, so
 offering the release again resumes them, but not for ever (STAGING_MAX_AGE, STAGING_MAX_FILES).
-A link or a special file where the updater keeps its own is removed, never followed."""
+A link or a special file (a FIFO, a device, a directory where a file belongs) where the updater
+keeps its own is removed, never followed, and so is a staged file over
+`update_store.MAX_SLOT_FILE_BYTES`."""
 
 from __future__ import annotations
 
 import logging
+import os
 import stat
 import time
 from pathlib import Path
@@ -53,10 +56,10 @@ def _staging(directory: Path, unsafe: list[str]) -> None:
     with store.directory(directory, "staging") as staging:
         staged: list[tuple[float, str]] = []
         for name, info in store.entries(staging):
-            if stat.S_ISREG(info.st_mode):
+            if stat.S_ISREG(info.st_mode) and info.st_size <= store.MAX_SLOT_FILE_BYTES:
                 staged.append((info.st_mtime, name))
             else:
-                unsafe.append(f"staging/{name} was {store.kind_of(info)}")
+                unsafe.append(f"staging/{name} was {_what(info)}")
                 store.remove(staging, name)
         now = time.time()
         for rank, (mtime, name) in enumerate(sorted(staged, reverse=True)):
@@ -82,3 +85,11 @@ def _slots(directory: Path, keep: set[str | None], unsafe: list[str]) -> None:
                         if not stat.S_ISREG(kind.st_mode):
                             unsafe.append(f"slots/{name}/{inner} was {store.kind_of(kind)}")
                             store.remove(slot, inner)
+
+
+def _what(info: os.stat_result) -> str:
+    """What a staged entry that is not kept is: a special file, or a file too large to be
+    any release's (a sparse file of terabytes would hold its hashing for hours)."""
+    if stat.S_ISREG(info.st_mode):
+        return f"a file of {info.st_size} bytes, over {store.MAX_SLOT_FILE_BYTES}"
+    return store.kind_of(info)

@@ -4,7 +4,9 @@ target), the model slots and the staged downloads; read and written without foll
 Everything below the OTA directory is the updater's own. A symbolic link, a FIFO or a device
 found there (planted by someone with disk access) is refused, never followed: each directory
 below the OTA directory and the file itself are opened with `O_NOFOLLOW`, one after the other
-(`dir_fd`), and the file is checked to be a regular one (`UnsafeFileError` otherwise). The OTA
+(`dir_fd`), and the file is checked to be a regular one (`nofollow.open_regular`: opened with
+`O_NONBLOCK`, so a FIFO never blocks; `UnsafeFileError` otherwise), of at most
+MAX_SLOT_FILE_BYTES before a byte of it is hashed. The OTA
 directory itself is where the owner put it: its own path may go through links, as the storage
 directory's may.
 
@@ -33,6 +35,7 @@ from typing import IO, Any, Final
 
 from agent.core.refusal import Refused
 from agent.core.states import FINAL_PHASES, UpdatePhase, UpdateReason
+from agent.guarded import nofollow
 from agent.protocol import manifest as manifests
 
 _LOGGER = logging.getLogger(__name__)
@@ -45,6 +48,10 @@ MAX_STATE_BYTES: Final = 1 << 20
 MAX_REPORTS: Final = 32
 """Results kept for after a start; older ones beyond this are dropped."""
 MAX_SLOT_FILES: Final = 16
+MAX_SLOT_FILE_BYTES: Final = 1 << 31
+"""The largest file of a slot or a staged download read (2 GiB: a Piper voice is 20-120 MB);
+a larger one is refused by its size, never hashed (a sparse file of terabytes would hold the
+start for hours)."""
 MAX_TEXT: Final = 128
 MAX_DETAIL: Final = 300
 
@@ -165,21 +172,30 @@ def make_directory(root: Path, *parts: str) -> None:
         pass
 
 
-def open_file(root: Path, parts: Sequence[str], flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+def open_file(
+    root: Path,
+    parts: Sequence[str],
+    flags: int = os.O_RDONLY,
+    mode: int = 0o644,
+    max_bytes: int | None = None,
+) -> int:
     """A descriptor of the regular file root/parts…: no directory below root and not the file
-    itself is followed if it is a link (`UnsafeFileError`); a missing one is FileNotFoundError."""
+    itself is followed if it is a link, and a FIFO, a directory, a device or (with `max_bytes`)
+    a larger file is refused before a byte is read (`UnsafeFileError`, by `nofollow`); a
+    missing one is FileNotFoundError."""
     *folders, name = parts
     with directory(root, *folders) as parent:
         try:
-            fd = os.open(
-                name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=parent
-            )
-        except OSError as err:
-            raise _refused(err, parts) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UnsafeFileError(errno.EINVAL, f"{'/'.join(parts)} is not a regular file")
-    return fd
+            return nofollow.open_regular(parent, name, flags, mode, max_bytes=max_bytes)
+        except nofollow.FileRefusedError as err:
+            where = "/".join(parts)
+            if isinstance(err, nofollow.SymlinkRefusedError):
+                raise UnsafeFileError(
+                    errno.ELOOP, f"{where} is {err.found} (refused, not followed)"
+                ) from None
+            raise UnsafeFileError(
+                err.errno or errno.EINVAL, f"{where} is {err.found}, not a regular file"
+            ) from None
 
 
 def open_append(root: Path, parts: Sequence[str]) -> IO[bytes]:
@@ -199,63 +215,33 @@ def file_size(root: Path, parts: Sequence[str]) -> int | None:
         os.close(fd)
 
 
-def sha256_of(root: Path, parts: Sequence[str]) -> str:
-    """The sha256 of the regular file root/parts… (never of what a link points to)."""
-    with os.fdopen(open_file(root, parts), "rb") as data:
+def sha256_of(root: Path, parts: Sequence[str], max_bytes: int = MAX_SLOT_FILE_BYTES) -> str:
+    """The sha256 of the regular file root/parts… (never of what a link points to; one over
+    `max_bytes` is refused by its size, never read)."""
+    with os.fdopen(open_file(root, parts, max_bytes=max_bytes), "rb") as data:
         return hashlib.file_digest(data, "sha256").hexdigest()
 
 
 def read_limited(root: Path, parts: Sequence[str], limit: int) -> bytes:
-    """The bytes of the regular file root/parts…; ValueError beyond `limit`."""
-    with os.fdopen(open_file(root, parts), "rb") as data:
+    """The bytes of the regular file root/parts…; UnsafeFileError beyond `limit` (by its size,
+    before a byte is read), ValueError when it grew beyond it while read."""
+    with os.fdopen(open_file(root, parts, max_bytes=limit), "rb") as data:
         body = data.read(limit + 1)
     if len(body) > limit:
         raise ValueError(f"{'/'.join(parts)} is over {limit} bytes")
     return body
 
 
-def remove(parent: int, name: str) -> None:
-    """Remove the entry `name` of the directory `parent`: a link (never what it points to), a
-    file, or a directory with what it holds; gone already is fine."""
-    try:
-        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(info.st_mode):
-        _remove_tree(parent, name)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=parent)
-
-
-def _remove_tree(parent: int, name: str) -> None:
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-    try:
-        for entry in os.listdir(fd):
-            remove(fd, entry)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent)
-
-
-def entries(parent: int) -> list[tuple[str, os.stat_result]]:
-    """The names in a directory with what lstat says of each (links not followed)."""
-    found = []
-    for name in os.listdir(parent):
-        with contextlib.suppress(FileNotFoundError):
-            found.append((name, os.stat(name, dir_fd=parent, follow_symlinks=False)))
-    return found
+remove = nofollow.remove
+"""Remove an entry of a directory, whatever it is (a link, never what it points to; a
+directory with what it holds): `nofollow.remove`."""
+entries = nofollow.entries
+"""The names in a directory with what lstat says of each: `nofollow.entries`."""
 
 
 def kind_of(info: os.stat_result) -> str:
-    """What an entry is, for a report."""
-    if stat.S_ISLNK(info.st_mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(info.st_mode):
-        return "a directory"
-    if stat.S_ISREG(info.st_mode):
-        return "a file"
-    return "a special file"
+    """What an entry is, for a report ("a file", "a FIFO", "a symbolic link", ...)."""
+    return "a file" if stat.S_ISREG(info.st_mode) else nofollow.describe(info.st_mode)
 
 
 # ---- the slots -------------------------------------------------------------------------------
