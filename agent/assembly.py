@@ -169,6 +169,7 @@ def assemble(
         player = Player(opener, rate, report, audio.volume, audio.alarm_volume_floor, idle)
     else:
         player = speaker.player
+        player.volume = audio.volume  # as the sounder's player began (remembered ones follow)
     cache_dir = resolve_cache_dir(cache, environ)
     phrases = PhraseCache(cache_dir / "phrases", cache.memory_bytes, cache.disk_bytes)
     storage = resolve_storage_dir(config.storage, environ)

@@ -52,6 +52,7 @@ from agent.core.messages import (
     Tick,
 )
 from agent.core.scheduler import SpeakCore
+from agent.guarded import nofollow
 from agent.link.mqtt_link import MqttLink
 from agent.loop.inbox import Inbox
 from agent.protocol.lanes import in_alarm_lane, may_be_alarm
@@ -380,8 +381,7 @@ def _voice_json(path: Path | None) -> object:
     else:
         json_path = Path(f"{path}.json")
     try:
-        with json_path.open("rb") as file:
-            return json.loads(file.read(1 << 20))
+        return json.loads(nofollow.read_regular(json_path, 1 << 20))  # never a FIFO's wait
     except (OSError, ValueError, RecursionError):
         return None
 
