@@ -68,7 +68,7 @@ from agent.protocol.inputs import (
 from agent.protocol.lanes import is_alarm
 from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
-from agent.speaker_link import AlarmNotified, SpeakerLink
+from agent.speaker_link import AlarmNotified, SounderNotes, SounderReport, SpeakerLink
 from agent.speech.synthesizer import VoiceChoice
 from agent.speech.voice import Voice
 from agent.voices import TierDecided, VoicesLoaded, choice_for, int8_tier, load_engines
@@ -137,9 +137,9 @@ class App:
             parts, self._execution, self._facts, config.homeassistant.prefix
         )
 
-    def report(self, event: object) -> None:
+    def report(self, event: InboxEvent) -> None:
         """A report from the sounder's pipe, into the inbox (never dropped)."""
-        self._inbox.report(event)  # type: ignore[arg-type]
+        self._inbox.report(event)
 
     def request_stop(self) -> None:
         """Ask `serve` to return (safe from a signal handler: it only sets a flag)."""
@@ -236,6 +236,9 @@ class App:
                 self._connected(now)
             case AlarmNotified():
                 self._alarm_notified(event.notify, now)
+            case SounderNotes(notes):
+                self._notes += [n for n in notes if n not in self._notes]
+                self._status.changed()
             case TierDecided(voice, state):
                 self._tier_decided(voice, state)
             case VoicesLoaded():
@@ -335,6 +338,7 @@ class App:
         speaker.on_words = self._say_words
         speaker.on_cancel = words.cancel
         words.start()
+        speaker.hello()
         for name, pcm in self._chime_files.items():
             speaker.chime(name, pcm)
 
@@ -537,10 +541,10 @@ def run_engine(
 
     os.umask(0o077)
     sock = socket.socket(fileno=fd)
-    pending: list[object] = []
+    pending: list[SounderReport] = []
     app: App | None = None
 
-    def report(event: object) -> None:
+    def report(event: SounderReport) -> None:
         if app is None:
             pending.append(event)  # before the loop exists (the sounder's first credits)
         else:

@@ -39,6 +39,7 @@ from agent.protocol.status import Status
 from agent.protocol.topics import Topics
 from agent.settings.declarations import DEFAULT_CHIMES, AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
+from agent.speaker_link import AlarmNotified, RemotePlayer, SounderNotes, SpeakerLink
 from agent.speech.chimes import ChimePlan, chime_bank
 from agent.speech.media_decoder import MediaDecoder
 from agent.speech.media_source import FetchLimits, MediaSource
@@ -63,7 +64,6 @@ from agent.voices import (
 
 if TYPE_CHECKING:  # imported when the edge node is on: protobuf costs a node without it
     from agent.sparkplug_node import SparkplugNode
-    from agent.speaker_link import RemotePlayer, SpeakerLink
     from agent.wyoming_service import Wyoming
 
 REPORT_SLOTS: Final = 256
@@ -86,6 +86,8 @@ InboxEvent = (
     | SparkplugLost
     | SparkplugCommand
     | SparkplugHostState
+    | AlarmNotified
+    | SounderNotes
 )
 
 

@@ -28,10 +28,13 @@ from typing import Final
 
 from agent.core.catalog import VoiceFacts
 from agent.core.messages import (
+    AudioStatus,
     Lifecycle,
     NormalPreempted,
     Notify,
     SpeakRequest,
+    UtteranceEnded,
+    UtteranceStarted,
 )
 from agent.formats.chunk import Chunk
 from agent.loop.pipe import Pipe
@@ -49,6 +52,19 @@ class AlarmNotified:
     """An event of the alarm lane (the sounder published it): for the engine's readers."""
 
     notify: Notify
+
+
+@dataclass(frozen=True, slots=True)
+class SounderNotes:
+    """What is wrong with the sounder's files (its alarm journal, its kit): the state says it."""
+
+    notes: tuple[str, ...]
+
+
+SounderReport = (
+    UtteranceStarted | UtteranceEnded | AudioStatus | NormalPreempted | AlarmNotified | SounderNotes
+)
+"""What the sounder tells the engine's loop."""
 
 
 class _Credits:
@@ -106,7 +122,7 @@ class RemotePlayer:
 class SpeakerLink:
     """The engine's end of the pipe to the sounder."""
 
-    def __init__(self, sock: socket.socket, report: Callable[[object], object]) -> None:
+    def __init__(self, sock: socket.socket, report: Callable[[SounderReport], object]) -> None:
         self._report = report
         self._stopping = threading.Event()
         self.normal_credits = _Credits()
@@ -119,7 +135,12 @@ class SpeakerLink:
         self._pipe = Pipe(sock, self._frame, self._broken, "sounder-pipe")
 
     def start(self) -> None:
+        """Read and write the pipe (pings are answered from now on)."""
         self._pipe.start()
+
+    def hello(self) -> None:
+        """Say the engine serves: the sounder gives credits and asks for words from now on
+        (only once `on_words` is set: an ask before would be lost)."""
         self.send(wire.encode("hello"))
 
     def close(self) -> None:
@@ -187,6 +208,11 @@ class SpeakerLink:
                 self.on_cancel(frame.integer("job"))
             case "notified":
                 self._report(AlarmNotified(_notify(frame)))
+            case "notes":
+                notes = frame.header.get("notes")
+                if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+                    raise WireError("notes: expected texts")
+                self._report(SounderNotes(tuple(n[:300] for n in notes[:8])))
             case _:
                 raise WireError(f"a frame of unknown kind {frame.kind[:32]!r}")
 

@@ -126,6 +126,8 @@ class EngineLink:
         """The engine's lane's last job handed to the player (as the player knows it)."""
         self._audio: AudioStatus | None = None
         """What the player last said of the device."""
+        self.notes: list[str] = []
+        """What is wrong with the sounder's files: told to each engine (its state says it)."""
 
     def attach(self, player: Lanes) -> None:
         self._player = player
@@ -281,6 +283,8 @@ class EngineLink:
                 self._process.send(wire.encode("credit", {"lane": lane}))
         if self._audio is not None:  # the device as it is (its state may be older than this engine)
             self._process.send(wire.audio_frame(self._audio))
+        if self.notes:
+            self._process.send(wire.encode("notes", {"notes": self.notes}))
 
     def _connected(self, frame: Frame, epoch: int) -> None:
         del frame, epoch

@@ -137,6 +137,8 @@ class Sounder:
         )
         if problem:
             _LOGGER.warning("Alarm journal: %s", problem)
+        notes = [f"alarm journal: {problem}" if problem else "", self._kit_files.problem or ""]
+        self._engine.notes = [n for n in notes if n]  # in the engine's state (`storage`)
         self._link = MqttLink(
             config.mqtt,
             client_id=f"voice-agent-{config.node_id}-alarms",
