@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import random
 import threading
 import time
@@ -28,7 +27,6 @@ from agent.assembly import InboxEvent, assemble, new_id
 from agent.audio.device import PcmOpener
 from agent.audio.player import announce_role
 from agent.core.messages import (
-    AckRequested,
     AudioStatus,
     Delivery,
     Event,
@@ -44,12 +42,10 @@ from agent.core.messages import (
     UtteranceStarted,
 )
 from agent.core.reasons import Reason
-from agent.core.scheduler import RecentIds
 from agent.core.states import UpdatePhase, UpdateReason, UpdateReport
 from agent.core.tiers import TierState
 from agent.execution import Execution
 from agent.fact_sheet import FactSheet
-from agent.formats.text import clean_text
 from agent.housekeeping import Housekeeping
 from agent.loop.voice_swap import SwapAsked, SwapWithdrawn
 from agent.protocol.inputs import (
@@ -65,9 +61,9 @@ from agent.protocol.inputs import (
     SparkplugHostState,
     SparkplugLost,
 )
-from agent.protocol.lanes import is_alarm
 from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
+from agent.sounder_duty import SounderDuty
 from agent.speaker_link import AlarmNotified, SounderNotes, SounderReport, SpeakerLink
 from agent.speech.synthesizer import VoiceChoice
 from agent.speech.voice import Voice
@@ -101,11 +97,14 @@ class App:
         parts = assemble(
             config, voices, open_pcm, os.environ if environ is None else environ, speaker
         )
-        self._speaker = parts.speaker
-        self._words = parts.words
         self._chime_files = parts.chime_files or {}
-        self._alarm_ids = RecentIds(config.speak.remembered_ids)
-        """Ids the sounder's alarm lane accepted: their acks are its."""
+        self._duty: SounderDuty | None = None
+        """What this engine owes its sounder (None: this process plays itself)."""
+        if parts.speaker is not None and parts.words is not None:
+            phrases = [*config.cache.phrases, config.cache.alarm_phrase]
+            self._duty = SounderDuty(
+                parts.speaker, parts.words, parts.media, config.speak.remembered_ids, phrases
+            )
         self._topics = parts.topics
         self._inbox = parts.inbox
         self._catalog = parts.catalog
@@ -154,8 +153,8 @@ class App:
         self._player.start()
         self._media.start()
         self._synthesizer.start()
-        if self._speaker is not None:
-            self._serve_sounder(self._speaker)
+        if self._duty is not None:
+            self._duty.serve(self._chime_files, self.request_stop)
         self._start_loader()  # the voices' sessions: cached phrases play meanwhile
         self._restore(time.monotonic())
         self._link.start()
@@ -190,8 +189,8 @@ class App:
             self._player.stop()  # first: a synthesizer waiting on the buffer is released
             self._media.stop()  # and one waiting for a download
             self._synthesizer.stop()
-            if self._words is not None:
-                self._words.stop()
+            if self._duty is not None:
+                self._duty.stop()
             self._marker.close()
             self._ledger.close()
             _LOGGER.info("Phrase cache: %s", self._cache.stats())
@@ -295,7 +294,7 @@ class App:
         acknowledgements and events it caused go out. With a sounder, an alarm-class request
         (from Hermes, Sparkplug, Wyoming's announce) is handed to its alarm lane, and an ack
         of an alarm it holds is its."""
-        if self._speaker is not None and self._elsewhere(event):
+        if self._duty is not None and self._duty.takes(event):
             self._link.ack(event.delivery)  # type: ignore[union-attr]
             return
         wall = None  # when its events happened: the audio writer's time for these, else now
@@ -313,44 +312,13 @@ class App:
 
     def _connected(self, now: float) -> None:
         self._status.connected(now)
-        if self._speaker is not None:
-            self._speaker.connected()  # the sounder says `online`: this session exists
+        if self._duty is not None:
+            self._duty.connected()
 
     def _alarm_notified(self, notify: Notify, now: float) -> None:
         self._execution.alarm_notified(notify, now)
-        if notify.event == Lifecycle.ACCEPTED:
-            self._alarm_ids.add(notify.id)
-
-    def _elsewhere(self, event: Event) -> bool:
-        """Whether this event is the sounder's alarm lane's (handed over here)."""
-        assert self._speaker is not None  # noqa: S101 - only asked with a sounder
-        if isinstance(event, SpeakReceived) and is_alarm(event.request.priority):
-            self._speaker.hand_over(event.request)
-            return True
-        return isinstance(event, AckRequested) and event.id in self._alarm_ids
-
-    def _serve_sounder(self, speaker: SpeakerLink) -> None:
-        """The words of the alarm lane said when the sounder asks; the chime files it cannot
-        decode sent to it; the engine stops when the sounder is gone."""
-        words = self._words
-        assert words is not None  # noqa: S101 - built with the speaker
-        speaker.on_gone = self.request_stop
-        speaker.on_words = self._say_words
-        speaker.on_cancel = words.cancel
-        words.start()
-        speaker.hello()
-        for name, pcm in self._chime_files.items():
-            speaker.chime(name, pcm)
-
-    def _say_words(self, job: int, request: SpeakRequest) -> None:
-        """On the pipe's thread: an alarm's words (its sounds made ready first)."""
-        assert self._words is not None  # noqa: S101 - only with a sounder
-        if request.has_media:
-            self._media.prepare(request)
-        try:
-            self._words.submit(request, job)
-        except queue.Full:
-            _LOGGER.warning("Words for %s refused: the words' synthesizer is busy", request.id)
+        if self._duty is not None:
+            self._duty.notified(notify)
 
     def _failed(self, event: InboxEvent | Tick, err: Exception, now: float) -> None:
         """The guard's answer to a fault while handling `event`: the traceback is logged once
@@ -484,25 +452,16 @@ class App:
         self._synthesizer.use_voice(choice)  # before any later request: one queue, in order
         if self._wyoming is not None:
             self._wyoming.renderer.use_voice(choice)
-        if self._words is not None:
-            self._words.use_voice(choice)
+        if self._duty is not None:
+            self._duty.use_voice(choice)
         self._status.connected(time.monotonic())  # announce the new model
         self._tell_sounder()
         _LOGGER.info("Switched to the model %s (sha256 %s…)", voice.path, voice.sha256[:12])
         return True
 
     def _tell_sounder(self) -> None:
-        """The voice is ready: the voices' facts, the model and the phrases to keep."""
-        if self._speaker is None:
-            return
-        phrases = [*self._config.cache.phrases]
-        if self._config.cache.alarm_phrase:
-            phrases.append(self._config.cache.alarm_phrase)
-        self._speaker.ready(
-            dict(self._catalog.voices),
-            self._voices["default"].voice.sha256,
-            [clean_text(p) for p in phrases],
-        )
+        if self._duty is not None:
+            self._duty.ready(dict(self._catalog.voices), self._voices["default"].voice.sha256)
 
 
 def _subject(event: InboxEvent | Tick) -> str | None:

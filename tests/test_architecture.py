@@ -58,7 +58,7 @@ SHARED = {"guarded"}
 egress policy, files opened without following links; any edge may use them."""
 ROOTS = {"app", "assembly", "execution", "fact_sheet", "housekeeping", "voices", "__main__"}
 ROOTS |= {"sparkplug_node", "wyoming_service"}
-ROOTS |= {"__init__", "settings.loading", "speaker_link"}
+ROOTS |= {"__init__", "settings.loading", "speaker_link", "sounder_duty"}
 """The composition (the modules at the top of `agent/`, the sounder's in `agent/sounder/`, and
 the config's loader): may import anything; nothing imports them (but `__main__`, the modules
 it runs)."""

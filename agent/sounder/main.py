@@ -61,7 +61,7 @@ from agent.protocol.topics import Topics
 from agent.settings.declarations import BUILTIN_CHIMES, DEFAULT_CHIMES, AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
 from agent.sounder.alarm_voice import AlarmVoice
-from agent.sounder.engine_link import EngineLink
+from agent.sounder.engine_link import LOOP_EVENTS, EngineLink
 from agent.sounder.kit import Kit, KitFiles
 from agent.storage.journal import Journal
 from agent.storage.ledger import Ledger
@@ -113,13 +113,12 @@ class Sounder:
         self._player = Player(
             opener,  # type: ignore[arg-type]
             rate,
-            self._engine.speaker_report,
+            self._engine.lane.report,
             audio.volume,
             audio.alarm_volume_floor,
             idle,
             report_urgent=self._inbox.report,
         )
-        self._engine.attach(self._player)
         chimes = {**DEFAULT_CHIMES, **audio.chimes}
         self._voice = AlarmVoice(
             self._player,
@@ -130,7 +129,7 @@ class Sounder:
             lambda: self._kit.phrases.get(config.cache.alarm_phrase),
             WORDS_WAIT_SECONDS,
         )
-        self._engine.attach_words(self._voice)
+        self._engine.attach(self._player, self._voice)
         storage = resolve_storage_dir(config.storage, environ)
         journal, problem = Journal.open_or_renew(
             storage / f"alarms-{config.node_id}.sqlite3", speak.remembered_ids
@@ -145,9 +144,9 @@ class Sounder:
             status_topic=topics.status,
             handlers=self._handlers(config, topics),
             on_connected=lambda: None,
-            online_now=self._engine.session_known,
+            online_now=self._engine.session.is_set,
         )
-        self._engine.on_session(self._link.say_online)
+        self._engine.on_session = self._link.say_online
         self._ledger = Ledger(journal, self._link, topics.events)
         self._flood = FloodGate()
         self._systemd = Notifier(environ)
@@ -275,8 +274,8 @@ class Sounder:
                 self._link.ack(delivery)
 
     def _dispatch(self, event: object, now: float) -> None:
-        if self._engine.handles(event):
-            self._engine.handle(event, self._kit_files)
+        if isinstance(event, LOOP_EVENTS):
+            self._engine.handle(event)
             self._core_sees_catalog()
             return
         if isinstance(event, AckRequested) and not self._core.knows(event.id):

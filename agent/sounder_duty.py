@@ -1,0 +1,87 @@
+"""What the engine owes its sounder (part of the engine's composition root, run by the app
+loop): the alarm-class requests of its other edges handed over, the acks of the alarms the
+sounder holds left to it, the alarm lane's words said when asked (their sounds made ready
+first), the chime files decoded here sent there, and the voice's readiness told.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable, Mapping, Sequence
+
+from agent.core.catalog import VoiceFacts
+from agent.core.messages import AckRequested, Event, Lifecycle, Notify, SpeakReceived, SpeakRequest
+from agent.core.scheduler import RecentIds
+from agent.formats.text import clean_text
+from agent.protocol.lanes import is_alarm
+from agent.speaker_link import SpeakerLink
+from agent.speech.media_source import MediaSource
+from agent.speech.synthesizer import Synthesizer, VoiceChoice
+
+_LOGGER = logging.getLogger(__name__)
+
+
+class SounderDuty:
+    """The engine's side of the alarm lane."""
+
+    def __init__(
+        self,
+        speaker: SpeakerLink,
+        words: Synthesizer,
+        media: MediaSource,
+        remembered_ids: int,
+        phrases: Sequence[str],
+    ) -> None:
+        self._speaker = speaker
+        self._words = words
+        self._media = media
+        self._alarm_ids = RecentIds(remembered_ids)
+        """Ids the sounder's alarm lane accepted: their acks are its."""
+        self._phrases = [clean_text(p) for p in phrases if p]
+
+    def serve(self, chime_files: Mapping[str, bytes], stop: Callable[[], None]) -> None:
+        """Say hello once the words can be said; the engine stops when the sounder is gone."""
+        speaker = self._speaker
+        speaker.on_gone = stop
+        speaker.on_words = self._say_words
+        speaker.on_cancel = self._words.cancel
+        self._words.start()
+        speaker.hello()
+        for name, pcm in chime_files.items():
+            speaker.chime(name, pcm)
+
+    def stop(self) -> None:
+        self._words.stop()
+
+    def takes(self, event: Event) -> bool:
+        """Whether this event is the alarm lane's: an alarm-class request (handed over now),
+        or the ack of an alarm it holds. The caller acknowledges its delivery."""
+        if isinstance(event, SpeakReceived) and is_alarm(event.request.priority):
+            self._speaker.hand_over(event.request)
+            return True
+        return isinstance(event, AckRequested) and event.id in self._alarm_ids
+
+    def notified(self, notify: Notify) -> None:
+        """An event of the alarm lane: its ids are remembered (their acks are the sounder's)."""
+        if notify.event == Lifecycle.ACCEPTED:
+            self._alarm_ids.add(notify.id)
+
+    def ready(self, voices: Mapping[str, VoiceFacts], model: str) -> None:
+        """The voice is ready (or switched): the voices' facts, the model, the phrases to keep."""
+        self._speaker.ready(voices, model, self._phrases)
+
+    def connected(self) -> None:
+        self._speaker.connected()  # the sounder says `online`: this session exists
+
+    def use_voice(self, choice: VoiceChoice) -> None:
+        self._words.use_voice(choice)
+
+    def _say_words(self, job: int, request: SpeakRequest) -> None:
+        """On the pipe's thread: an alarm's words (its sounds made ready first)."""
+        if request.has_media:
+            self._media.prepare(request)
+        try:
+            self._words.submit(request, job)
+        except queue.Full:
+            _LOGGER.warning("Words for %s refused: the words' synthesizer is busy", request.id)
