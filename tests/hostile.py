@@ -351,3 +351,49 @@ def tree(root: Path, leave_out: Sequence[Path] = ()) -> dict[str, tuple[str, int
             else:
                 seen[path] = ("other", info.st_mode, "")
     return seen
+
+
+# ---- untrusted text for every splitter (issue 33.4) ----------------------------------------
+
+PATHOLOGICAL_CHARS = 120_000
+"""Characters of each pathological text: past the 100,000 of the issue's Wyoming attack."""
+PUNCTUATION = ".!?;:,\u3002\uff01\uff1f\u3001\uff0c\"')]\u201d\u00bb([<>&#-\u2014\u2026"
+"""Every mark a splitter may look at (sentence and clause ends, closers, brackets, markup)."""
+WHITESPACE = " \t\n\r\x0b\x0c\x85\xa0\u2028\u3000"
+COMBINING = "\u0301\u0308\u0323\u20dd\u0489"
+"""Combining marks (acute, diaeresis, dot below, enclosing circle, cyrillic millions)."""
+
+
+def pathological_texts(size: int = PATHOLOGICAL_CHARS) -> dict[str, str]:
+    """Texts that make a backtracking splitter quadratic (or worse), by name: a run of each
+    punctuation mark and of each kind of white space (with and without a letter after), a
+    letter with thousands of combining marks, alternations of marks with spaces, letters and
+    closers, and the issue's own cases ("." * 30,000 then "x"; "." * 16,000 then "x ")."""
+    texts: dict[str, str] = {
+        "issue: 30,000 dots then x": "." * 30_000 + "x",
+        "issue: 16,000 dots then x and a space": "." * 16_000 + "x ",
+    }
+    for mark in PUNCTUATION:  # a run that something else ends: what makes a regex backtrack
+        texts[f"run of {mark!a} then x"] = mark * size + "x"
+    for space in WHITESPACE:
+        texts[f"run of {space!a} then x"] = space * size + "x"
+    for mark in COMBINING:
+        texts[f"a with {mark!a} x {size}"] = "a" + mark * size
+    units = {
+        "dot space": ". ",
+        "dot x": ".x",
+        "dot quote": '."',
+        "dot quote space": '." ',
+        "comma space": ", ",
+        "tag opener": "<a",
+        "char reference": "&#",
+        "raw phoneme escape": "[[",
+        "dot run then space": "....... ",
+        "word": "word ",
+        "long word": "x" * 997 + " ",
+    }
+    for name, unit in units.items():
+        texts[f"alternation: {name}"] = unit * (size // len(unit))
+    texts["one word, no space"] = "x" * size
+    texts["digits after &#"] = "&#" + "1" * size
+    return texts

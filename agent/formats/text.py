@@ -58,9 +58,12 @@ CLOSERS: Final = "\"')]\u201d\u2019\u00bb"
 """What may follow a sentence's marks before the white space (`"Stop!" he said`)."""
 CLAUSE_MARKS: Final = ",\u3001\uff0c"
 """Marks that end a clause when white space follows them: a cut there still sounds natural."""
-PIECE_CHARS: Final = 500
-"""Most characters one espeak-ng call is given (`pieces`): about 1-5 ms of phonemizing, which
-holds the interpreter lock throughout (measured: 3-6 us per character, linear in the text)."""
+PIECE_CHARS: Final = 160
+"""Most characters one espeak-ng call is given (`pieces`): under a millisecond of phonemizing,
+which holds the interpreter lock throughout (measured: 3-6 us per character, linear in the
+text). It also keeps every clause espeak-ng sees short: espeak-ng (piper-tts 1.8.0) crashes the
+process (SIGSEGV) on a clause of about 97 letters spelled between dots (`x.x.x.`...: 194
+characters), which a 200-byte message could carry; within 160 characters it cannot."""
 
 _NOTABLE: Final = re.compile(
     "[" + re.escape(SENTENCE_MARKS + CLOSERS + CLAUSE_MARKS) + r"]|\s", re.UNICODE

@@ -10,8 +10,9 @@ phoneme ids in, float chunks out, honouring a `Cancellation` from another thread
 thread-safe otherwise: one synthesis thread uses a voice.
 
 Phonemizing is bounded: a text goes to espeak-ng in pieces of at most `text.PIECE_CHARS`
-characters (cut at a sentence end, clause end or space), each call a few milliseconds under the
-interpreter lock, and stops once the phonemes pass the bound it was asked within. espeak-ng's
+characters (cut at a sentence end, clause end or space), each call under a millisecond under
+the interpreter lock and never a clause long enough to crash espeak-ng, and stops once the
+phonemes pass the bound it was asked within. espeak-ng's
 voice is one global of the library: `set_voice` and the `get_phonemes` after it are one step
 under `ESPEAK_LOCK`, so a synthesizer on another thread never switches the language under it.
 """
@@ -326,8 +327,9 @@ class Voice:
         Joined, a sentence's clauses are exactly the phonemes piper-tts makes for it, so
         synthesizing clause groups changes where the model is run, not what is said. A text
         longer than `text.PIECE_CHARS` is phonemized in pieces (cut where `text.pieces` cuts;
-        a sentence cut inside goes on in the next piece); with `max_phonemes`, phonemizing stops
-        with TooManyPhonemesError after the piece that passes it.
+        a sentence cut inside goes on in the next piece: a long clause can crash espeak-ng);
+        with `max_phonemes`, phonemizing stops with TooManyPhonemesError after the piece that
+        passes it.
         """
         sentences: list[list[Clause]] = []
         current: list[Clause] = []
