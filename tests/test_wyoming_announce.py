@@ -150,21 +150,21 @@ def _started(agent: RunningAgent) -> list[dict[str, object]]:
 @pytest.mark.parametrize(
     ("events", "code"),
     [
-        ([AudioChunk(rate=RATE, width=2, channels=1, audio=b"\0\0").event()], "no-audio-start"),
-        ([AudioStart(rate=RATE, width=4, channels=1).event()], "unsupported"),
-        ([AudioStart(rate=2_000_000, width=2, channels=1).event()], "unsupported"),
-        ([AudioStart(rate=RATE, width=2, channels=9).event()], "unsupported"),
+        ([AudioChunk(rate=RATE, width=2, channels=1, audio=b"\0\0").event()], "invalid_field"),
+        ([AudioStart(rate=RATE, width=4, channels=1).event()], "unsupported_audio"),
+        ([AudioStart(rate=2_000_000, width=2, channels=1).event()], "unsupported_audio"),
+        ([AudioStart(rate=RATE, width=2, channels=9).event()], "unsupported_audio"),
         (
             [
                 AudioStart(rate=RATE, width=2, channels=1).event(),
                 AudioChunk(rate=16000, width=2, channels=1, audio=b"\0\0").event(),
             ],
-            "unsupported",
+            "unsupported_audio",
         ),
-        (announcement(chirp(6.0))[:-1], "too-long"),  # over speak.max_audio_seconds (5 here)
+        (announcement(chirp(6.0))[:-1], "too_long"),  # over speak.max_audio_seconds (5 here)
         (
             [Event(type="audio-start", data={"width": 2, "channels": 1})],
-            "bad-event",
+            "invalid_field",
         ),
     ],
     ids=["chunk-first", "width", "rate", "channels", "format-change", "too-long", "bad-field"],

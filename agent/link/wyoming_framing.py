@@ -63,8 +63,8 @@ async def read_event(reader: asyncio.StreamReader) -> Event | None:
     except asyncio.IncompleteReadError:
         return None
     kind = header.get("type")
-    if not isinstance(kind, str) or not 0 < len(kind) <= MAX_TYPE_CHARS:
-        detail = f"`type` is a string of 1-{MAX_TYPE_CHARS} characters"
+    if not isinstance(kind, str) or not 0 < len(kind) <= MAX_TYPE_CHARS or not kind.isprintable():
+        detail = f"`type` is a string of 1-{MAX_TYPE_CHARS} printable characters"
         raise UnreadableError(Reason.INVALID_FIELD, detail, lost=False)
     data = header.get("data", {})
     if data is None or not isinstance(data, dict):
