@@ -264,7 +264,7 @@ def test_a_long_streamed_text_is_spoken_while_it_arrives(start_agent: StartAgent
 
 
 def test_ten_clients_at_once_each_get_their_own_speech(start_agent: StartAgent) -> None:
-    _, port = _agent(start_agent)
+    _, port = _agent(start_agent, max_clients_per_peer=10)  # ten from one address
 
     async def run() -> list[list[Event]]:
         texts = [f"Client number {n} asks for its own words." for n in range(10)]

@@ -39,7 +39,13 @@ def _agent(
 ) -> tuple[RunningAgent, int]:
     """The agent with its announce target on a free port; `speak` keys merged in."""
     port = free_port()
-    wyoming = {"enabled": True, "host": "127.0.0.1", "port": free_port(), "satellite_port": port}
+    wyoming = {
+        "enabled": True,
+        "host": "127.0.0.1",
+        "port": free_port(),
+        "satellite_port": port,
+        "idle_seconds": 600,  # Home Assistant pings every 2 s; these clients wait in silence
+    }
     sections: dict[str, dict[str, object]] = {"wyoming": wyoming, "speak": speak}
     return start_agent(sections=sections, paced=paced), port
 

@@ -688,7 +688,7 @@ class WyomingConfig:
     )
     max_clients_per_peer: int = _key(
         "Connections one address may hold at once on each port; more are answered busy.",
-        4,
+        8,
         _between(1, 1024),
     )
     idle_seconds: float = _key(
