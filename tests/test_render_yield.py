@@ -538,3 +538,41 @@ def test_two_threads_phonemizing_in_two_languages_each_get_their_own(
     for thread in threads:
         thread.join(DEADLINE)
     assert not wrong, f"{len(wrong)} phonemizations in the other language: {wrong[:4]}"
+
+
+def test_each_peer_has_its_turn_at_the_render_desk(node: Node) -> None:
+    """A host with many requests waiting delays another's by one of its own at most: the next
+    request is the oldest of the peer served least recently (issue 33: a budget per Wyoming
+    peer)."""
+    first_chunk, go = threading.Event(), threading.Event()
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def sink_for(name: str) -> Callable[[Chunk], bool]:
+        def sink(chunk: Chunk) -> bool:
+            if chunk.end:
+                with lock:
+                    order.append(name)
+            elif name == "a1" and not first_chunk.is_set():
+                first_chunk.set()
+                go.wait(DEADLINE)
+            return True
+
+        return sink
+
+    desk: RenderDesk[VoiceChoice] = RenderDesk(16, lambda c: c.id)
+    render = node.make("render", put=desk.put)
+    desk.bind(render.synthesizer)
+    desk.start()
+    try:
+        done = [desk.render(SpeakRequest("a1", "One."), sink_for("a1"), "10.0.0.1")]
+        assert first_chunk.wait(DEADLINE)
+        for name in ("a2", "a3", "a4"):
+            done.append(desk.render(SpeakRequest(name, "More."), sink_for(name), "10.0.0.1"))
+        done.append(desk.render(SpeakRequest("b1", "Mine."), sink_for("b1"), "10.0.0.2"))
+        go.set()
+        assert all(d.wait(DEADLINE) for d in done)
+    finally:
+        go.set()
+        desk.stop()
+    assert order == ["a1", "a2", "b1", "a3", "a4"], order

@@ -1,6 +1,8 @@
-"""The Wyoming render desk: requests of Wyoming clients synthesized one at a time, in arrival
-order, by the render synthesizer (a second synthesizer over the node's voices and phrase cache,
-whose `put` is the desk's, never the player's).
+"""The Wyoming render desk: requests of Wyoming clients synthesized one at a time by the render
+synthesizer (a second synthesizer over the node's voices and phrase cache, whose `put` is the
+desk's, never the player's). Each peer (a client address) has its turn: the next request is the
+oldest of the peer served least recently, so a host with many connections delays another's
+request by one of its own at most, and the desk's room (`capacity`) bounds them all.
 
 The desk's thread is the only one that hands the render synthesizer anything: a request once
 the one before it ended, and voice switches (a model update, a rollback) between requests,
@@ -75,7 +77,9 @@ class RenderDesk(Generic[VoiceT]):
     def __init__(self, capacity: int, voice_id: Callable[[VoiceT], str]) -> None:
         self._capacity = capacity
         self._voice_id = voice_id
-        self._jobs: deque[Render] = deque()
+        self._waiting: dict[str, deque[Render]] = {}
+        """Requests waiting, by peer; the peers in turn order (served last: at the end)."""
+        self._count = 0
         self._switches: dict[str, VoiceT] = {}
         """Voice switches not handed over yet, the latest per voice id."""
         self._condition = threading.Condition()
@@ -106,20 +110,25 @@ class RenderDesk(Generic[VoiceT]):
         """End the thread; every request still waiting, and the current one, ends."""
         with self._condition:
             self._stopping = True
-            waiting = [*self._jobs, *([self._current] if self._current else [])]
-            self._jobs.clear()
+            waiting = [job for jobs in self._waiting.values() for job in jobs]
+            waiting += [self._current] if self._current else []
+            self._waiting.clear()
+            self._count = 0
             self._condition.notify_all()
         for job in waiting:
             job.done.set()
 
-    def render(self, request: SpeakRequest, sink: Callable[[Chunk], bool]) -> threading.Event:
-        """Queue a request; the event is set once its end went to `sink`. Raises DeskFullError when
-        the queue is full."""
+    def render(
+        self, request: SpeakRequest, sink: Callable[[Chunk], bool], peer: str = ""
+    ) -> threading.Event:
+        """Queue a request of `peer`; the event is set once its end went to `sink`. Raises
+        DeskFullError when the desk is full."""
         job = Render(request, sink, threading.Event())
         with self._condition:
-            if len(self._jobs) >= self._capacity:
+            if self._count >= self._capacity:
                 raise DeskFullError
-            self._jobs.append(job)
+            self._waiting.setdefault(peer, deque()).append(job)
+            self._count += 1
             self._condition.notify_all()
         return job.done
 
@@ -154,13 +163,13 @@ class RenderDesk(Generic[VoiceT]):
         assert renderer is not None  # noqa: S101 - bound by the composition root
         while True:
             with self._condition:
-                while not (self._stopping or self._jobs or self._switches):
+                while not (self._stopping or self._count or self._switches):
                     self._condition.wait()
                 if self._stopping:
                     return
                 switches = list(self._switches.values())
                 self._switches.clear()
-                job = self._jobs.popleft() if self._jobs else None
+                job = self._next()
                 if job is not None:
                     token = next(self._tokens)
                     self._current, self._token = job, token
@@ -176,6 +185,18 @@ class RenderDesk(Generic[VoiceT]):
             with self._condition:
                 self._current = None
                 self.rendered += 1
+
+    def _next(self) -> Render | None:
+        """The oldest request of the peer whose turn it is (under the lock); that peer goes to
+        the end of the turn order."""
+        for peer in self._waiting:
+            jobs = self._waiting.pop(peer)
+            job = jobs.popleft()
+            if jobs:
+                self._waiting[peer] = jobs
+            self._count -= 1
+            return job
+        return None
 
     def _hand_over(self, command: Callable[[], None]) -> bool:
         """One command to the render synthesizer, waiting for room in its queue (its commands

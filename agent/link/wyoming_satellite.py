@@ -42,7 +42,7 @@ from wyoming.snd import Played
 
 from agent.core.messages import AudioClip, Notify, Priority, SpeakRequest
 from agent.core.reasons import Reason
-from agent.link.wyoming_server import UNREADABLE, ClientError, peer_address, read_answering
+from agent.link.wyoming_server import UNREADABLE, ClientError, Incoming, peer_address
 from agent.settings.declarations import WyomingConfig
 
 _LOGGER = logging.getLogger(__name__)
@@ -221,10 +221,9 @@ class _Satellite:
 
     async def run(self) -> None:
         try:
+            incoming = Incoming(self._reader, self._write, self._config.idle_seconds, self.address)
             while True:
-                event = await read_answering(
-                    self._reader, self._write, self._config.idle_seconds, self.address
-                )
+                event = await incoming.next()
                 if event is None:
                     return
                 try:

@@ -369,23 +369,39 @@ class WyomingServer:
             writer.close()
 
 
-async def read_answering(
-    reader: asyncio.StreamReader,
-    write: Callable[[Event], Awaitable[None]],
-    idle_seconds: float,
-    peer: object,
-) -> Event | None:
-    """The next event a connection can serve (None: it ends). An unreadable one is answered
-    with `error` (its reason as code), logged at INFO, and skipped, or ends the connection when
-    the framing is lost."""
-    while True:
-        try:
-            return await asyncio.wait_for(read_event(reader), idle_seconds)
-        except UnreadableError as err:
-            _LOGGER.info("Wyoming: %s sent an unreadable event: %s", peer, err.detail)
-            await write(ClientError(err.reason, err.detail).event())
-            if err.lost:
-                return None
+class Incoming:
+    """A connection's events as it can serve them. An unreadable one is answered with `error`
+    (its reason as code) and skipped, or ends the connection when the framing is lost; the
+    first of a connection is logged at INFO, later ones at DEBUG (a host that sends nothing
+    else cannot fill the log)."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        write: Callable[[Event], Awaitable[None]],
+        idle_seconds: float,
+        peer: object,
+    ) -> None:
+        self._reader = reader
+        self._write = write
+        self._idle_seconds = idle_seconds
+        self._peer = peer
+        self._level = logging.INFO
+
+    async def next(self) -> Event | None:
+        """The next event to serve (None: the connection ends)."""
+        while True:
+            try:
+                return await asyncio.wait_for(read_event(self._reader), self._idle_seconds)
+            except UnreadableError as err:
+                detail = err.detail
+                _LOGGER.log(
+                    self._level, "Wyoming: %s sent an unreadable event: %s", self._peer, detail
+                )
+                self._level = logging.DEBUG
+                await self._write(ClientError(err.reason, err.detail).event())
+                if err.lost:
+                    return None
 
 
 class _Connection:
@@ -400,13 +416,13 @@ class _Connection:
         self._reader = reader
         self._writer = writer
         self._peer = writer.get_extra_info("peername")
+        self._address = peer_address(self._peer) or ""
         self._stream: tuple[Asked, TextCutter] | None = None
 
     async def run(self) -> None:
+        incoming = Incoming(self._reader, self._write, self._config.idle_seconds, self._peer)
         while True:
-            event = await read_answering(
-                self._reader, self._write, self._config.idle_seconds, self._peer
-            )
+            event = await incoming.next()
             if event is None:
                 return
             try:
@@ -493,7 +509,7 @@ class _Connection:
             return True
 
         try:
-            done = self._server.desk.render(request, sink)
+            done = self._server.desk.render(request, sink, self._address)
         except DeskFullError:
             raise ClientError(Reason.QUEUE_FULL, "too many requests wait for synthesis") from None
         rate = self._server.rate
