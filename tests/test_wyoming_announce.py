@@ -47,7 +47,9 @@ def _agent(
         "idle_seconds": 600,  # Home Assistant pings every 2 s; these clients wait in silence
     }
     sections: dict[str, dict[str, object]] = {"wyoming": wyoming, "speak": speak}
-    return start_agent(sections=sections, paced=paced), port
+    agent = start_agent(sections=sections, paced=paced)
+    agent.wait_voice_ready()  # the announce target is the engine's
+    return agent, port
 
 
 def chirp(seconds: float, rate: int = RATE) -> npt.NDArray[np.int16]:

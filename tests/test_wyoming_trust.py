@@ -52,7 +52,9 @@ def _agent(
         },
         "speak": speak or {},
     }
-    return start_agent(sections=sections), port, satellite
+    agent = start_agent(sections=sections)
+    agent.wait_voice_ready()  # the Wyoming server is the engine's: its answers need the voice
+    return agent, port, satellite
 
 
 def heard_after(agent: RunningAgent, broker: Broker) -> float:
