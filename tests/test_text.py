@@ -18,7 +18,8 @@ from wyoming.event import Event
 from agent.core.admission import Admission, Timing
 from agent.core.catalog import Catalog, VoiceFacts
 from agent.core.messages import Rejection, SpeakRequest
-from agent.formats.ssml import SsmlError, is_ssml, parse_ssml, spoken_text
+from agent.formats.markup import is_ssml
+from agent.formats.ssml import SsmlError, parse_ssml, spoken_text
 from agent.formats.text import PIECE_CHARS, Cut, TextCutter, clean_text, pieces
 from agent.link.wyoming_framing import LINE_LIMIT, read_event
 from agent.link.wyoming_server import ClientError, Intake
