@@ -1,8 +1,9 @@
 """The Wyoming service's wiring (imported only when `wyoming.enabled`): the render worker, a
 second synthesizer over the node's voices and phrase cache whose output goes to the Wyoming
-clients (never the player), the announce target (Home Assistant's satellite port, whose
-announcements go to the loop as requests), and the server, with the `info`s it answers
-`describe` with."""
+clients (never the player), driven by the render desk alone; the intake, which decides a
+Wyoming text's request by the speak message's rules and the core's admission over the node's
+catalog; the announce target (Home Assistant's satellite port, whose announcements go to the
+loop as requests), and the server, with the `info`s it answers `describe` with."""
 
 from __future__ import annotations
 
@@ -13,23 +14,47 @@ from typing import Final
 
 from wyoming.info import Attribution, Info, Satellite, TtsProgram, TtsVoice, TtsVoiceSpeaker
 
+from agent.core.admission import Admission, Timing
 from agent.core.messages import SpeakRequest
 from agent.formats.media import MAX_AUDIO_BYTES, MAX_AUDIO_SECONDS
+from agent.link.wyoming_render import RenderDesk
 from agent.link.wyoming_satellite import AnnounceTarget, Limits
-from agent.link.wyoming_server import RenderDesk, WyomingServer
+from agent.link.wyoming_server import Intake, WyomingServer
 from agent.link.wyoming_zeroconf import (
     Advertised,
     ZeroconfAdvertiser,
     addresses_for,
     instance_name,
 )
+from agent.protocol.payloads import SpeakLimits
 from agent.settings.declarations import AgentConfig
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import Synthesizer, VoiceChoice
 from agent.speech.urgent import UrgentGate
 from agent.system import allocator
+from agent.voices import catalog
 
 ATTRIBUTION: Final = Attribution(name="voice-agent", url="https://github.com/OHF-Voice/piper1-gpl")
+
+
+class RenderWorker:
+    """The render synthesizer as the agent drives it: started and stopped with the agent, and
+    switched to a new model through the render desk (a switch never raises, however many come
+    during a render: the desk hands them over between requests)."""
+
+    def __init__(self, synthesizer: Synthesizer, desk: RenderDesk[VoiceChoice]) -> None:
+        self._synthesizer = synthesizer
+        self._desk = desk
+
+    def start(self) -> None:
+        self._synthesizer.start()
+
+    def stop(self) -> None:
+        self._synthesizer.stop()
+
+    def use_voice(self, choice: VoiceChoice) -> None:
+        """Replace a voice (a model update or rollback), before the next render."""
+        self._desk.use_voice(choice)
 
 
 @dataclass(slots=True)
@@ -37,8 +62,8 @@ class Wyoming:
     """The Wyoming server, and the synthesizer that renders for its clients."""
 
     server: WyomingServer
-    renderer: Synthesizer
-    desk: RenderDesk
+    renderer: RenderWorker
+    desk: RenderDesk[VoiceChoice]
     satellite: AnnounceTarget | None
     """The announce target (None: `wyoming.satellite_port` 0)."""
     gate: UrgentGate
@@ -91,7 +116,7 @@ def build(
     `announce`), not started (`voices` is the loop's view: a model update's new default is
     named the same). The render worker waits before each inference while `gate` is held
     (the main synthesizer holds it through an alarm or a critical request)."""
-    desk = RenderDesk(capacity=4 * config.wyoming.max_clients)
+    desk: RenderDesk[VoiceChoice] = RenderDesk(4 * config.wyoming.max_clients, lambda c: c.id)
     renderer = Synthesizer(
         dict(voices),
         phrases,
@@ -102,7 +127,7 @@ def build(
         after_request=allocator.trim,
         yields_to=gate,
     )
-    desk.bind(renderer.submit, renderer.cancel)
+    desk.bind(renderer)
     rate = voices["default"].voice.sample_rate
     satellite = None
     if config.wyoming.satellite_port:
@@ -113,16 +138,17 @@ def build(
         satellite = AnnounceTarget(
             config.wyoming, lambda: satellite_info(name, _version()), announce, new_id, limits
         )
+    speak = SpeakLimits(config.speak.max_payload_bytes, config.speak.max_text_chars)
+    admission = Admission(catalog(voices, frozenset(), frozenset()), Timing())
     server = WyomingServer(
         config.wyoming,
         lambda: info_for(voices, _version()),
-        voices.keys,
+        Intake(admission, speak, new_id),
         desk,
         rate,
-        new_id,
         None if satellite is None else satellite.serve,
     )
-    return Wyoming(server, renderer, desk, satellite, gate)
+    return Wyoming(server, RenderWorker(renderer, desk), desk, satellite, gate)
 
 
 def _version() -> str:

@@ -351,3 +351,130 @@ def tree(root: Path, leave_out: Sequence[Path] = ()) -> dict[str, tuple[str, int
             else:
                 seen[path] = ("other", info.st_mode, "")
     return seen
+
+
+# ---- untrusted text for every splitter (issue 33.4) ----------------------------------------
+
+PATHOLOGICAL_CHARS = 120_000
+"""Characters of each pathological text: past the 100,000 of the issue's Wyoming attack."""
+PUNCTUATION = ".!?;:,\u3002\uff01\uff1f\u3001\uff0c\"')]\u201d\u00bb([<>&#-\u2014\u2026"
+"""Every mark a splitter may look at (sentence and clause ends, closers, brackets, markup)."""
+WHITESPACE = " \t\n\r\x0b\x0c\x85\xa0\u2028\u3000"
+COMBINING = "\u0301\u0308\u0323\u20dd\u0489"
+"""Combining marks (acute, diaeresis, dot below, enclosing circle, cyrillic millions)."""
+
+
+def pathological_texts(size: int = PATHOLOGICAL_CHARS) -> dict[str, str]:
+    """Texts that make a backtracking splitter quadratic (or worse), by name: a run of each
+    punctuation mark and of each kind of white space (with and without a letter after), a
+    letter with thousands of combining marks, alternations of marks with spaces, letters and
+    closers, and the issue's own cases ("." * 30,000 then "x"; "." * 16,000 then "x ")."""
+    texts: dict[str, str] = {
+        "issue: 30,000 dots then x": "." * 30_000 + "x",
+        "issue: 16,000 dots then x and a space": "." * 16_000 + "x ",
+    }
+    for mark in PUNCTUATION:  # a run that something else ends: what makes a regex backtrack
+        texts[f"run of {mark!a} then x"] = mark * size + "x"
+    for space in WHITESPACE:
+        texts[f"run of {space!a} then x"] = space * size + "x"
+    for mark in COMBINING:
+        texts[f"a with {mark!a} x {size}"] = "a" + mark * size
+    units = {
+        "dot space": ". ",
+        "dot x": ".x",
+        "dot quote": '."',
+        "dot quote space": '." ',
+        "comma space": ", ",
+        "tag opener": "<a",
+        "char reference": "&#",
+        "raw phoneme escape": "[[",
+        "dot run then space": "....... ",
+        "word": "word ",
+        "long word": "x" * 997 + " ",
+    }
+    for name, unit in units.items():
+        texts[f"alternation: {name}"] = unit * (size // len(unit))
+    texts["one word, no space"] = "x" * size
+    texts["digits after &#"] = "&#" + "1" * size
+    return texts
+
+
+# ---- Wyoming events and framing (a host on the LAN, issue 34) ------------------------------
+
+WYOMING_TYPES = (
+    "synthesize",
+    "synthesize-start",
+    "synthesize-chunk",
+    "synthesize-stop",
+    "describe",
+    "ping",
+    "audio-start",
+    "audio-chunk",
+    "audio-stop",
+    "run-satellite",
+)
+"""Every event type the node's two Wyoming ports read."""
+
+length_literals = st.one_of(
+    st.integers(0, 64).map(str),
+    st.integers(2**20 - 2, 2**20 + 2).map(str),  # around the 1 MiB bound
+    number_literals,
+    string_literals,
+    st.sampled_from(["true", "null", "[]", "{}", "-1"]),
+)
+"""What a header may give as `data_length` or `payload_length`."""
+
+_event_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "text": string_literals | json_literals,
+        "voice": json_literals
+        | st.builds(
+            lambda k, v: object_text([(k, v)]),
+            st.sampled_from(["name", "speaker", "language"]),
+            string_literals | json_literals,
+        ),
+        "text_format": st.sampled_from(['"ssml"', '"text"', '"markdown"', "5", "null"]),
+        "rate": number_literals,
+        "width": number_literals,
+        "channels": number_literals,
+    },
+).map(lambda fields: object_text(list(fields.items())))
+"""A data object of Wyoming's fields, each any JSON (hostile numbers and strings often)."""
+
+
+@st.composite
+def wyoming_frames(draw: st.DrawFn) -> bytes:
+    """One framed event as a host on the LAN may send it: a header line (an object with a type,
+    any JSON, a deep nesting, a line of any length), a `data_length` and `payload_length` of
+    any kind with that many bytes or fewer after it (a lie), data that is no JSON object, bad
+    UTF-8, and a second event after it."""
+    kind = draw(st.sampled_from(WYOMING_TYPES) | hostile_text)
+    pairs: list[tuple[str, str]] = [("type", string_literal(kind, ascii_only=True))]
+    data = draw(_event_fields).encode("utf-8", "surrogatepass")
+    placement = draw(st.sampled_from(["inline", "part", "both", "none"]))
+    if placement in ("inline", "both"):
+        pairs.append(("data", draw(_event_fields | json_literals)))
+    part = b""
+    if placement in ("part", "both"):
+        part = draw(
+            st.sampled_from([data, b"[1]", b"\xff\xfe", b"null", b"{", data[: len(data) // 2]])
+        )
+        told = draw(st.just(str(len(part))) | length_literals)
+        pairs.append(("data_length", told))
+    if draw(st.booleans()):
+        payload = draw(st.binary(max_size=64))
+        pairs.append(("payload_length", draw(st.just(str(len(payload))) | length_literals)))
+        part += payload
+    header = draw(
+        weighted(
+            (6, st.just(object_text(pairs))),
+            (1, json_literals),
+            (1, st.integers(1, 10_000).map(lambda n: "[" * n)),
+            (1, st.integers(1, 100_000).map(lambda n: "x" * n)),
+        )
+    ).encode("utf-8", "surrogatepass")
+    frame: bytes = header + b"\n" + part
+    if draw(st.booleans()):
+        frame += b'{"type": "ping", "data": {"text": "after"}}\n'
+    return frame

@@ -22,11 +22,13 @@ import pytest
 
 from agent.core.messages import Event, Priority, SpeakRequest, SynthesisDone
 from agent.formats.chunk import Chunk
+from agent.link.wyoming_render import DeskFullError, RenderDesk
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import Synthesizer, VoiceChoice
 from agent.speech.urgent import UrgentGate, is_urgent
 from agent.speech.voice import Voice
 from harness import wait_until
+from tests.tiny_voice import write_tiny_voice
 
 DEADLINE = 60.0
 ANSWER = " ".join(
@@ -415,3 +417,162 @@ def test_wait_clear_returns_when_cancelled(wake: bool) -> None:
 def test_wait_clear_needs_a_positive_poll() -> None:
     with pytest.raises(ValueError, match="positive"):
         UrgentGate().wait_clear(lambda: False, poll=0)
+
+
+# ---- the render desk (issue 34.8) ---------------------------------------------------------
+
+
+def test_voice_switches_during_a_render_never_fill_the_render_synthesizers_queue(
+    node: Node,
+) -> None:
+    """An install and then a rollback (and more) while a render runs: the desk hands them over
+    between requests, the render synthesizer's two-command queue never overflows (it raised
+    queue.Full in the desk's thread before, and every later client waited forever), and the
+    requests after them are rendered with the voice switched."""
+    first_chunk, go = threading.Event(), threading.Event()
+    got: dict[str, list[Chunk]] = {}
+
+    def sink_for(name: str) -> Callable[[Chunk], bool]:
+        def sink(chunk: Chunk) -> bool:
+            got.setdefault(name, []).append(chunk)
+            if name == "first" and not first_chunk.is_set():
+                first_chunk.set()
+                go.wait(DEADLINE)  # the render holds here while the switches arrive
+            return True
+
+        return sink
+
+    desk: RenderDesk[VoiceChoice] = RenderDesk(8, lambda c: c.id)
+    render = node.make("render", put=desk.put)
+    desk.bind(render.synthesizer)
+    desk.start()
+    try:
+        first = desk.render(SpeakRequest("first", ANSWER), sink_for("first"))
+        assert first_chunk.wait(DEADLINE)
+        other = Voice.load(node.voice.path, threads=1, cache_dir=None)
+        for voice in (other, node.voice, other, node.voice, other):  # install, rollback, ...
+            desk.use_voice(VoiceChoice("default", voice, voice.default_params))
+        desk.use_voice(VoiceChoice("second", other, other.default_params))
+        then = [
+            desk.render(SpeakRequest(f"then{n}", "Then this.", voice=v), sink_for(f"then{n}"))
+            for n, v in enumerate(["default", "second", "default"])  # "second" came by a switch
+        ]
+        go.set()
+        assert first.wait(DEADLINE)
+        for done in then:
+            assert done.wait(DEADLINE)
+    finally:
+        go.set()
+        desk.stop()
+    for name in ("first", "then0", "then1", "then2"):
+        end = got[name][-1]
+        assert end.end, (name, end)
+        assert end.error is None, (name, end)
+        assert any(c.pcm is not None and len(c.pcm) for c in got[name]), name
+
+
+def test_a_render_desk_that_stops_ends_every_wait(node: Node) -> None:
+    """The desk's stop ends the waits of the request being rendered and of those queued: no
+    client waits on a desk that no longer runs (the server also checks it is alive)."""
+    first_chunk, go = threading.Event(), threading.Event()
+
+    def held(chunk: Chunk) -> bool:
+        if not first_chunk.is_set():
+            first_chunk.set()
+            go.wait(DEADLINE)
+        return True
+
+    desk: RenderDesk[VoiceChoice] = RenderDesk(8, lambda c: c.id)
+    render = node.make("render", put=desk.put)
+    desk.bind(render.synthesizer)
+    desk.start()
+    try:
+        running = desk.render(SpeakRequest("running", ANSWER), held)
+        assert first_chunk.wait(DEADLINE)
+        queued = [desk.render(SpeakRequest(f"q{n}", "Queued."), lambda _c: True) for n in range(3)]
+        desk.stop()
+        assert running.wait(DEADLINE)
+        assert all(done.wait(DEADLINE) for done in queued)
+    finally:
+        go.set()
+    wait_until(lambda: not desk.alive, DEADLINE, "the desk's thread to end")
+
+
+def test_a_full_render_desk_refuses_at_once(node: Node) -> None:
+    desk: RenderDesk[VoiceChoice] = RenderDesk(2, lambda c: c.id)  # not started: nothing leaves
+    desk.render(SpeakRequest("a", "A."), lambda _c: True)
+    desk.render(SpeakRequest("b", "B."), lambda _c: True)
+    with pytest.raises(DeskFullError):
+        desk.render(SpeakRequest("c", "C."), lambda _c: True)
+
+
+# ---- espeak-ng's global voice (issue 34.8) -------------------------------------------------
+
+
+def test_two_threads_phonemizing_in_two_languages_each_get_their_own(
+    tmp_path: Path, voice: Voice
+) -> None:
+    """espeak-ng's voice is one global of the library: `set_voice` and `get_phonemes` are one
+    step under the lock, so a German render beside an English alarm never switches the
+    alarm's language (without the lock, the two threads' phonemes mix within a few rounds)."""
+    german = Voice.describe(write_tiny_voice(tmp_path, espeak_voice="de"), None)
+    texts = {
+        "en": (voice, "The pump in hall three has stopped, leave the hall now."),
+        "de": (german, "Die Pumpe in Halle drei ist stehen geblieben, verlassen Sie die Halle."),
+    }
+    expected = {lang: v.sentences(text) for lang, (v, text) in texts.items()}
+    assert expected["en"] != expected["de"]
+    wrong: list[str] = []
+    start = threading.Barrier(2)
+
+    def phonemize(lang: str) -> None:
+        v, text = texts[lang]
+        start.wait(DEADLINE)
+        for _ in range(300):
+            if v.sentences(text) != expected[lang]:
+                wrong.append(lang)
+
+    threads = [threading.Thread(target=phonemize, args=(lang,)) for lang in texts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(DEADLINE)
+    assert not wrong, f"{len(wrong)} phonemizations in the other language: {wrong[:4]}"
+
+
+def test_each_peer_has_its_turn_at_the_render_desk(node: Node) -> None:
+    """A host with many requests waiting delays another's by one of its own at most: the next
+    request is the oldest of the peer served least recently (issue 33: a budget per Wyoming
+    peer)."""
+    first_chunk, go = threading.Event(), threading.Event()
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def sink_for(name: str) -> Callable[[Chunk], bool]:
+        def sink(chunk: Chunk) -> bool:
+            if chunk.end:
+                with lock:
+                    order.append(name)
+            elif name == "a1" and not first_chunk.is_set():
+                first_chunk.set()
+                go.wait(DEADLINE)
+            return True
+
+        return sink
+
+    desk: RenderDesk[VoiceChoice] = RenderDesk(16, lambda c: c.id)
+    render = node.make("render", put=desk.put)
+    desk.bind(render.synthesizer)
+    desk.start()
+    try:
+        done = [desk.render(SpeakRequest("a1", "One."), sink_for("a1"), "10.0.0.1")]
+        assert first_chunk.wait(DEADLINE)
+        for name in ("a2", "a3", "a4"):
+            done.append(desk.render(SpeakRequest(name, "More."), sink_for(name), "10.0.0.1"))
+        done.append(desk.render(SpeakRequest("b1", "Mine."), sink_for("b1"), "10.0.0.2"))
+        go.set()
+        assert all(d.wait(DEADLINE) for d in done)
+    finally:
+        go.set()
+        desk.stop()
+    assert order == ["a1", "a2", "b1", "a3", "a4"], order

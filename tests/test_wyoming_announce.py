@@ -39,9 +39,17 @@ def _agent(
 ) -> tuple[RunningAgent, int]:
     """The agent with its announce target on a free port; `speak` keys merged in."""
     port = free_port()
-    wyoming = {"enabled": True, "host": "127.0.0.1", "port": free_port(), "satellite_port": port}
+    wyoming = {
+        "enabled": True,
+        "host": "127.0.0.1",
+        "port": free_port(),
+        "satellite_port": port,
+        "idle_seconds": 600,  # Home Assistant pings every 2 s; these clients wait in silence
+    }
     sections: dict[str, dict[str, object]] = {"wyoming": wyoming, "speak": speak}
-    return start_agent(sections=sections, paced=paced), port
+    agent = start_agent(sections=sections, paced=paced)
+    agent.wait_voice_ready()  # the announce target is the engine's
+    return agent, port
 
 
 def chirp(seconds: float, rate: int = RATE) -> npt.NDArray[np.int16]:
@@ -150,21 +158,21 @@ def _started(agent: RunningAgent) -> list[dict[str, object]]:
 @pytest.mark.parametrize(
     ("events", "code"),
     [
-        ([AudioChunk(rate=RATE, width=2, channels=1, audio=b"\0\0").event()], "no-audio-start"),
-        ([AudioStart(rate=RATE, width=4, channels=1).event()], "unsupported"),
-        ([AudioStart(rate=2_000_000, width=2, channels=1).event()], "unsupported"),
-        ([AudioStart(rate=RATE, width=2, channels=9).event()], "unsupported"),
+        ([AudioChunk(rate=RATE, width=2, channels=1, audio=b"\0\0").event()], "invalid_field"),
+        ([AudioStart(rate=RATE, width=4, channels=1).event()], "unsupported_audio"),
+        ([AudioStart(rate=2_000_000, width=2, channels=1).event()], "unsupported_audio"),
+        ([AudioStart(rate=RATE, width=2, channels=9).event()], "unsupported_audio"),
         (
             [
                 AudioStart(rate=RATE, width=2, channels=1).event(),
                 AudioChunk(rate=16000, width=2, channels=1, audio=b"\0\0").event(),
             ],
-            "unsupported",
+            "unsupported_audio",
         ),
-        (announcement(chirp(6.0))[:-1], "too-long"),  # over speak.max_audio_seconds (5 here)
+        (announcement(chirp(6.0))[:-1], "too_long"),  # over speak.max_audio_seconds (5 here)
         (
             [Event(type="audio-start", data={"width": 2, "channels": 1})],
-            "bad-event",
+            "invalid_field",
         ),
     ],
     ids=["chunk-first", "width", "rate", "channels", "format-change", "too-long", "bad-field"],

@@ -56,5 +56,10 @@ class Reason(StrEnum):
     """The agent died twice in the same step of this announcement's work (see `ledger`)."""
     DAMAGED_JOURNAL = "damaged_journal"
     """Its journal row, read back after a restart, cannot be used (a damaged card, an edit)."""
+    UNSUPPORTED = "unsupported"
+    """A kind of request this edge does not take (Wyoming: `text_format: ssml`)."""
+    BUSY = "busy"
+    """Every connection slot is taken (Wyoming: of its port, or of the peer's address), or
+    another peer holds the announce target."""
     INTERNAL = "internal"
     """The agent failed while handling the message (a bug: logged with its traceback)."""

@@ -13,8 +13,12 @@ one), source `wyoming`, queued, preempted by alarms, stopped by `stop`. When its
 for. No microphone is offered: the node never asks for a pipeline run, and Home Assistant needs
 none to announce.
 
-One connection is served at a time, the newest (as wyoming-satellite does: Home Assistant
-reconnects after a network fault while its old connection may still look open).
+One connection is served at a time. A new connection from the address that holds the target
+replaces the one it holds (Home Assistant reconnects after a network fault while its old
+connection may still look open; wyoming-satellite serves the newest too); one from another
+address is refused `busy` while the target is held, so no other host on the LAN can take Home
+Assistant's announcements from it. The held connection ends when Home Assistant closes it, or
+after `wyoming.idle_seconds` without an event (Home Assistant pings every 2 s).
 """
 
 from __future__ import annotations
@@ -30,15 +34,15 @@ from dataclasses import dataclass
 from typing import Final
 
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
-from wyoming.error import Error
-from wyoming.event import Event, async_read_event, async_write_event
+from wyoming.event import Event, async_write_event
 from wyoming.info import Describe, Info
 from wyoming.ping import Ping, Pong
 from wyoming.satellite import PauseSatellite, RunSatellite
 from wyoming.snd import Played
 
 from agent.core.messages import AudioClip, Notify, Priority, SpeakRequest
-from agent.link.wyoming_server import UNREADABLE, ClientError, GuardedReader
+from agent.core.reasons import Reason
+from agent.link.wyoming_server import UNREADABLE, ClientError, Incoming, peer_address
 from agent.settings.declarations import WyomingConfig
 
 _LOGGER = logging.getLogger(__name__)
@@ -90,11 +94,21 @@ class AnnounceTarget:
         self._current: _Satellite | None = None
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection, until it ends; an older one is closed (the newest is served)."""
-        connection = _Satellite(self, reader, writer)
+        """One connection, until it ends: it replaces one held from its own address, and is
+        refused `busy` while another address holds the target."""
+        address = peer_address(writer.get_extra_info("peername"))
+        held = self._current
+        if held is not None and held.address != address:
+            detail = "the announce target is held by another address"
+            _LOGGER.info("Wyoming: refused %s: %s", address, detail)
+            with contextlib.suppress(Exception):
+                error = ClientError(Reason.BUSY, detail).event()
+                await asyncio.wait_for(async_write_event(error, writer), 1.0)
+            return
+        connection = _Satellite(self, reader, writer, address)
         older, self._current = self._current, connection
         if older is not None:
-            _LOGGER.info("Wyoming: a newer announce connection replaces the one before")
+            _LOGGER.info("Wyoming: a newer announce connection from %s replaces its older", address)
             older.close()
         try:
             await connection.run()
@@ -153,7 +167,7 @@ class _Clip:
                 f"audio {start.rate} Hz, {start.width} bytes, {start.channels} channels; "
                 f"taken: 8000-48000 Hz, 16-bit, mono or stereo"
             )
-            raise ClientError("unsupported", detail)
+            raise ClientError(Reason.UNSUPPORTED_AUDIO, detail)
         self.rate, self.channels = start.rate, start.channels
         self._frame = WIDTH * start.channels
         seconds_bytes = int(limits.max_seconds * start.rate) * self._frame
@@ -162,9 +176,10 @@ class _Clip:
 
     def add(self, chunk: AudioChunk) -> None:
         if (chunk.rate, chunk.width, chunk.channels) != (self.rate, WIDTH, self.channels):
-            raise ClientError("unsupported", "an audio-chunk of another format than audio-start")
+            detail = "an audio-chunk of another format than audio-start"
+            raise ClientError(Reason.UNSUPPORTED_AUDIO, detail)
         if len(self._data) + len(chunk.audio) > self._max_bytes:
-            raise ClientError("too-long", f"announcement audio over {self._max_bytes} bytes")
+            raise ClientError(Reason.TOO_LONG, f"announcement audio over {self._max_bytes} bytes")
         self._data += chunk.audio
 
     @property
@@ -186,12 +201,18 @@ class _Satellite:
     """One connection from Home Assistant: its events in order."""
 
     def __init__(
-        self, target: AnnounceTarget, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        target: AnnounceTarget,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        address: str | None,
     ) -> None:
         self._target = target
         self._config = target._config
-        self._reader = GuardedReader(reader)
+        self._reader = reader
         self._writer = writer
+        self.address = address
+        """The peer's address (a new connection from it replaces this one)."""
         self._loop = asyncio.get_running_loop()
         self._clip: _Clip | None = None
         self._dropping = False
@@ -200,16 +221,9 @@ class _Satellite:
 
     async def run(self) -> None:
         try:
+            incoming = Incoming(self._reader, self._write, self._config.idle_seconds, self.address)
             while True:
-                try:
-                    event = await asyncio.wait_for(
-                        async_read_event(self._reader),  # type: ignore[arg-type]  # two methods
-                        self._config.idle_seconds,
-                    )
-                except UNREADABLE as err:  # the framing is lost: it ends
-                    detail = f"not a Wyoming event: {type(err).__name__}"
-                    await self._write(Error(text=detail, code="bad-event").event())
-                    return
+                event = await incoming.next()
                 if event is None:
                     return
                 try:
@@ -217,11 +231,11 @@ class _Satellite:
                         await self._handle(event)
                     except UNREADABLE as err:
                         detail = f"{event.type}: a field of the wrong kind ({type(err).__name__})"
-                        raise ClientError("bad-event", detail) from None
+                        raise ClientError(Reason.INVALID_FIELD, detail) from None
                 except ClientError as err:
                     if self._clip is not None or AudioStart.is_type(event.type):
                         self._clip, self._dropping = None, True  # its audio, to audio-stop
-                    await self._write(Error(text=err.text, code=err.code).event())
+                    await self._write(err.event())
         finally:
             self._target._forget(self)
 
@@ -264,7 +278,8 @@ class _Satellite:
             if self._dropping:
                 return
             if self._clip is None:
-                raise ClientError("no-audio-start", "audio-chunk outside audio-start/-stop")
+                detail = "audio-chunk outside audio-start/-stop"
+                raise ClientError(Reason.INVALID_FIELD, detail)
             self._clip.add(AudioChunk.from_event(event))
         elif AudioStop.is_type(event.type):
             clip, self._clip, self._dropping = self._clip, None, False

@@ -681,9 +681,15 @@ class WyomingConfig:
         PRIVATE_NETWORKS,
         _network,
     )
-    max_clients: int = _key("Connections served at once.", 16, _between(1, 1024))
-    max_text_chars: int = _key(
-        "Characters of text one request (or one stream) may carry.", 100_000, _between(1, 10**7)
+    max_clients: int = _key(
+        "Connections served at once on each port (the TTS port and the announce target's).",
+        16,
+        _between(1, 1024),
+    )
+    max_clients_per_peer: int = _key(
+        "Connections one address may hold at once on each port; more are answered busy.",
+        8,
+        _between(1, 1024),
     )
     idle_seconds: float = _key(
         "A connection that sends nothing for this long is closed (seconds).",

@@ -56,6 +56,7 @@ from agent.speech.voice import (
     FramePlan,
     StreamCancelledError,
     SynthesisParams,
+    TooManyPhonemesError,
     Voice,
     to_pcm16,
 )
@@ -459,8 +460,14 @@ class Synthesizer:
                 params = replace(params, speaker=choice.voice.speaker_id(segment.speaker))
             except ValueError as err:
                 raise Refused(Reason.UNKNOWN_SPEAKER, str(err)) from None
+        most = self._max_seconds * params.rate / (SECONDS_PER_PHONEME * params.length_scale)
         with self._step(request, "phonemize", segment.text):
-            sentences = [self._bounded(s) for s in choice.voice.sentences(segment.text)]
+            try:  # stopped at the cap: the rest of a long text is never phonemized
+                said = choice.voice.sentences(segment.text, int(most))
+            except TooManyPhonemesError:
+                detail = f"over {self._max_seconds:g} s of speech, phonemized no further"
+                raise _TooLongError(detail) from None
+            sentences = [self._bounded(s) for s in said]
         trim = (segment.break_before, segment.break_after)
         return [_Say(choice, params, sentences, segment.volume, trim)]
 

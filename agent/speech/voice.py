@@ -7,8 +7,14 @@ chunked decoding where it can be (`decoder_parts`): a clause group then plays af
 flow head and one small decoder chunk instead of after the whole model. A voice whose graph does
 not split runs whole (logged once at load). `Voice.stream` is the one way audio comes out:
 phoneme ids in, float chunks out, honouring a `Cancellation` from another thread. Not
-thread-safe otherwise: one synthesis thread uses a voice (the espeak-ng library behind the
-phonemizer is global state).
+thread-safe otherwise: one synthesis thread uses a voice.
+
+Phonemizing is bounded: a text goes to espeak-ng in pieces of at most `text.PIECE_CHARS`
+characters (cut at a sentence end, clause end or space), each call under a millisecond under
+the interpreter lock and never a clause long enough to crash espeak-ng, and stops once the
+phonemes pass the bound it was asked within. espeak-ng's
+voice is one global of the library: `set_voice` and the `get_phonemes` after it are one step
+under `ESPEAK_LOCK`, so a synthesizer on another thread never switches the language under it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from piper.phonemize_espeak import ESPEAK_DATA_DIR, _merge_known_vowel_clusters
 
 from agent.formats.chunking import FIRST_FRAMES, FRAME_GROWTH, MAX_FRAMES, frame_chunks
 from agent.formats.pcm import PCM16
+from agent.formats.text import pieces
 from agent.speech.decoder_build import split_parts
 from agent.speech.decoder_parts import Latent, Parts, decode_frames, encode, with_context
 from agent.speech.sessions import (
@@ -47,13 +54,22 @@ from agent.speech.sessions import (
 Audio = npt.NDArray[np.float32]
 _MAX_INT16: Final = 32767.0
 _PREWARM_TEXT: Final = "Ready."
-_LANGUAGE_FLAG: Final = re.compile(r"\([^)]+\)")
+_LANGUAGE_FLAG: Final = re.compile(r"\([^()]+\)")
+"""espeak-ng's language switch flags, `(en)` (from one parenthesis to the next: linear)."""
+ESPEAK_LOCK: Final = threading.Lock()
+"""Held around each `set_voice` and the `get_phonemes` that follows it (espeak-ng's voice is
+global state, and two synthesizers phonemize on their own threads)."""
 _WHOLE: Final = 2**31
 _ENGINE_POLL_S: Final = 0.02
 """How often a wait for a loading voice's sessions looks at its cancellation (seconds)."""
 
 Clause = tuple[str, ...]
 """The phonemes of one clause, its punctuation included (as piper-tts makes them)."""
+
+
+class TooManyPhonemesError(ValueError):
+    """A text's phonemes passed the bound asked for: phonemizing stopped there, the rest of the
+    text was not phonemized."""
 
 
 def bundled_voice() -> Path:
@@ -195,7 +211,8 @@ class Voice:
         self._engine: ort.InferenceSession | Parts | None = None
         self._engine_error: BaseException | None = None
         self._config = config
-        espeakbridge.initialize(str(ESPEAK_DATA_DIR))
+        with ESPEAK_LOCK:  # a voice loaded (a model update) while another thread phonemizes
+            espeakbridge.initialize(str(ESPEAK_DATA_DIR))
         self._has_sid = config.num_speakers > 1
         """Until the sessions are loaded, from the JSON; then from the graph's inputs."""
         self.sha256 = sha256
@@ -304,30 +321,49 @@ class Voice:
         """Samples per latent frame (0 on a voice that runs whole)."""
         return 0 if self._parts is None else self._parts.shape.hop
 
-    def sentences(self, text: str) -> list[list[Clause]]:
+    def sentences(self, text: str, max_phonemes: int | None = None) -> list[list[Clause]]:
         """Phonemes per clause, grouped by sentence; espeak-ng decides both boundaries.
 
         Joined, a sentence's clauses are exactly the phonemes piper-tts makes for it, so
-        synthesizing clause groups changes where the model is run, not what is said.
+        synthesizing clause groups changes where the model is run, not what is said. A text
+        longer than `text.PIECE_CHARS` is phonemized in pieces (cut where `text.pieces` cuts;
+        a sentence cut inside goes on in the next piece: a long clause can crash espeak-ng);
+        with `max_phonemes`, phonemizing stops with TooManyPhonemesError after the piece that
+        passes it.
         """
-        espeakbridge.set_voice(self._config.espeak_voice)
         sentences: list[list[Clause]] = []
         current: list[Clause] = []
-        for phonemes, terminator, sentence_end in espeakbridge.get_phonemes(text):
-            marked = _LANGUAGE_FLAG.sub("", phonemes) + terminator
-            if terminator in (",", ":", ";"):
-                marked += " "
-            clause = list(unicodedata.normalize("NFD", marked))
-            if self._config.vowel_clusters:
-                clause = _merge_known_vowel_clusters(clause, self._config.vowel_clusters)
-            if clause:
-                current.append(tuple(clause))
-            if sentence_end and current:
-                sentences.append(current)
-                current = []
+        count = 0
+        cuts = pieces(text)
+        for index, cut in enumerate(cuts):
+            with ESPEAK_LOCK:
+                espeakbridge.set_voice(self._config.espeak_voice)
+                clauses = espeakbridge.get_phonemes(cut.text)
+            goes_on = not cut.sentence and index < len(cuts) - 1  # its sentence continues
+            for number, (phonemes, terminator, sentence_end) in enumerate(clauses, 1):
+                clause = self._clause(phonemes, terminator)
+                count += len(clause)
+                if clause:
+                    current.append(tuple(clause))
+                if sentence_end and current and not (goes_on and number == len(clauses)):
+                    sentences.append(current)
+                    current = []
+            if max_phonemes is not None and count > max_phonemes:
+                raise TooManyPhonemesError(f"over {max_phonemes} phonemes")
         if current:
             sentences.append(current)
         return sentences
+
+    def _clause(self, phonemes: str, terminator: str) -> list[str]:
+        """One clause of espeak-ng's output as piper-tts makes it: language flags out, its
+        punctuation kept (a space after a comma, colon or semicolon), decomposed."""
+        marked = _LANGUAGE_FLAG.sub("", phonemes) + terminator
+        if terminator in (",", ":", ";"):
+            marked += " "
+        clause = list(unicodedata.normalize("NFD", marked))
+        if self._config.vowel_clusters:
+            clause = _merge_known_vowel_clusters(clause, self._config.vowel_clusters)
+        return clause
 
     def ids(self, clauses: list[Clause]) -> list[int]:
         """Model input ids for consecutive clauses (BOS, each phoneme then a pad, EOS)."""
