@@ -311,3 +311,14 @@ def test_a_servers_tls_files_are_checked_like_mqtt_tls(tmp_path: Path) -> None:
     message = str(caught.value)
     assert "mqtt.hosts[1].tls.cert_file: a client certificate needs its key_file" in message
     assert "mqtt.hosts[2].tls.enabled: false, but TLS files are set" in message
+
+
+def test_a_retired_key_starts_with_a_warning_saying_what_took_its_place(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = from_mapping({"wyoming": {"max_text_chars": 2000}}, "old.yaml", environ={})
+    assert config.wyoming is not None
+    assert "wyoming.max_text_chars is no longer used: " in caplog.text
+    assert "speak.max_text_chars" in caplog.text
+    with pytest.raises(ConfigError, match="wyoming.max_text_char: unknown key"):
+        from_mapping({"wyoming": {"max_text_char": 2000}}, "typo.yaml", environ={})

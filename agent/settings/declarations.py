@@ -85,6 +85,13 @@ def _key(
     return field(default=default, metadata=metadata)
 
 
+RETIRED: Final[Mapping[str, str]] = {
+    "wyoming.max_text_chars": "Wyoming texts are bounded by speak.max_text_chars, as speak is",
+}
+"""Keys earlier releases knew and this one does not use: a config that still has one starts,
+with a warning saying what took its place (not an unknown key)."""
+
+
 CLASSES: Final = ("critical", "alarm", "warning", "info", "chat")
 """Announcement classes, highest first."""
 

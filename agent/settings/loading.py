@@ -7,6 +7,7 @@ config fails at start with one message.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -23,6 +24,7 @@ from agent.guarded import nofollow
 from agent.settings.declarations import (
     ENV_OVERRIDES,
     NAME_RE,
+    RETIRED,
     AgentConfig,
     CacheConfig,
     Check,
@@ -31,6 +33,8 @@ from agent.settings.declarations import (
     StorageConfig,
     cross_checks,
 )
+
+_LOGGER = logging.getLogger(__name__)
 
 _SHOWN_CHARS: Final = 60
 """How much of a bad value a problem quotes."""
@@ -162,11 +166,13 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
         return None
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls)}
-    problems.extend(
-        f"{prefix}{k}: unknown key (expected one of: {', '.join(sorted(known))})"
-        for k in raw
-        if k not in known
-    )
+    for key in raw:
+        if key in known:
+            continue
+        if f"{prefix}{key}" in RETIRED:
+            _LOGGER.warning("%s%s is no longer used: %s", prefix, key, RETIRED[f"{prefix}{key}"])
+            continue
+        problems.append(f"{prefix}{key}: unknown key (expected one of: {', '.join(sorted(known))})")
     values: dict[str, Any] = {}
     complete = True
     for f in fields(cls):
