@@ -20,6 +20,7 @@ import json
 import re
 import sys
 import textwrap
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from pathlib import Path
@@ -112,7 +113,7 @@ def _default(field: Field[Any]) -> object:
 
 def allowed(check: object) -> str | None:
     """What a key's check lets through, when the check is a range or a choice."""
-    if not callable(check) or check.__closure__ is None:
+    if not isinstance(check, types.FunctionType) or check.__closure__ is None:
         return None
     cells = dict(
         zip(check.__code__.co_freevars, (c.cell_contents for c in check.__closure__), strict=True)
@@ -130,14 +131,14 @@ def number(value: float) -> str:
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
-def keys(cls: type = AgentConfig, prefix: str = "") -> list[Key]:
+def config_keys(cls: type = AgentConfig, prefix: str = "") -> list[Key]:
     """Every leaf key, in declaration order."""
     found: list[Key] = []
     for field in fields(cls):
         path = f"{prefix}{field.name}"
         default = _default(field)
         if is_dataclass(default):
-            found += keys(type(default), f"{path}.")
+            found += config_keys(type(default), f"{path}.")
             continue
         shown = SHOWN_DEFAULTS.get(path, default)
         found.append(Key(path, field.metadata["doc"], shown, allowed(field.metadata["check"])))
@@ -195,7 +196,8 @@ def yaml_lines(key: Key, indent: str) -> list[str]:
     elif isinstance(value, tuple | list):
         lines.append(f"{indent}{name}: []")
     elif isinstance(value, Mapping):
-        assert not value, key.path  # no default map holds entries
+        if value:
+            raise ValueError(f"{key.path}: a default map with entries is not written")
         lines.append(f"{indent}{name}: {{}}")
     else:
         lines.append(f"{indent}{name}: {yaml_scalar(value)}")
@@ -217,7 +219,7 @@ def render_yaml() -> str:
         for line in textwrap.wrap(raw, WIDTH, subsequent_indent="# ", break_on_hyphens=False)
     ]
     opened: list[str] = []
-    for key in keys():
+    for key in config_keys():
         parts = key.path.split(".")
         parents = parts[:-1]
         common = 0
@@ -253,13 +255,13 @@ def markdown_text(doc: str) -> str:
         if piece.startswith("`"):
             out.append(piece.replace("|", "\\|"))
             continue
-        piece = piece.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
-        piece = re.sub(
+        escaped = piece.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+        linked = re.sub(
             r"docs/([\w-]+\.md)(#[\w-]+)?",
             lambda m: f"[{page_title(m[1])}]({m[1]}{m[2] or ''})",
-            piece,
+            escaped,
         )
-        out.append(piece)
+        out.append(linked)
     return "".join(out)
 
 
@@ -275,7 +277,7 @@ def markdown_default(value: object) -> str:
 def render_reference() -> str:
     """docs/configuration.md."""
     rows = []
-    for key in keys():
+    for key in config_keys():
         meaning = markdown_text(key.doc)
         if key.allowed:
             meaning += f" Allowed: {key.allowed}."
@@ -330,7 +332,7 @@ FIGURES: Final[Mapping[str, Figure]] = {
     "ttfa_piper_whole_ms": Figure(
         _METRIC, "metrics.ttfa_vs_piper_whole_text.piper_value", "{:.0f} ms"
     ),
-    "ttfa_ratio": Figure(_METRIC, "metrics.ttfa_vs_piper_whole_text.ratio", "{:.2f}×"),
+    "ttfa_ratio": Figure(_METRIC, "metrics.ttfa_vs_piper_whole_text.ratio", "{:.2f}\u00d7"),
     "cached_p50_ms": Figure(_METRIC, "metrics.cached_latency_p50.ours_value", "{:.0f} ms"),
     "peak_rss_mb": Figure(_METRIC, "metrics.peak_rss.ours_value", "{:.0f} MB"),
     "peak_rss_piper_mb": Figure(_METRIC, "metrics.peak_rss.piper_value", "{:.0f} MB"),
@@ -338,7 +340,7 @@ FIGURES: Final[Mapping[str, Figure]] = {
     "paced_underruns": Figure(_METRIC, "metrics.paced_underruns.ours_value", "{:.0f}"),
     # make bench: bench/wyoming.py against wyoming-piper (bench/WYOMING.md)
     "wyoming_cpu": Figure(_WYOMING, "machine.cpu_model", "{}"),
-    "wyoming_three_ratio": Figure(_WYOMING, f"{_W3}.first_over_whole", "{:.2f}×"),
+    "wyoming_three_ratio": Figure(_WYOMING, f"{_W3}.first_over_whole", "{:.2f}\u00d7"),
     "wyoming_stream_first_ms": Figure(
         _WYOMING, "summary.stream_vs_mqtt.stream_first_ms", "{:.0f} ms"
     ),
