@@ -6,6 +6,10 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 # `make run` installs the project itself (not editable): a change to its code installs it again
 SOURCES := $(shell find agent tiers -name '*.py' 2>/dev/null)
+# `make run CONFIG=my.yaml`: the configuration file to run with (default config/agent.yaml)
+ifdef CONFIG
+export VOICE_AGENT_CONFIG := $(abspath $(CONFIG))
+endif
 
 .PHONY: setup setup-run run install uninstall docs test test-slow test-clients test-fleet test-plant test-all test-install test-small test-arm64 lint bench bench-fleet soak clean
 
@@ -19,7 +23,7 @@ setup-run: $(RUN_STAMP)  ## what running needs: run packages, .venv with `pip in
 $(RUN_STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.txt $(SOURCES)
 	PYTHON=$(PYTHON) bash scripts/setup.sh run
 
-run: $(RUN_STAMP)  ## run the agent with config/agent.yaml (starts a loopback Mosquitto if no broker answers)
+run: $(RUN_STAMP)  ## run the agent with config/agent.yaml, or CONFIG=FILE (starts a loopback Mosquitto if no broker answers)
 	bash scripts/run.sh
 
 install:  ## (root) the production install: /opt/voice-agent, /etc/voice-agent/agent.yaml, the user and the systemd unit (docs/raspberry-pi.md)

@@ -323,31 +323,48 @@ class Figure:
 _METRIC = "bench/results.json"
 _WYOMING = "bench/wyoming.json"
 _TRUST = "bench/trust.json"
-_W3 = "summary.paired_median_ratios.three_sentences"
+_FRESH_RUN = "bench/fresh-run.json"
+_FRESH_INSTALL = "bench/fresh-install.json"
+_MS = "{:.0f} ms"
+_MINUTES = "{:.1f} minutes"
+_TIMES = "\u00d7"  # the multiplication sign
 FIGURES: Final[Mapping[str, Figure]] = {
     # make bench: bench/run.py against piper-tts (bench/REPORT.md)
     "bench_cpu": Figure(_METRIC, "machine.cpu_model", "{}"),
-    "bench_date": Figure(_METRIC, "machine.date", "{:.10}"),
-    "ttfa_ms": Figure(_METRIC, "metrics.ttfa_vs_piper_whole_text.ours_value", "{:.0f} ms"),
-    "ttfa_piper_whole_ms": Figure(
-        _METRIC, "metrics.ttfa_vs_piper_whole_text.piper_value", "{:.0f} ms"
-    ),
-    "ttfa_ratio": Figure(_METRIC, "metrics.ttfa_vs_piper_whole_text.ratio", "{:.2f}\u00d7"),
-    "cached_p50_ms": Figure(_METRIC, "metrics.cached_latency_p50.ours_value", "{:.0f} ms"),
+    "ttfa_ms": Figure(_METRIC, "metrics.ttfa_vs_piper_whole_text.ours_value", _MS),
+    "ttfa_piper_whole_ms": Figure(_METRIC, "metrics.ttfa_vs_piper_whole_text.piper_value", _MS),
     "peak_rss_mb": Figure(_METRIC, "metrics.peak_rss.ours_value", "{:.0f} MB"),
     "peak_rss_piper_mb": Figure(_METRIC, "metrics.peak_rss.piper_value", "{:.0f} MB"),
-    "power_on_online_s": Figure(_METRIC, "metrics.power_on_online.ours_value", "{:.1f} s"),
-    "paced_underruns": Figure(_METRIC, "metrics.paced_underruns.ours_value", "{:.0f}"),
     # make bench: bench/wyoming.py against wyoming-piper (bench/WYOMING.md)
     "wyoming_cpu": Figure(_WYOMING, "machine.cpu_model", "{}"),
-    "wyoming_three_ratio": Figure(_WYOMING, f"{_W3}.first_over_whole", "{:.2f}\u00d7"),
-    "wyoming_stream_first_ms": Figure(
-        _WYOMING, "summary.stream_vs_mqtt.stream_first_ms", "{:.0f} ms"
+    "wyoming_first_ms": Figure(_WYOMING, "metrics.first_audio_three_sentences.ours_value", _MS),
+    "wyoming_piper_first_ms": Figure(
+        _WYOMING, "metrics.first_audio_three_sentences.piper_value", _MS
     ),
+    "wyoming_piper_whole_ms": Figure(_WYOMING, "metrics.anchor_three_sentences.piper_value", _MS),
+    "wyoming_three_ratio": Figure(
+        _WYOMING, "metrics.anchor_three_sentences.ratio", "{:.2f}" + _TIMES
+    ),
+    "wyoming_stream_first_ms": Figure(_WYOMING, "metrics.stream_first_audio.ours_value", _MS),
+    "wyoming_piper_stream_first_ms": Figure(
+        _WYOMING, "metrics.stream_first_audio.piper_value", _MS
+    ),
+    # scripts/fresh_machine.sh --scenario run | install on a new Debian 12 root (its report.json)
+    "fresh_run_setup_min": Figure(
+        _FRESH_RUN, "times.make setup-run (make run's set-up)", _MINUTES, 1 / 60
+    ),
+    "fresh_run_cpu": Figure(_FRESH_RUN, "machine.cpu_model", "{}"),
+    "fresh_run_load": Figure(_FRESH_RUN, "machine.load_average_at_start.0", "{:.1f}"),
+    "fresh_install_min": Figure(_FRESH_INSTALL, "times.make install", _MINUTES, 1 / 60),
+    "fresh_install_cpu": Figure(_FRESH_INSTALL, "machine.cpu_model", "{}"),
+    "fresh_install_again_s": Figure(
+        _FRESH_INSTALL, "times.make install again (an upgrade)", "{:.0f} s"
+    ),
+    "fresh_uninstall_s": Figure(_FRESH_INSTALL, "times.make uninstall", "{:.0f} s"),
     # make bench: bench/trust.py (bench/TRUST.md)
     "trust_cpu": Figure(_TRUST, "machine.cpu_model", "{}"),
-    "alarm_beside_bomb_max_ms": Figure(
-        _TRUST, "alarm_start_ms.bomb being fetched (server stalls).max", "{:.0f} ms"
+    "alarm_beside_stalled_fetch_max_ms": Figure(
+        _TRUST, "alarm_start_ms.bomb being fetched (server stalls).max", _MS
     ),
 }
 """Every figure the pages may show, by the name its marker gives."""
