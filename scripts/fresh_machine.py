@@ -374,6 +374,7 @@ def main() -> int:
     finally:
         total = round(time.monotonic() - started, 1)
         report |= {"times": steps.times, "total_seconds": total}
+        report["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         (args.cache / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         if not args.keep and root.exists():
             remove_tree(root)

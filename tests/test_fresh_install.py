@@ -39,7 +39,9 @@ def scenario(name: str, cache: Path) -> dict[str, object]:
         check=False,
     )
     print(done.stdout[-6000:])
-    report: dict[str, object] = json.loads((cache / "report.json").read_text(encoding="utf-8"))
+    written = cache / "report.json"
+    assert written.is_file(), done.stdout[-3000:] + done.stderr[-3000:]
+    report: dict[str, object] = json.loads(written.read_text(encoding="utf-8"))
     assert "error" not in report, report["error"]
     assert done.returncode == 0, done.stderr[-3000:]
     return report
