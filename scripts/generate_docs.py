@@ -369,7 +369,9 @@ FIGURES: Final[Mapping[str, Figure]] = {
 }
 """Every figure the pages may show, by the name its marker gives."""
 
-MARKER: Final = re.compile(r"<!-- fig (?P<name>[a-z0-9_]+) -->(?P<text>.*?)<!-- /fig -->", re.DOTALL)
+MARKER: Final = re.compile(
+    r"<!-- fig (?P<name>[a-z0-9_]+) -->(?P<text>.*?)<!-- /fig -->", re.DOTALL
+)
 
 
 def markdown_files() -> list[Path]:

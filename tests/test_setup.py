@@ -73,13 +73,21 @@ def section(title: str) -> str:
     return readme.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_readme_names_every_package_where_it_says_who_installs_it() -> None:
-    """ "Two commands" names what `make run` and `sudo make install` install, "For developers"
-    what the tests add, as the list has it."""
-    commands, developers = section("Two commands"), section("For developers")
+def test_the_docs_name_every_package_where_they_say_who_installs_it() -> None:
+    """docs/development.md's table of what set-up installs has a row for each listed package,
+    marked for the commands the list gives it; the README's "Two commands" names what a
+    default Debian lacks before them."""
+    development = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    table = development.split("## What set-up installs", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
     for package, kinds in listed().items():
-        where = developers if kinds == {"test"} else commands
-        assert f"`{package}`" in where, package
+        (row,) = [r for r in rows if f"`{package}`" in r.split("|")[1]]
+        cells = [cell.strip() for cell in row.split("|")[2:5]]  # make run, make test, install
+        assert bool(cells[0]) == bool(kinds & {"run", "python"}), (package, cells)
+        assert cells[1], package  # the tests need everything on the list
+        installs = bool(cells[2]) and cells[2] != "(there already)"
+        assert installs == ("install" in kinds), (package, cells)
+    commands = section("Two commands")
     assert "`git`" in commands
     assert "`make`" in commands
 
