@@ -335,6 +335,7 @@ FIGURES: Final[Mapping[str, Figure]] = {
     "ttfa_piper_whole_ms": Figure(_METRIC, "metrics.ttfa_vs_piper_whole_text.piper_value", _MS),
     "peak_rss_mb": Figure(_METRIC, "metrics.peak_rss.ours_value", "{:.0f} MB"),
     "peak_rss_piper_mb": Figure(_METRIC, "metrics.peak_rss.piper_value", "{:.0f} MB"),
+    "steady_rss_mb": Figure(_METRIC, "metrics.steady_rss.ours_value", "{:.0f} MB"),
     # make bench: bench/wyoming.py against wyoming-piper (bench/WYOMING.md)
     "wyoming_cpu": Figure(_WYOMING, "machine.cpu_model", "{}"),
     "wyoming_first_ms": Figure(_WYOMING, "metrics.first_audio_three_sentences.ours_value", _MS),
