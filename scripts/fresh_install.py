@@ -16,6 +16,7 @@ Each check lands in the report's `checks` (name -> passed) with what it saw in `
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -315,6 +316,50 @@ def installed(machine: Machine, report: Report, before: set[str]) -> None:
     check(report, "the voice is prepared at install", any(models.glob("*.split2.json")))
 
 
+TIMEOUT_STOP_S: Final = 15.0
+"""The unit's TimeoutStopSec=: what systemd waits after SIGTERM before SIGKILL."""
+
+
+def service_processes(machine: Machine) -> list[int]:
+    """The processes of the service user in the root (the unit's control group, here)."""
+    passwd = (machine.path / "etc/passwd").read_text(encoding="utf-8").splitlines()
+    uids = [line.split(":")[2] for line in passwd if line.startswith("voice-agent:")]
+    if not uids:
+        return []
+    found = []
+    for status in (machine.path / "proc").glob("[0-9]*/status"):
+        try:
+            lines = status.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue  # ended meanwhile
+        real = next((line.split()[1] for line in lines if line.startswith("Uid:")), None)
+        if real == uids[0]:
+            found.append(int(status.parent.name))
+    return found
+
+
+def stop_as_systemd(machine: Machine, process: subprocess.Popen[bytes]) -> list[str]:
+    """`systemctl stop` with the unit's KillMode=control-group: SIGTERM to every process of
+    the unit at once, SIGKILL to what is left after TimeoutStopSec=; the command lines of the
+    processes that had to be killed."""
+    for pid in service_processes(machine):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + TIMEOUT_STOP_S
+    while time.monotonic() < deadline and (process.poll() is None or service_processes(machine)):
+        time.sleep(0.2)
+    killed = []
+    for pid in service_processes(machine):
+        with contextlib.suppress(OSError):
+            command = (machine.path / f"proc/{pid}/cmdline").read_bytes()
+            killed.append(command.replace(b"\0", b" ").decode(errors="replace").strip())
+            os.kill(pid, signal.SIGKILL)
+    if process.poll() is None:
+        process.kill()
+    process.wait(60)
+    return killed
+
+
 def unit_speaks(  # noqa: PLR0917 - the scenario's parts
     machine: Machine, broker: Broker, clone: str, agent_log: Path, log: IO[str], report: Report
 ) -> None:
@@ -328,8 +373,9 @@ def unit_speaks(  # noqa: PLR0917 - the scenario's parts
             watcher.wait_payload(f"voice/{NODE}/status", b"online", WAIT)
             speak_inside(machine, broker.port, log)
             wait_for(lambda: finished(watcher), "finished event", process)
-            process.send_signal(signal.SIGTERM)
-            check(report, "the unit's command stops cleanly", process.wait(60) == 0)
+            killed = stop_as_systemd(machine, process)
+            check(report, "the unit's command stops cleanly", process.returncode == 0)
+            check(report, "the service stops within TimeoutStopSec", not killed, killed)
         finally:
             if process.poll() is None:
                 process.kill()
