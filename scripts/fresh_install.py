@@ -321,7 +321,9 @@ TIMEOUT_STOP_S: Final = 15.0
 
 
 def service_processes(machine: Machine) -> list[int]:
-    """The processes of the service user in the root (the unit's control group, here)."""
+    """The running processes of the service user in the root (the unit's control group,
+    here). One that ended after its parent is this PID namespace's to reap, as init
+    (systemd) reaps it on a real machine: it is reaped, not counted."""
     passwd = (machine.path / "etc/passwd").read_text(encoding="utf-8").splitlines()
     uids = [line.split(":")[2] for line in passwd if line.startswith("voice-agent:")]
     if not uids:
@@ -333,8 +335,15 @@ def service_processes(machine: Machine) -> list[int]:
         except OSError:
             continue  # ended meanwhile
         real = next((line.split()[1] for line in lines if line.startswith("Uid:")), None)
-        if real == uids[0]:
-            found.append(int(status.parent.name))
+        state = next((line.split()[1] for line in lines if line.startswith("State:")), "")
+        if real != uids[0]:
+            continue
+        pid = int(status.parent.name)
+        if state == "Z":  # ended; orphaned to this namespace's init (this process) to reap
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            continue
+        found.append(pid)
     return found
 
 
