@@ -96,3 +96,28 @@ def test_every_figure_is_read_from_its_bench_json_and_shown_somewhere() -> None:
     for name, figure in generate_docs.FIGURES.items():
         assert figure.text(), name
         assert (name, figure.text()) in shown, f"{name} is on no page"
+
+
+def test_the_site_reads_lists_and_diagrams_as_github_shows_them() -> None:
+    """scripts/mkdocs_hooks.py: a list right under a paragraph line becomes a list, an item's
+    later blocks indented by 2 stay in the item, a box-drawn block is a diagram (its lines kept
+    whole), a fenced block's own indentation is kept."""
+    import markdown  # noqa: PLC0415 - MkDocs' own Markdown, only for this test
+    import mkdocs_hooks  # noqa: PLC0415
+
+    source = (
+        "What it does:\n- one\n- two\n\n"
+        "- item\n\n  its second paragraph\n  ```yaml\n  a:\n    b: 1\n  ```\n- next\n\n"
+        "```\nA ──► B\n```\n"
+    )
+    html = markdown.markdown(
+        mkdocs_hooks.on_page_markdown(source),
+        extensions=["pymdownx.superfences", "pymdownx.highlight", "attr_list"],
+    )
+    assert "<p>What it does:</p>\n<ul>" in html
+    assert "- one" not in html
+    (second,) = [item for item in html.split("<li>") if "its second paragraph" in item]
+    assert '<span class="nt">b</span>' in second  # the block stayed in its item
+    assert "next" not in second
+    assert '<span class="w">  </span><span class="nt">b</span>' in second  # its own indent
+    assert 'class="diagram' in html
