@@ -102,7 +102,7 @@ def test_the_site_reads_lists_and_diagrams_as_github_shows_them() -> None:
     """scripts/mkdocs_hooks.py: a list right under a paragraph line becomes a list, an item's
     later blocks indented by 2 stay in the item, a box-drawn block is a diagram (its lines kept
     whole), a fenced block's own indentation is kept."""
-    import markdown  # noqa: PLC0415 - MkDocs' own Markdown, only for this test
+    import markdown  # type: ignore[import-untyped]  # noqa: PLC0415 - MkDocs' own
     import mkdocs_hooks  # noqa: PLC0415
 
     source = (
