@@ -325,6 +325,7 @@ _WYOMING = "bench/wyoming.json"
 _TRUST = "bench/trust.json"
 _FRESH_RUN = "bench/fresh-run.json"
 _FRESH_INSTALL = "bench/fresh-install.json"
+_FRESH_TEST = "bench/fresh-test.json"
 _MS = "{:.0f} ms"
 _MINUTES = "{:.1f} minutes"
 _TIMES = "\u00d7"  # the multiplication sign
@@ -362,6 +363,14 @@ FIGURES: Final[Mapping[str, Figure]] = {
         _FRESH_INSTALL, "times.make install again (an upgrade)", "{:.0f} s"
     ),
     "fresh_uninstall_s": Figure(_FRESH_INSTALL, "times.make uninstall", "{:.0f} s"),
+    # scripts/fresh_machine.sh --scenario test: make setup, then make test on a new root
+    "fresh_test_setup_min": Figure(_FRESH_TEST, "times.make setup", _MINUTES, 1 / 60),
+    "fresh_test_min": Figure(_FRESH_TEST, "times.make test", _MINUTES, 1 / 60),
+    "fresh_test_summary": Figure(_FRESH_TEST, "summary", "{}"),
+    "fresh_test_commit": Figure(_FRESH_TEST, "commit", "{:.7}"),
+    "fresh_test_date": Figure(_FRESH_TEST, "machine.date", "{:.10}"),
+    "fresh_test_load_start": Figure(_FRESH_TEST, "machine.load_average_at_start.0", "{:.0f}"),
+    "fresh_test_load_end": Figure(_FRESH_TEST, "machine.load_average_at_end.0", "{:.0f}"),
     # make bench: bench/trust.py (bench/TRUST.md)
     "trust_cpu": Figure(_TRUST, "machine.cpu_model", "{}"),
     "alarm_beside_stalled_fetch_max_ms": Figure(
