@@ -1,17 +1,36 @@
-# Thin targets; the logic lives in scripts/. `make run` and `make test` do all setup.
+# Thin targets; the logic lives in scripts/. `make run` and `make test` do all setup, each only
+# what it needs (scripts/setup.sh run | test).
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+# `make run` installs the project itself (not editable): a change to its code installs it again
+SOURCES := $(shell find agent tiers -name '*.py' 2>/dev/null)
+# `make run CONFIG=my.yaml`: the configuration file to run with (default config/agent.yaml)
+ifdef CONFIG
+export VOICE_AGENT_CONFIG := $(abspath $(CONFIG))
+endif
 
-.PHONY: setup run docs test test-slow test-clients test-fleet test-plant test-all test-install test-small test-arm64 lint bench bench-fleet soak clean
+.PHONY: setup setup-run run install uninstall docs test test-slow test-clients test-fleet test-plant test-all test-install test-small test-arm64 lint bench bench-fleet soak clean
 
-setup: $(STAMP)
+setup: $(STAMP)  ## what the tests need: run and test packages, .venv with the project editable and the dev extra
 
 $(STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.txt
-	PYTHON=$(PYTHON) bash scripts/setup.sh
+	PYTHON=$(PYTHON) bash scripts/setup.sh test
 
-run: $(STAMP)  ## run the agent (starts a loopback Mosquitto if no broker answers)
+setup-run: $(RUN_STAMP)  ## what running needs: run packages, .venv with `pip install .` (no extras), the voice prepared
+
+$(RUN_STAMP): pyproject.toml scripts/setup.sh scripts/system-packages.txt $(SOURCES)
+	PYTHON=$(PYTHON) bash scripts/setup.sh run
+
+run: $(RUN_STAMP)  ## run the agent with config/agent.yaml, or CONFIG=FILE (starts a loopback Mosquitto if no broker answers)
 	bash scripts/run.sh
+
+install:  ## (root) the production install: /opt/voice-agent, /etc/voice-agent/agent.yaml, the user and the systemd unit (docs/raspberry-pi.md)
+	bash scripts/install.sh
+
+uninstall:  ## (root) undo `make install`; the configuration is kept unless PURGE=1
+	PURGE=$(PURGE) bash scripts/uninstall.sh
 
 # `make test`'s workers: three on two cores (most tests wait on a broker, a device or a child);
 # TEST_WORKERS=0 runs them in one process
@@ -32,7 +51,7 @@ test-fleet: $(STAMP)  ## the operator's tool against simulated fleets and a brid
 test-plant: $(STAMP)  ## industrial sites: Sparkplug B against a SCADA stand-in (its own cached venv), failover between two Mosquittos, a three-node RabbitMQ cluster
 	$(VENV)/bin/pytest -m plant
 
-test-install: $(STAMP)  ## the production install: the wheel into a fresh venv outside the tree, say and run
+test-install: $(STAMP)  ## the production install: the wheel into a fresh venv outside the tree, say and run; as root also `make run`, `make install` and `make uninstall` on a new Debian 12 root (scripts/fresh_machine.sh --scenario install)
 	$(VENV)/bin/pytest -m install
 
 test-all: test test-slow test-install test-clients test-fleet test-plant test-small  ## what CI runs (.ci/run)
@@ -43,7 +62,8 @@ test-small: $(STAMP)  ## memory budgets held by the kernel: steady work in a 256
 test-arm64: $(STAMP)  ## install from a wheel and run on aarch64 (Debian bookworm arm64 under QEMU), compared with x86_64: docs/arm64.md
 	bash scripts/arm64/run.sh
 
-docs: $(STAMP)  ## the documentation site from docs/ into site/ (MkDocs, Material theme; strict: a broken link or anchor fails)
+docs: $(STAMP)  ## the generated pages (configuration reference, config/agent.yaml, bench figures), then the site from docs/ into site/ (MkDocs, Material theme; strict: a broken link or anchor fails)
+	$(VENV)/bin/python -m scripts.generate_docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(STAMP)  ## ruff (lint and format check) and strict mypy

@@ -1,6 +1,7 @@
-"""A page's screenshot taken with headless Chromium (Debian's `chromium`), driven over the
-DevTools protocol: the page opened, values put in its local storage (a login), the page opened
-again, and the picture taken once a text shows anywhere in it (shadow roots included) and the
+"""Headless Chromium (Debian's `chromium`), driven over the DevTools protocol: `browser()` gives a
+page to open URLs in and evaluate JavaScript on (tests/test_docs_browser.py reads the built site
+that way); `screenshot()` opens a page, puts values in its local storage (a login), opens it
+again, and takes the picture once a text shows anywhere in it (shadow roots included) and the
 page has been still for a moment.
 """
 
@@ -46,7 +47,7 @@ _FIND_TEXT: Final = r"""
 frontend is web components)."""
 
 
-class _Page:
+class Page:
     """One DevTools session on a page target."""
 
     def __init__(self, socket: ClientConnection) -> None:
@@ -75,15 +76,28 @@ class _Page:
         return answer.get("result", {}).get("value")
 
     def open(self, url: str) -> None:
+        """Navigate and wait until the document is complete."""
         self.call("Page.navigate", url=url)
         wait_until(lambda: self.evaluate("document.readyState") == "complete", TIMEOUT, url)
 
+    def capture(self, out: Path) -> None:
+        """A PNG of the page as it shows now."""
+        shot = self.call("Page.captureScreenshot", format="png")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(base64.b64decode(shot["data"]))
+
 
 @contextlib.contextmanager
-def _browser(width: int, height: int) -> Iterator[_Page]:
+def browser(width: int, height: int) -> Iterator[Page]:
+    """A headless Chromium (no background networking, no first-run run) with one page of
+    the given size, stopped on the way out."""
     program = shutil.which(CHROMIUM)
     assert program is not None, f"{CHROMIUM} is not installed: scripts/setup.sh installs it"
-    with tempfile.TemporaryDirectory(prefix="voice-agent-chromium-") as profile:
+    # Chromium's helper processes may still write the profile for a moment after it exits:
+    # its removal is retried below rather than failing the caller.
+    with tempfile.TemporaryDirectory(
+        prefix="voice-agent-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         process = subprocess.Popen(
             [
                 program,
@@ -91,6 +105,7 @@ def _browser(width: int, height: int) -> Iterator[_Page]:
                 "--no-sandbox",  # root in a container: Chromium's own sandbox cannot start
                 "--disable-gpu",
                 "--no-first-run",
+                "--disable-background-networking",  # no calls home, no component updates
                 "--hide-scrollbars",
                 "--remote-debugging-port=0",
                 f"--user-data-dir={profile}",
@@ -117,7 +132,7 @@ def _browser(width: int, height: int) -> Iterator[_Page]:
                 targets = json.loads(r.read())
             target = next(t for t in targets if t.get("type") == "page")
             with connect(target["webSocketDebuggerUrl"], max_size=64 * 2**20) as socket:
-                page = _Page(socket)
+                page = Page(socket)
                 page.call("Page.enable")
                 page.call("Runtime.enable")
                 page.call(  # the page's own size, whatever the window's frame takes
@@ -135,6 +150,11 @@ def _browser(width: int, height: int) -> Iterator[_Page]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(TIMEOUT)
+            for _ in range(50):  # its helpers' last writes to the profile
+                shutil.rmtree(profile, ignore_errors=True)
+                if not Path(profile).exists():
+                    break
+                time.sleep(0.1)
 
 
 def screenshot(
@@ -146,7 +166,7 @@ def screenshot(
 ) -> None:
     """A PNG of `url` at `size` once each of `texts` shows; `storage` is put in the origin's
     local storage first (then the page is opened again)."""
-    with _browser(*size) as page:
+    with browser(*size) as page:
         page.open(url)
         if storage:
             for key, value in storage.items():
@@ -162,6 +182,4 @@ def screenshot(
             seen = str(page.evaluate(_FIND_TEXT % "null"))[:1500]
             raise AssertionError(f"{err}; the page shows: {seen}") from None
         time.sleep(2.0)  # its last requests answered and drawn (values, icons, fonts)
-        shot = page.call("Page.captureScreenshot", format="png")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(base64.b64decode(shot["data"]))
+        page.capture(out)

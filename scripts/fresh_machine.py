@@ -28,11 +28,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import IO, Final
+from typing import IO, Any, Final
 
 REPO: Final = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts" / "arm64"))
 
+import fresh_install  # noqa: E402
 from bookworm_root import SUITE, bookworm_sources, host_codename, host_sources  # noqa: E402
 from chroot_session import ROOT_PATH, remove_tree, unmount_all  # noqa: E402
 from pip_config import ROOT_CA_BUNDLE, host_pip_config  # noqa: E402
@@ -91,26 +92,69 @@ class FreshRoot:
         target.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", *args, str(target)], check=True, timeout=60)
 
-    def run(self, args: list[str], log: IO[str], timeout: float, cwd: str = "/") -> None:
-        """Run inside the root (a login's clean environment), output to log; raise on failure."""
-        log.write(f"\n$ (cd {cwd} && {' '.join(args)})\n")
-        log.flush()
-        env = {
+    def command(self, args: list[str], cwd: str = "/") -> list[str]:
+        """The command line that runs `args` inside the root, in `cwd`."""
+        return [self._chroot, str(self.path), "sh", "-c", 'cd "$0" && exec "$@"', cwd, *args]
+
+    @staticmethod
+    def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+        """A login's clean environment in the root, and `extra`."""
+        return {
             "PATH": ROOT_PATH,
             "HOME": "/root",
             "LANG": "C.UTF-8",
             "DEBIAN_FRONTEND": "noninteractive",
             "SSL_CERT_FILE": str(ROOT_CA_BUNDLE),
+            **(extra or {}),
         }
-        command = [self._chroot, str(self.path), "sh", "-c", 'cd "$0" && exec "$@"', cwd, *args]
+
+    def run(
+        self,
+        args: list[str],
+        log: IO[str],
+        timeout: float,
+        cwd: str = "/",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """Run inside the root (a login's clean environment), output to log; raise on failure."""
+        log.write(f"\n$ (cd {cwd} && {' '.join(args)})\n")
+        log.flush()
         subprocess.run(
-            command,
-            env=env,
+            self.command(args, cwd),
+            env=self.environment(env),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             timeout=timeout,
             check=True,
+        )
+
+    def output(self, args: list[str], cwd: str = "/") -> str:
+        """What a command run inside the root prints (raise on failure)."""
+        done = subprocess.run(
+            self.command(args, cwd),
+            env=self.environment(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
+        return done.stdout
+
+    def start(
+        self, args: list[str], log: IO[str], cwd: str = "/", env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start inside the root in a process group of its own, output to log."""
+        log.write(f"\n$ (cd {cwd} && {' '.join(args)}) &\n")
+        log.flush()
+        return subprocess.Popen(
+            self.command(args, cwd),
+            env=self.environment(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
 
@@ -206,8 +250,38 @@ def make(machine: FreshRoot, steps: Steps, logs: Path, target: str, clone_dir: s
         )
 
 
-def test_in_a_new_root(root: Path, logs: Path, steps: Steps, clone_dir: str, commit: str) -> None:
-    """The steps: the root, the user's packages, the pip configuration, the clone, set-up, tests."""
+Scenario = Callable[[FreshRoot, Steps, Path, str, dict[str, Any]], None]
+"""What is done in the root once the clone is there: (root, steps, logs, clone, report)."""
+
+
+def make_test(
+    machine: FreshRoot, steps: Steps, logs: Path, clone: str, report: dict[str, Any]
+) -> None:
+    """`make setup`, then `make test` (counted from pytest's summary)."""
+    make(machine, steps, logs, "setup", clone)
+    with contextlib.suppress(subprocess.CalledProcessError):
+        make(machine, steps, logs, "test", clone)
+    report |= pytest_summary(logs / "make-test.log")
+
+
+SCENARIOS: Final[dict[str, Scenario]] = {
+    "test": make_test,
+    "run": fresh_install.run_scenario,
+    "install": fresh_install.install_scenario,
+}
+
+
+def in_a_new_root(  # noqa: PLR0917 - the run's facts
+    root: Path,
+    logs: Path,
+    steps: Steps,
+    clone_dir: str,
+    commit: str,
+    scenario: Scenario,
+    report: dict[str, Any],
+) -> None:
+    """The steps: the root, the user's packages, the pip configuration, the clone, then the
+    scenario."""
     with (logs / "root.log").open("a", encoding="utf-8") as log:
         steps.run(
             "debootstrap --variant=minbase bookworm",
@@ -237,9 +311,25 @@ def test_in_a_new_root(root: Path, logs: Path, steps: Steps, clone_dir: str, com
                 machine.run(["git", "checkout", "--quiet", "--detach", commit], log, 600, clone_dir)
 
             steps.run(f"git clone {commit[:12]} into {clone_dir}", logs / "clone.log", clone)
-        make(machine, steps, logs, "setup", clone_dir)
-        with contextlib.suppress(subprocess.CalledProcessError):  # counted from pytest's summary
-            make(machine, steps, logs, "test", clone_dir)
+        scenario(machine, steps, logs, clone_dir, report)
+
+
+def machine_facts() -> dict[str, object]:
+    """What the times were measured on: the CPU, its cores, the date."""
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown",
+    )
+    return {
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def main() -> int:
@@ -248,6 +338,13 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=REPO / ".cache" / "fresh")
     parser.add_argument("--clone-dir", default="/tmp/voice-agent", help="inside the root")  # noqa: S108 - the new machine's
     parser.add_argument("--keep", action="store_true", help="keep the root afterwards")
+    parser.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        default="test",
+        help="test: make setup, make test (the default); run: make run's set-up and make run; "
+        "install: make install, the unit's command, make uninstall (scripts/fresh_install.py)",
+    )
     args = parser.parse_args()
     git = ["git", "-C", str(REPO)]
     commit = subprocess.run(
@@ -263,16 +360,29 @@ def main() -> int:
     root = args.cache / f"root-{time.strftime('%Y%m%d-%H%M%S')}"
     steps = Steps()
     started = time.monotonic()
-    report: dict[str, object] = {"commit": commit, "clone_dir": args.clone_dir}
+    report: dict[str, Any] = {
+        "commit": commit,
+        "clone_dir": args.clone_dir,
+        "scenario": args.scenario,
+        "machine": machine_facts(),
+    }
     try:
-        test_in_a_new_root(root, logs, steps, args.clone_dir, commit)
-        report |= pytest_summary(logs / "make-test.log")
+        in_a_new_root(root, logs, steps, args.clone_dir, commit, SCENARIOS[args.scenario], report)
+    except Exception as err:  # noqa: BLE001 - whatever failed, the report says what
+        report["error"] = f"{type(err).__name__}: {err}"
+        print(f"FAILED: {report['error']}", file=sys.stderr)
     finally:
         total = round(time.monotonic() - started, 1)
         report |= {"times": steps.times, "total_seconds": total}
+        report["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         (args.cache / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         if not args.keep and root.exists():
             remove_tree(root)
+    if args.scenario != "test":
+        checks = report.get("checks", {})
+        passed = sum(checks.values())
+        print(f"{args.scenario}: {passed} of {len(checks)} checks passed; {total / 60:.1f} min")
+        return 0 if checks and all(checks.values()) and "error" not in report else 1
     first = steps.times.get("make setup", 0.0) + steps.times.get("make test", 0.0)
     print(f"pytest: {report.get('summary')}")
     print(f"first make test, set-up included: {first / 60:.1f} min; whole run {total / 60:.1f} min")

@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# One-time setup for `make run` and `make test` on Debian 12 / Raspberry Pi OS:
-# system packages (when root or passwordless sudo allows), then .venv with the Python packages.
+# Set-up on Debian 12 / Raspberry Pi OS, in two sizes:
+#   scripts/setup.sh run    what `make run` needs: the run packages, .venv with the project and
+#                           its dependencies (`pip install .`, no extras), the voice prepared
+#   scripts/setup.sh test   what `make test` and the other targets need: the run and test
+#                           packages, .venv with the project editable and the dev extra
+# System packages are installed when root or passwordless sudo allows; otherwise the
+# `apt-get install` line to run is printed, and set-up stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+MODE="${1:-test}"
+case "$MODE" in
+  run) kinds=(run) ;;
+  test) kinds=(run test) ;;
+  *) echo "usage: scripts/setup.sh run|test" >&2; exit 2 ;;
+esac
 PYTHON="${PYTHON:-python3}"
-# The one list of system packages (also .ci/run's): scripts/system-packages.txt.
+# The one list of system packages (also scripts/install.sh's and .ci/run's).
 LIST=scripts/system-packages.txt
-packages_of() {  # the packages of these kinds (run, test, python)
-  awk -v kinds=" $* " '!/^#/ && NF && index(kinds, " " $2 " ") { print $1 }' "$LIST"
+packages_of() {  # the packages needed by any of these kinds (run, test, python, install)
+  awk -v kinds=" $* " '!/^#/ && NF {
+    n = split($2, needs, ",")
+    for (i = 1; i <= n; i++) if (index(kinds, " " needs[i] " ")) { print $1; break }
+  }' "$LIST"
 }
-kinds=(run)
-# The tests also need theirs (PulseAudio's null sink, bubblewrap, systemd-analyze, openssl...).
-[ "${WITH_TEST_PACKAGES:-1}" = 1 ] && kinds+=(test)
 mapfile -t SYSTEM_PACKAGES < <(packages_of "${kinds[@]}")
 
 missing=()
@@ -46,7 +57,21 @@ fi
   exit 1
 }
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet --editable '.[dev]'
-touch .venv/.installed
-echo "Setup done: .venv is ready."
+if [ "$MODE" = test ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet --editable '.[dev]'
+  touch .venv/.installed
+  echo "Setup done: .venv is ready for the tests."
+  exit 0
+fi
+
+# `make run`: the project as a user installs it, its dependencies and nothing else; a .venv set
+# up for the tests already holds it (editable) and is left as it is.
+if [ ! -e .venv/.installed ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet .
+fi
+# The voice's graph analysis now, not at the agent's first start (~17 s on 2 cores; once).
+.venv/bin/voice-agent prepare --config "${VOICE_AGENT_CONFIG:-config/agent.yaml}"
+touch .venv/.installed-run
+echo "Setup done: .venv is ready to run."

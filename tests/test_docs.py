@@ -1,5 +1,6 @@
-"""The documentation site builds, strict (MkDocs: a broken link or anchor fails the build), and
-every page under docs/ is in its navigation."""
+"""The documentation site builds, strict (MkDocs: a broken link or anchor fails the build),
+every page under docs/ is in its navigation, and the generated parts (the configuration
+reference, config/agent.yaml, the bench figures) are current."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))  # scripts/ import each other by name (as mypy has them)
+
+import generate_docs  # noqa: E402
 
 
 def test_the_site_builds_strict(tmp_path: Path) -> None:
@@ -62,3 +66,58 @@ def test_the_module_table_lists_every_module_of_the_agent() -> None:
     modules = {path.relative_to(ROOT).as_posix() for path in (ROOT / "agent").rglob("*.py")}
     modules -= {f"agent/{path.parent.name}/__init__.py" for path in (ROOT / "agent").glob("*/*.py")}
     assert listed == modules, listed ^ modules
+
+
+def test_the_generated_pages_are_current() -> None:
+    """config/agent.yaml, docs/configuration.md and the bench figures in the pages are what
+    scripts/generate_docs.py makes of the declarations and bench/*.json (one text per key, no
+    figure copied by hand): after a change there, `make docs` (or `python -m
+    scripts.generate_docs`) writes them."""
+    stale = [path.relative_to(ROOT).as_posix() for path in generate_docs.stale()]
+    assert not stale, f"not current: {stale}; run python -m scripts.generate_docs"
+
+
+def test_each_key_is_written_once_in_the_yaml_and_the_reference() -> None:
+    """Each key's one text (its declaration's) is its comment in config/agent.yaml and its row
+    in docs/configuration.md; the examples are YAML of the key they show."""
+    reference = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    for key in generate_docs.config_keys():
+        (row,) = [line for line in reference.splitlines() if line.startswith(f"| `{key.path}` |")]
+        assert generate_docs.markdown_text(key.doc) in row
+    for path, example in generate_docs.EXAMPLES.items():
+        shown = yaml.safe_load(example)
+        assert list(shown) == [path.rsplit(".", 1)[-1]], path
+
+
+def test_every_figure_is_read_from_its_bench_json_and_shown_somewhere() -> None:
+    """Each figure's value is in its JSON, and each is shown on a page (a marker)."""
+    pages = "\n".join(p.read_text(encoding="utf-8") for p in generate_docs.markdown_files())
+    shown = set(generate_docs.MARKER.findall(pages))
+    for name, figure in generate_docs.FIGURES.items():
+        assert figure.text(), name
+        assert (name, figure.text()) in shown, f"{name} is on no page"
+
+
+def test_the_site_reads_lists_and_diagrams_as_github_shows_them() -> None:
+    """scripts/mkdocs_hooks.py: a list right under a paragraph line becomes a list, an item's
+    later blocks indented by 2 stay in the item, a box-drawn block is a diagram (its lines kept
+    whole), a fenced block's own indentation is kept."""
+    import markdown  # type: ignore[import-untyped]  # noqa: PLC0415 - MkDocs' own
+    import mkdocs_hooks  # noqa: PLC0415
+
+    source = (
+        "What it does:\n- one\n- two\n\n"
+        "- item\n\n  its second paragraph\n  ```yaml\n  a:\n    b: 1\n  ```\n- next\n\n"
+        "```\nA ──► B\n```\n"
+    )
+    html = markdown.markdown(
+        mkdocs_hooks.on_page_markdown(source),
+        extensions=["pymdownx.superfences", "pymdownx.highlight", "attr_list"],
+    )
+    assert "<p>What it does:</p>\n<ul>" in html
+    assert "- one" not in html
+    (second,) = [item for item in html.split("<li>") if "its second paragraph" in item]
+    assert '<span class="nt">b</span>' in second  # the block stayed in its item
+    assert "next" not in second
+    assert '<span class="w">  </span><span class="nt">b</span>' in second  # its own indent
+    assert 'class="diagram' in html

@@ -1,5 +1,7 @@
-"""The one list of system packages (scripts/system-packages.txt): both installers read it, the
-README's Quick start names what it holds, and every program the tests start comes from it."""
+"""The one list of system packages (scripts/system-packages.txt): the installers read it (set-up
+for `make run` and the tests, `sudo make install`, CI), the README names what it holds where it
+says who installs it, `make run` installs what running needs and `make test` the rest, and
+every program the tests start comes from it."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 from harness import ROOT
 
 LIST = ROOT / "scripts" / "system-packages.txt"
-KINDS = {"run", "test", "python"}
+KINDS = {"run", "test", "python", "install"}
 PROGRAMS = {
     "make": "the Makefile",
     "mosquitto": "harness/broker.py",
@@ -30,15 +32,16 @@ PROGRAMS = {
 """The programs `make test` starts, and who starts them."""
 
 
-def listed() -> dict[str, str]:
-    """package -> kind, from the list."""
+def listed() -> dict[str, set[str]]:
+    """package -> what needs it (run, test, python, install), from the list."""
     packages = {}
     for line in LIST.read_text(encoding="utf-8").splitlines():
         fields = line.split("#", 1)[0].split()
         if fields:
             assert len(fields) == 2, line
-            assert fields[1] in KINDS, line
-            packages[fields[0]] = fields[1]
+            kinds = set(fields[1].split(","))
+            assert kinds <= KINDS, line
+            packages[fields[0]] = kinds
     return packages
 
 
@@ -52,7 +55,8 @@ def test_setup_and_ci_install_the_one_list_and_name_no_package_of_their_own() ->
     """Both scripts read the list, and their install commands name no package themselves (they
     install what they read from it)."""
     packages = listed()
-    for script in (ROOT / "scripts" / "setup.sh", ROOT / ".ci" / "run"):
+    scripts = ("scripts/setup.sh", "scripts/install.sh", ".ci/run")
+    for script in (ROOT / name for name in scripts):
         text = script.read_text(encoding="utf-8")
         assert "scripts/system-packages.txt" in text, script
         lines = install_lines(text)
@@ -60,17 +64,44 @@ def test_setup_and_ci_install_the_one_list_and_name_no_package_of_their_own() ->
         for line in lines:
             words = set(re.findall(r"[\w.+-]+", line.split("#", 1)[0]))
             assert not words & set(packages), (script, line)
-    assert packages["bubblewrap"] == packages["systemd"] == "test"
+    assert packages["bubblewrap"] == packages["systemd"] == {"test"}
 
 
-def test_the_readme_quick_start_names_every_listed_package() -> None:
-    """The Quick start says what set-up installs, as the list has it."""
+def section(title: str) -> str:
+    """A section of the README, up to the next one."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    missing = [p for p in listed() if f"`{p}`" not in quick]
-    assert not missing, missing
-    assert "`git`" in quick
-    assert "`make`" in quick
+    return readme.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_docs_name_every_package_where_they_say_who_installs_it() -> None:
+    """docs/development.md's table of what set-up installs has a row for each listed package,
+    marked for the commands the list gives it; the README's "Two commands" names what a
+    default Debian lacks before them."""
+    development = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    table = development.split("## What set-up installs", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    for package, kinds in listed().items():
+        (row,) = [r for r in rows if f"`{package}`" in r.split("|")[1]]
+        cells = [cell.strip() for cell in row.split("|")[2:5]]  # make run, make test, install
+        assert bool(cells[0]) == bool(kinds & {"run", "python"}), (package, cells)
+        assert cells[1], package  # the tests need everything on the list
+        installs = bool(cells[2]) and cells[2] != "(there already)"
+        assert installs == ("install" in kinds), (package, cells)
+    commands = section("Two commands")
+    assert "`git`" in commands
+    assert "`make`" in commands
+
+
+def test_running_needs_no_test_package_and_the_install_no_build_of_its_own() -> None:
+    """What `make run` installs holds no test package; the install needs what builds the venv
+    (the system Python's venv and headers, a compiler, ALSA's headers) and nothing of the
+    tests'."""
+    packages = listed()
+    run = {p for p, kinds in packages.items() if "run" in kinds}
+    install = {p for p, kinds in packages.items() if "install" in kinds}
+    assert not {p for p in run | install if "test" in packages[p]}
+    assert {"python3-venv", "python3-dev", "gcc", "libasound2-dev"} <= install
+    assert "mosquitto" not in install  # a node uses the broker it is given
 
 
 @cache

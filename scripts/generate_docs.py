@@ -1,0 +1,443 @@
+"""The generated parts of the documentation, from their one source each:
+
+- `config/agent.yaml` (the example configuration, every key at its default with its text as a
+  comment) and `docs/configuration.md` (the reference table), both from the keys' declarations
+  in `agent/settings/declarations.py`: one text per key, edited there;
+- the measured figures in the Markdown files (README.md, docs/*.md), each between
+  `<!-- fig NAME -->` and `<!-- /fig -->`, from the benches' JSON (bench/*.json) as `FIGURES`
+  says which value and how it is written.
+
+    python -m scripts.generate_docs           # write what changed (`make docs` runs it)
+    python -m scripts.generate_docs --check   # exit 1 naming each file that is not current
+
+tests/test_docs.py runs the check, so a text or a bench result changed without the pages fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Final
+
+REPO: Final = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from agent.settings.declarations import ENV_OVERRIDES, AgentConfig  # noqa: E402
+
+YAML: Final = REPO / "config" / "agent.yaml"
+REFERENCE: Final = REPO / "docs" / "configuration.md"
+WIDTH: Final = 100
+"""Longest line of config/agent.yaml."""
+
+SHOWN_DEFAULTS: Final[Mapping[str, object]] = {"node_id": None}
+"""Keys whose default is written otherwise than the declaration holds it (node_id's "" and
+null both mean the host name; null says so)."""
+
+EXAMPLES: Final[Mapping[str, str]] = {
+    "mqtt.hosts": """hosts:
+  - host: broker-a.plant.lan
+  - host: broker-b.plant.lan
+    tls: {enabled: true, ca_file: /etc/voice-agent/plant-ca.pem}""",
+    "audio.chimes": "chimes:\n  info: ding",
+    "audio.chime_files": "chime_files:\n  doorbell: /etc/voice-agent/doorbell.wav",
+    "audio.media": "media:\n  evacuation: /etc/voice-agent/evacuation.flac",
+    "audio.media_hosts": """media_hosts:
+  - homeassistant.local:8123
+  - 192.168.1.0/24
+  - "[fd00::/8]:8123\"""",
+    "tts.voices": "voices:\n  lessac: /opt/voices/en_US-lessac-medium.onnx",
+    "cache.phrases": "phrases:\n  - Fire alarm. Leave the building by the nearest exit.",
+}
+"""An example value, shown in config/agent.yaml's comment (the key's own line stays its
+default)."""
+
+YAML_HEADER: Final = """\
+# voice-agent configuration. Every key is optional; the values shown are the defaults.
+# Generated from agent/settings/declarations.py (`make docs`): edit the texts there. A copy of
+# this file is /etc/voice-agent/agent.yaml after `sudo make install`.
+# Check a file with:  voice-agent check-config FILE
+# Environment overrides (deployment values): {env}. VOICE_AGENT_CONFIG names the file itself.
+"""
+
+REFERENCE_HEADER: Final = """\
+# Configuration reference
+
+<!-- Generated from agent/settings/declarations.py by `python -m scripts.generate_docs` (make
+docs): edit the texts there, never here. -->
+
+Every key is optional: a node runs with no file at all. The file read is the one named by
+`--config` or `$VOICE_AGENT_CONFIG`, else the checkout's `config/agent.yaml` (`make run`), else
+`/etc/voice-agent/agent.yaml` (the installed service's, from `sudo make install`). A bad file
+stops the agent at start with one message listing every problem with its key path (and
+`voice-agent check-config FILE` prints the same and exits 1). Unknown keys are errors.
+`config/agent.yaml` holds every key at its default with the text below as its comment.
+
+| key | default | meaning |
+|---|---|---|
+"""
+
+REFERENCE_FOOTER: Final = """
+Environment overrides, for deployment values: {env}. `VOICE_AGENT_CONFIG` names the config
+file.
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# The configuration: config/agent.yaml and docs/configuration.md
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key as the pages show it."""
+
+    path: str
+    doc: str
+    default: object
+    allowed: str | None
+
+
+def _default(field: Field[Any]) -> object:
+    if field.default_factory is not MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def allowed(check: object) -> str | None:
+    """What a key's check lets through, when the check is a range or a choice."""
+    if not isinstance(check, types.FunctionType) or check.__closure__ is None:
+        return None
+    cells = dict(
+        zip(check.__code__.co_freevars, (c.cell_contents for c in check.__closure__), strict=True)
+    )
+    qualified = getattr(check, "__qualname__", "")
+    if qualified.startswith("_between.") and {"low", "high"} <= set(cells):
+        return f"{number(cells['low'])} to {number(cells['high'])}"
+    if qualified.startswith("_one_of.") and "choices" in cells:
+        return "one of " + ", ".join(f"`{c}`" for c in cells["choices"])
+    return None
+
+
+def number(value: float) -> str:
+    """A bound as people write it (thousands separated)."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+def config_keys(cls: type = AgentConfig, prefix: str = "") -> list[Key]:
+    """Every leaf key, in declaration order."""
+    found: list[Key] = []
+    for field in fields(cls):
+        path = f"{prefix}{field.name}"
+        default = _default(field)
+        if is_dataclass(default):
+            found += config_keys(type(default), f"{path}.")
+            continue
+        shown = SHOWN_DEFAULTS.get(path, default)
+        found.append(Key(path, field.metadata["doc"], shown, allowed(field.metadata["check"])))
+    return found
+
+
+def sections(cls: type = AgentConfig, prefix: str = "") -> dict[str, str]:
+    """Each section's path and its class's first docstring line."""
+    found: dict[str, str] = {}
+    for field in fields(cls):
+        default = _default(field)
+        if is_dataclass(default):
+            path = f"{prefix}{field.name}"
+            found[path] = " ".join((type(default).__doc__ or "").split("\n\n")[0].split())
+            found |= sections(type(default), f"{path}.")
+    return found
+
+
+def yaml_scalar(value: object) -> str:
+    """A default as YAML writes it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = str(value)
+    plain = re.fullmatch(r"[A-Za-z0-9_./:@-]+", text) and not re.fullmatch(
+        r"(?i)null|true|false|yes|no|on|off|~|[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?", text
+    )
+    return text if plain and not text.startswith(("-", ":")) else json.dumps(text)
+
+
+def plain_text(doc: str) -> str:
+    """A key's text as a YAML comment says it: documentation links as paths."""
+    return doc
+
+
+def yaml_lines(key: Key, indent: str) -> list[str]:
+    """A key's comment, example and line in config/agent.yaml."""
+    text = plain_text(key.doc) + (f" Allowed: {key.allowed}." if key.allowed else "")
+    wrapped = textwrap.wrap(
+        text, WIDTH - len(indent) - 2, break_long_words=False, break_on_hyphens=False
+    )
+    lines = [f"{indent}# {line}" for line in wrapped]
+    example = EXAMPLES.get(key.path)
+    if example:
+        lines.append(f"{indent}# Example:")
+        lines += [f"{indent}#   {line}" for line in example.splitlines()]
+    name = key.path.rsplit(".", 1)[-1]
+    value = key.default
+    if isinstance(value, tuple | list) and value:
+        lines.append(f"{indent}{name}:")
+        lines += [f"{indent}  - {yaml_scalar(item)}" for item in value]
+    elif isinstance(value, tuple | list):
+        lines.append(f"{indent}{name}: []")
+    elif isinstance(value, Mapping):
+        if value:
+            raise ValueError(f"{key.path}: a default map with entries is not written")
+        lines.append(f"{indent}{name}: {{}}")
+    else:
+        lines.append(f"{indent}{name}: {yaml_scalar(value)}")
+    return lines
+
+
+def env_list(wrap: Callable[[str], str]) -> str:
+    """The environment overrides, each as `wrap` writes a name."""
+    return ", ".join(wrap(name) for name in ENV_OVERRIDES)
+
+
+def render_yaml() -> str:
+    """config/agent.yaml."""
+    titles = sections()
+    out = YAML_HEADER.format(env=env_list(str)).splitlines()
+    out = [
+        line
+        for raw in out
+        for line in textwrap.wrap(raw, WIDTH, subsequent_indent="# ", break_on_hyphens=False)
+    ]
+    opened: list[str] = []
+    for key in config_keys():
+        parts = key.path.split(".")
+        parents = parts[:-1]
+        common = 0
+        while common < min(len(opened), len(parents)) and opened[common] == parents[common]:
+            common += 1
+        if common == 0 and (parents or opened):
+            out.append("")
+        for depth in range(common, len(parents)):
+            indent = "  " * depth
+            title = titles[".".join(parents[: depth + 1])]
+            if depth == 0:
+                out += textwrap.wrap(title, WIDTH, initial_indent="# ", subsequent_indent="# ")
+            out.append(f"{indent}{parents[depth]}:")
+        opened = parents
+        if not parents:
+            out.append("")
+        out += yaml_lines(key, "  " * len(parents))
+    return "\n".join(out).lstrip("\n") + "\n"
+
+
+def page_title(page: str) -> str:
+    """A docs page's first heading (what a link to it is called)."""
+    first = (REPO / "docs" / page).read_text(encoding="utf-8").splitlines()[0]
+    return first.lstrip("# ").strip()
+
+
+def markdown_text(doc: str) -> str:
+    """A key's text in a Markdown table cell: documentation paths as links, `<` `>` and `|`
+    outside code escaped."""
+    pieces = re.split(r"(`[^`]*`)", doc)
+    out = []
+    for piece in pieces:
+        if piece.startswith("`"):
+            out.append(piece.replace("|", "\\|"))
+            continue
+        escaped = piece.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+        linked = re.sub(
+            r"docs/([\w-]+\.md)(#[\w-]+)?",
+            lambda m: f"[{page_title(m[1])}]({m[1]}{m[2] or ''})",
+            escaped,
+        )
+        out.append(linked)
+    return "".join(out)
+
+
+def markdown_default(value: object) -> str:
+    """A default in the table."""
+    if isinstance(value, tuple | list):
+        return f"`[{', '.join(str(v) for v in value)}]`" if value else "`[]`"
+    if isinstance(value, Mapping):
+        return "`{}`"
+    return f"`{yaml_scalar(value)}`"
+
+
+def render_reference() -> str:
+    """docs/configuration.md."""
+    rows = []
+    for key in config_keys():
+        meaning = markdown_text(key.doc)
+        if key.allowed:
+            meaning += f" Allowed: {key.allowed}."
+        rows.append(f"| `{key.path}` | {markdown_default(key.default)} | {meaning} |")
+    footer = REFERENCE_FOOTER.format(env=env_list(lambda name: f"`{name}`"))
+    wrapped = "\n".join(textwrap.wrap(footer.strip(), WIDTH, break_on_hyphens=False))
+    return REFERENCE_HEADER + "\n".join(rows) + "\n\n" + wrapped + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures from the benches' JSON
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A measured value: where it is in which JSON file, and how it is written."""
+
+    source: str
+    """The file under the repository (bench/wyoming.json)."""
+    path: str
+    """The keys down to the value, dot-separated (a key holding a dot is not supported)."""
+    form: str
+    """How it is written: a format for `str.format` with the value as `{}`."""
+    scale: float = 1.0
+    """A factor applied first (0.001 for ms to s)."""
+
+    def value(self) -> Any:
+        """The value in its JSON file."""
+        data: Any = json.loads((REPO / self.source).read_text(encoding="utf-8"))
+        for part in self.path.split("."):
+            data = data[int(part)] if isinstance(data, list) else data[part]
+        return data
+
+    def text(self) -> str:
+        """The figure as the pages write it."""
+        value = self.value()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = value * self.scale
+        return self.form.format(value)
+
+
+_METRIC = "bench/results.json"
+_WYOMING = "bench/wyoming.json"
+_TRUST = "bench/trust.json"
+_FRESH_RUN = "bench/fresh-run.json"
+_FRESH_INSTALL = "bench/fresh-install.json"
+_FRESH_TEST = "bench/fresh-test.json"
+_MS = "{:.0f} ms"
+_MINUTES = "{:.1f} minutes"
+_TIMES = "\u00d7"  # the multiplication sign
+FIGURES: Final[Mapping[str, Figure]] = {
+    # make bench: bench/run.py against piper-tts (bench/REPORT.md)
+    "bench_cpu": Figure(_METRIC, "machine.cpu_model", "{}"),
+    "ttfa_ms": Figure(_METRIC, "metrics.ttfa_vs_piper_whole_text.ours_value", _MS),
+    "ttfa_piper_whole_ms": Figure(_METRIC, "metrics.ttfa_vs_piper_whole_text.piper_value", _MS),
+    "peak_rss_mb": Figure(_METRIC, "metrics.peak_rss.ours_value", "{:.0f} MB"),
+    "peak_rss_piper_mb": Figure(_METRIC, "metrics.peak_rss.piper_value", "{:.0f} MB"),
+    "steady_rss_mb": Figure(_METRIC, "metrics.steady_rss.ours_value", "{:.0f} MB"),
+    # make bench: bench/wyoming.py against wyoming-piper (bench/WYOMING.md)
+    "wyoming_cpu": Figure(_WYOMING, "machine.cpu_model", "{}"),
+    "wyoming_first_ms": Figure(_WYOMING, "metrics.first_audio_three_sentences.ours_value", _MS),
+    "wyoming_piper_first_ms": Figure(
+        _WYOMING, "metrics.first_audio_three_sentences.piper_value", _MS
+    ),
+    "wyoming_piper_whole_ms": Figure(_WYOMING, "metrics.anchor_three_sentences.piper_value", _MS),
+    "wyoming_three_ratio": Figure(
+        _WYOMING, "metrics.anchor_three_sentences.ratio", "{:.2f}" + _TIMES
+    ),
+    "wyoming_stream_first_ms": Figure(_WYOMING, "metrics.stream_first_audio.ours_value", _MS),
+    "wyoming_piper_stream_first_ms": Figure(
+        _WYOMING, "metrics.stream_first_audio.piper_value", _MS
+    ),
+    # scripts/fresh_machine.sh --scenario run | install on a new Debian 12 root (its report.json)
+    "fresh_run_setup_min": Figure(
+        _FRESH_RUN, "times.make setup-run (make run's set-up)", _MINUTES, 1 / 60
+    ),
+    "fresh_run_cpu": Figure(_FRESH_RUN, "machine.cpu_model", "{}"),
+    "fresh_run_load": Figure(_FRESH_RUN, "machine.load_average_at_start.0", "{:.1f}"),
+    "fresh_install_min": Figure(_FRESH_INSTALL, "times.make install", _MINUTES, 1 / 60),
+    "fresh_install_cpu": Figure(_FRESH_INSTALL, "machine.cpu_model", "{}"),
+    "fresh_install_again_s": Figure(
+        _FRESH_INSTALL, "times.make install again (an upgrade)", "{:.0f} s"
+    ),
+    "fresh_uninstall_s": Figure(_FRESH_INSTALL, "times.make uninstall", "{:.0f} s"),
+    # scripts/fresh_machine.sh --scenario test: make setup, then make test on a new root
+    "fresh_test_setup_min": Figure(_FRESH_TEST, "times.make setup", _MINUTES, 1 / 60),
+    "fresh_test_min": Figure(_FRESH_TEST, "times.make test", _MINUTES, 1 / 60),
+    "fresh_test_summary": Figure(_FRESH_TEST, "summary", "{}"),
+    "fresh_test_commit": Figure(_FRESH_TEST, "commit", "{:.7}"),
+    "fresh_test_date": Figure(_FRESH_TEST, "machine.date", "{:.10}"),
+    "fresh_test_load_start": Figure(_FRESH_TEST, "machine.load_average_at_start.0", "{:.0f}"),
+    "fresh_test_load_end": Figure(_FRESH_TEST, "machine.load_average_at_end.0", "{:.0f}"),
+    # make bench: bench/trust.py (bench/TRUST.md)
+    "trust_cpu": Figure(_TRUST, "machine.cpu_model", "{}"),
+    "alarm_beside_stalled_fetch_max_ms": Figure(
+        _TRUST, "alarm_start_ms.bomb being fetched (server stalls).max", _MS
+    ),
+}
+"""Every figure the pages may show, by the name its marker gives."""
+
+MARKER: Final = re.compile(
+    r"<!-- fig (?P<name>[a-z0-9_]+) -->(?P<text>.*?)<!-- /fig -->", re.DOTALL
+)
+
+
+def markdown_files() -> list[Path]:
+    """The pages that may hold figures."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def with_figures(text: str, where: str) -> str:
+    """`text` with every figure marker's content made from its JSON."""
+
+    def figure(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in FIGURES:
+            raise KeyError(f"{where}: no figure named {name!r} (scripts/generate_docs.py)")
+        return f"<!-- fig {name} -->{FIGURES[name].text()}<!-- /fig -->"
+
+    return MARKER.sub(figure, text)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def generated() -> dict[Path, str]:
+    """Every generated file with what it should hold."""
+    files = {YAML: render_yaml(), REFERENCE: render_reference()}
+    for page in markdown_files():
+        current = files.get(page) or page.read_text(encoding="utf-8")
+        files[page] = with_figures(current, page.relative_to(REPO).as_posix())
+    return files
+
+
+def stale() -> list[Path]:
+    """The generated files that do not hold what they should."""
+    return [
+        path
+        for path, text in generated().items()
+        if not path.is_file() or path.read_text(encoding="utf-8") != text
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (or with --check, name) the files that are not current."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        old = stale()
+        for path in old:
+            print(f"{path.relative_to(REPO)}: not current (python -m scripts.generate_docs)")
+        return 1 if old else 0
+    for path, text in generated().items():
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
