@@ -320,5 +320,5 @@ def test_a_retired_key_starts_with_a_warning_saying_what_took_its_place(
     assert config.wyoming is not None
     assert "wyoming.max_text_chars is no longer used: " in caplog.text
     assert "speak.max_text_chars" in caplog.text
-    with pytest.raises(ConfigError, match="wyoming.max_text_char: unknown key"):
+    with pytest.raises(ConfigError, match=r"wyoming\.max_text_char: unknown key"):
         from_mapping({"wyoming": {"max_text_char": 2000}}, "typo.yaml", environ={})

@@ -48,7 +48,7 @@ ANNOUNCED: Final = {
     "number": 1,
     "select": 1,
     "sensor": 9,
-    "binary_sensor": 2,
+    "binary_sensor": 3,
     "event": 1,
     "update": 1,
 }
