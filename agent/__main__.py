@@ -20,6 +20,9 @@ from agent.system import allocator
 
 _LOGGER = logging.getLogger(__name__)
 
+ENGINE_NICE = 5
+"""How much lower the engine's CPU priority is than the sounder's (the decoder child, its own
+child, is at +10 from the engine's)."""
 CANNOT_RUN = 3
 """The engine's exit status when it cannot run as configured (the configured voice does not
 load, the Wyoming port cannot be bound, the broker refuses it for good): the sounder ends too,
@@ -158,7 +161,9 @@ def _run(config: AgentConfig, config_path: Path | None, debug: bool) -> int:
 
 def _engine(config: AgentConfig, fd: int) -> int:
     """The engine: synthesis and every edge but the alarm lane, playing through the sounder
-    that started it (`fd`: its end of their socket pair)."""
+    that started it (`fd`: its end of their socket pair), at a lower CPU priority than the
+    sounder: however busy it is made, the alarm path is served first."""
+    os.nice(ENGINE_NICE)  # before any thread: they inherit it
     from agent.app import run_engine  # noqa: PLC0415 - keeps `check-config` free of onnxruntime
 
     code = run_engine(config, fd, _install_signals)
