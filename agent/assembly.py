@@ -27,14 +27,23 @@ from agent.loop.voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
 from agent.protocol.hermes_bridge import HermesBridge
 from agent.protocol.inputs import (
     Connected,
-    Ignored,
     SparkplugCommand,
     SparkplugConnected,
     SparkplugHostState,
     SparkplugLost,
 )
 from agent.protocol.lanes import in_alarm_lane
-from agent.protocol.routes import Route, RoutedEvent, route_table
+from agent.protocol.routes import (
+    SOURCES,
+    SPARKPLUG,
+    WYOMING,
+    RoutedEvent,
+    RouteTable,
+    is_barrier,
+    overflowed,
+    route_table,
+    urgency,
+)
 from agent.protocol.status import Status
 from agent.protocol.topics import Topics
 from agent.settings.declarations import DEFAULT_CHIMES, AgentConfig
@@ -68,11 +77,13 @@ if TYPE_CHECKING:  # imported when the edge node is on: protobuf costs a node wi
 
 REPORT_SLOTS: Final = 256
 """Reports of the workers that can wait in the inbox (a worker waits for room beyond)."""
-QOS1_SLOTS: Final = 256
-"""QoS 1 deliveries that can wait in the inbox beyond `mqtt.receive_maximum` (more are left
-unacknowledged and sent again by the broker after a reconnect)."""
-QOS0_SLOTS: Final = 256
-"""QoS 0 deliveries that can wait in the inbox (more are dropped: QoS 0 is at most once)."""
+SOURCE_SLOTS: Final = 256
+"""Messages of one source (a topic family, Sparkplug, Wyoming's announce target) that can wait
+in the inbox beyond `mqtt.receive_maximum` (more are answered `queue_full` and acknowledged)."""
+URGENT_SLOTS: Final = 256
+"""Alarm-class requests of one source that can wait in the inbox's urgent lane."""
+REFUSAL_SLOTS: Final = 64
+"""Answers to messages that found their source full (more are only counted)."""
 
 InboxEvent = (
     RoutedEvent
@@ -142,8 +153,14 @@ def assemble(
     sounder, leaves the alarm classes of its own session to it, and says an alarm's words
     when the sounder asks."""
     topics = Topics(config.mqtt.topic_prefix, config.node_id)
-    deliveries = config.mqtt.receive_maximum + QOS1_SLOTS
-    inbox: Inbox[InboxEvent] = Inbox(deliveries, QOS0_SLOTS, REPORT_SLOTS)
+    budget = config.mqtt.receive_maximum + SOURCE_SLOTS
+    inbox: Inbox[InboxEvent] = Inbox(
+        dict.fromkeys(SOURCES, budget),
+        default=budget,
+        urgent=URGENT_SLOTS,
+        refusals=REFUSAL_SLOTS,
+        reports=REPORT_SLOTS,
+    )
     speak, audio, cache = config.speak, config.audio, config.cache
     rate = voices["default"].voice.sample_rate  # the device's; other voices are resampled
     decoder = MediaDecoder()  # every sound file is decoded in its child, chimes too
@@ -243,7 +260,7 @@ def assemble(
         config.mqtt,
         client_id=f"voice-agent-{config.node_id}",
         status_topic=topics.status if speaker is None else topics.engine,
-        handlers={t: _hand_off(inbox, route, elsewhere) for t, route in table.routes.items()},
+        handlers={t: _hand_off(inbox, table, t, elsewhere) for t in table.routes},
         retained=table.restored,
         on_connected=lambda: inbox.notice(Connected()),
     )
@@ -267,9 +284,7 @@ def assemble(
         updater=updater,
         link=link,
         ledger=Ledger(journal, link, topics.events),
-        sparkplug=_sparkplug(
-            config, topics, table.routes, inbox, None if journal.path is None else storage
-        ),
+        sparkplug=_sparkplug(config, inbox, None if journal.path is None else storage),
         wyoming=None
         if not config.wyoming.enabled
         else _wyoming(config, voices, phrases, inbox, gate or UrgentGate()),
@@ -292,31 +307,35 @@ def _wyoming(
     from agent.wyoming_service import build  # noqa: PLC0415 - wyoming only when on
 
     def announce(request: SpeakRequest) -> None:
-        inbox.report(SpeakReceived(request, Delivery(0, 0)))
+        event = SpeakReceived(request, Delivery(0, 0))
+        rank = int(request.priority) if request.priority >= Priority.ALARM else 0
+        if not inbox.offer(event, WYOMING, rank=rank):
+            inbox.refuse(overflowed(event, WYOMING, new_id), WYOMING)
 
     return build(config, voices, phrases, new_id, announce, gate=gate)
 
 
 def _sparkplug(
-    config: AgentConfig,
-    topics: Topics,
-    routes: Mapping[str, Route],
-    inbox: Inbox[InboxEvent],
-    storage: Path | None,
+    config: AgentConfig, inbox: Inbox[InboxEvent], storage: Path | None
 ) -> SparkplugNode | None:
-    """The edge node, its session's events handed to the inbox: commands as QoS 0 deliveries
-    (dropped, as QoS 0 is, when the inbox is full), the rest as notices."""
+    """The edge node, its session's events handed to the inbox: commands, read on the
+    session's thread, in Sparkplug's budget (in the urgent lane when they speak at alarm or
+    critical; answered `queue_full` beyond), the rest as notices."""
     if not config.sparkplug.enabled:
         return None
-    from agent.sparkplug_node import SparkplugNode  # noqa: PLC0415 - protobuf only when on
+    from agent.protocol.sparkplug import Write  # noqa: PLC0415 - protobuf only when on
+    from agent.sparkplug_node import SparkplugNode  # noqa: PLC0415
 
     def hand_off(event: object) -> None:
         if isinstance(event, SparkplugCommand):
-            inbox.deliver(event, 0)
+            stops = event.command.asks(Write.STOP)
+            if not inbox.offer(event, SPARKPLUG, rank=node.urgency(event), barrier=stops):
+                inbox.refuse(overflowed(None, SPARKPLUG, new_id), SPARKPLUG)
         elif isinstance(event, SparkplugConnected | SparkplugLost | SparkplugHostState):
             inbox.notice(event)
 
-    return SparkplugNode(config, topics, routes, hand_off, storage)
+    node = SparkplugNode(config, hand_off, storage)
+    return node
 
 
 def new_id() -> str:
@@ -324,16 +343,27 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-def _hand_off(inbox: Inbox[InboxEvent], route: Route, alarms_elsewhere: bool) -> MessageHandler:
+def _hand_off(
+    inbox: Inbox[InboxEvent], table: RouteTable, topic: str, alarms_elsewhere: bool
+) -> MessageHandler:
     """The handler on paho's thread: route the message to one event and queue it, never
-    blocking (a refused QoS 1 delivery stays unacknowledged; see `App._housekeeping`). An
+    blocking: in the urgent lane for an alarm-class request, else in its source's budget. When
+    that is full, a message is read only if it may be urgent (a cheap look); the others are
+    answered `queue_full` and the link acknowledges them at once (never left to come back). An
     alarm-class speak is the sounder's (`alarms_elsewhere`): acknowledged, not handled here."""
+    route, source, peek = table.routes[topic], table.sources[topic], table.peeks[topic]
 
-    def handle(topic: str, payload: bytes, delivery: Delivery) -> None:
+    def handle(topic: str, payload: bytes, delivery: Delivery) -> bool:
+        if not inbox.has_room(source) and not peek(payload):
+            inbox.refuse(overflowed(None, source, new_id), source)
+            return False
         event = route(topic, payload, delivery)
         if alarms_elsewhere and in_alarm_lane(event):
-            event = Ignored(delivery)
-        inbox.deliver(event, delivery.qos)
+            return False  # the sounder answers it; the link acknowledges it here
+        if inbox.offer(event, source, rank=urgency(event), barrier=is_barrier(event)):
+            return True
+        inbox.refuse(overflowed(event, source, new_id), source)
+        return False
 
     return handle
 

@@ -1,6 +1,6 @@
-"""The loop's housekeeping after each event: deliveries the inbox had no room for fetched again,
-the flood's summary, the journal's recovery, the watchdog's ping, discovery and the state when
-due. Part of the composition root: it runs on the loop's thread only."""
+"""The loop's housekeeping after each event: the flood's summary, the journal's recovery, the
+watchdog's ping, discovery and the state when due. Part of the composition root: it runs on the
+loop's thread only."""
 
 from __future__ import annotations
 
@@ -37,10 +37,6 @@ class Housekeeping:
     def __call__(self, now: float) -> None:
         """Watchdog pings, discovery when due, the state when changed or due."""
         self._ledger.settle()
-        refused = self._inbox.refusals_to_redeliver()
-        if refused:  # the broker sent more than the inbox holds: have it send them again
-            _LOGGER.warning("%d messages found the inbox full; reconnecting to get them", refused)
-            self._link.redeliver()
         held = self._flood.summary(now)
         if held is not None:
             count = sum(held.values())

@@ -1,24 +1,38 @@
 """The Sparkplug B edge node in the composition: its session's events decided by
-`protocol.sparkplug` and carried out on the loop's thread. A command becomes the same message
-the agent's own topics take (a speak JSON, a stop, an ack, a volume), through the same routes,
-so it meets the same refusals and bounds; what cannot be carried out is answered in `Last error`
-and with a `rejected` event on the agent's events topic (id `spb-...`), never by dropping the
-session. See docs/sparkplug.md.
+`protocol.sparkplug` and carried out on the loop's thread. A command becomes the typed events the
+agent's own topics become (`SpeakReceived` of a `SpeakRequest` built by the speak rules'
+`finish_request`, `StopRequested`, `AckRequested`, `VolumeRequested`), with `source` sparkplug
+and nothing to acknowledge, so it meets the same admission and bounds in the core. One command
+is one unit of work, however many metrics it writes: at most one of each (`Command`), its
+refusals answered together in `Last error` and one `rejected` event on the agent's events topic
+(id `spb-...`), never by dropping the session. See docs/sparkplug.md.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.core.messages import Delivery, Lifecycle, Notify
+from agent.core.messages import (
+    AckRequested,
+    Delivery,
+    Event,
+    Lifecycle,
+    Notify,
+    Priority,
+    Rejection,
+    SpeakReceived,
+    SpeakRequest,
+    StopRequested,
+    VolumeRequested,
+)
 from agent.core.reasons import Reason
+from agent.core.waiting import rejected
 from agent.link.sparkplug_link import BdSeq, SparkplugEvent, SparkplugLink
 from agent.protocol.inputs import (
     SparkplugCommand,
@@ -26,58 +40,62 @@ from agent.protocol.inputs import (
     SparkplugHostState,
     SparkplugLost,
 )
-from agent.protocol.routes import Route, RoutedEvent
+from agent.protocol.payloads import SpeakLimits, finish_request, number_in
 from agent.protocol.sparkplug import (
+    MAX_REFUSAL_CHARS,
+    Command,
     EdgeNode,
-    Refused,
+    HostMarks,
     SparkplugTopics,
+    Verdict,
     Write,
-    Written,
     host_state,
-    read_command,
 )
-from agent.protocol.topics import Topics
-from agent.settings.declarations import CLASSES, AgentConfig
+from agent.settings.declarations import AgentConfig
+from agent.system.clock import clock_sync
 
 _LOGGER = logging.getLogger(__name__)
 
-NODE_WRITES = frozenset({Write.REBIRTH, Write.NEXT_SERVER})
-DEVICE_WRITES = frozenset(
-    {Write.SPEAK, Write.PRIORITY, Write.STOP, Write.ACKNOWLEDGE, Write.VOLUME}
-)
+SOURCE = "sparkplug"
+"""The `source` of a Sparkplug request and of its events."""
+_NOTHING_TO_ACK = Delivery(0, 0)
+"""A Sparkplug command is acknowledged by the session on arrival (QoS 0 or paho's own QoS 1
+acknowledgement): nothing is left for the loop to acknowledge."""
 
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _clock_known() -> bool:
+    sync = clock_sync()
+    return sync is not None and sync.synchronized
+
+
 class SparkplugNode:
-    """The edge node: its session (`link`), its decisions (`edge`) and the routes its commands
-    take. Only the loop's thread calls it (but `link`'s own callbacks)."""
+    """The edge node: its session (`link`), its decisions (`edge`) and what its commands become.
+    Only the loop's thread calls it (but `link`'s own callbacks, and `urgency`)."""
 
     def __init__(
         self,
         config: AgentConfig,
-        topics: Topics,
-        routes: Mapping[str, Route],
         on_event: Callable[[SparkplugEvent], None],
         storage: Path | None,
+        *,
+        clock_known: Callable[[], bool] = _clock_known,
     ) -> None:
         spark = config.sparkplug
         edge_id = spark.edge_node_id or config.node_id
         self.topics = SparkplugTopics(spark.group_id, edge_id, spark.device_id)
         self.edge = EdgeNode(self.topics, spark.priority)
-        self._agent_topics = topics
-        self._routes = routes
+        self._limits = SpeakLimits(config.speak.max_payload_bytes, config.speak.max_text_chars)
         self._primary = spark.primary_host_id
+        self._clock_known = clock_known
         self._host_online = False
         self._server = ""
-        self._online_at: dict[str, int] = {}
-        """Per server, the timestamp of the primary host's last STATE online that counted (a
-        host has a session, and STATE timestamps, of its own on each server)."""
-        self._offline_at: dict[str, int] = {}
-        """Per server, the timestamp of its last STATE offline that counted: an online older
-        than it (a retained message from before) does not count."""
+        self._marks: dict[str, HostMarks] = {}
+        """Per server, what counted of the primary host's STATEs (a host has a session, and
+        STATE timestamps, of its own on each server)."""
         self._state: dict[str, Any] = {}
         path = None if storage is None else storage / f"sparkplug-{config.node_id}.bdseq"
         self.link = SparkplugLink(
@@ -89,6 +107,13 @@ class SparkplugNode:
             on_event=on_event,
         )
 
+    def urgency(self, event: SparkplugCommand) -> int:
+        """The inbox rank of a command (on the session's thread): the class of its Speak when
+        that is alarm or critical, else 0 (reads the Priority the loop keeps: one attribute)."""
+        label = event.command.speaks_at(self.edge.priority)
+        priority = Priority[label.upper()] if label else Priority.INFO
+        return int(priority) if priority >= Priority.ALARM else 0
+
     def state_published(self, payload: bytes) -> None:
         """The agent published its state: the host hears what changed."""
         try:
@@ -99,9 +124,9 @@ class SparkplugNode:
             self._state = state
             self._send(self.edge.changed(state, _wall_ms()))
 
-    def handle(self, event: SparkplugEvent) -> list[RoutedEvent | Notify]:
-        """One event of the session; what the loop must still handle (a command's requests,
-        the refusals' events)."""
+    def handle(self, event: SparkplugEvent) -> list[Event | Notify]:
+        """One event of the session; what the loop must still handle (a command's requests and
+        its refusal's event)."""
         match event:
             case SparkplugConnected(bd_seq, server):
                 self.edge.bd_seq, self.edge.born = bd_seq, False
@@ -112,8 +137,8 @@ class SparkplugNode:
                 self.edge.born = False
             case SparkplugHostState(payload):
                 self._host(payload)
-            case SparkplugCommand(device, payload):
-                return self._command(device, payload)
+            case SparkplugCommand(command):
+                return self._command(command)
         return []
 
     def _birth(self) -> None:
@@ -121,85 +146,96 @@ class SparkplugNode:
 
     def _host(self, payload: bytes) -> None:
         """The primary host's STATE: born once it is online; gone to the next server when it
-        goes offline. A STATE older than the last one that counted is ignored (Sparkplug 3.0:
-        an online older than an offline, or an offline older than the online)."""
+        goes offline. A STATE older than the last one that counted is ignored (Sparkplug 3.0),
+        and so is one stamped implausibly far ahead (`HostMarks.judge`)."""
         parsed = host_state(payload)
         if parsed is None:
             return
         online, stamp = parsed
-        online_at = self._online_at.get(self._server, -1)
-        offline_at = self._offline_at.get(self._server, -1)
-        if online and stamp >= offline_at and stamp >= online_at:
-            self._host_online, self._online_at[self._server] = True, stamp
+        marks = self._marks.setdefault(self._server, HostMarks())
+        verdict = marks.judge(
+            online, stamp, _wall_ms(), time.monotonic() * 1000, clock_known=self._clock_known()
+        )
+        if verdict is Verdict.IMPLAUSIBLE:
+            _LOGGER.warning(
+                "A STATE of the primary host %s stamped %d is implausible (more than 5 minutes "
+                "ahead of this node's clock and of the host's last STATE, or negative): "
+                "ignored",
+                self._primary,
+                stamp,
+            )
+        elif verdict is Verdict.ONLINE:
+            self._host_online = True
             if not self.edge.born:
                 self._birth()
-        elif not online and stamp >= online_at:
-            self._offline_at[self._server] = max(offline_at, stamp)
-            if self._host_online:
-                _LOGGER.warning("The primary host %s went offline: next server", self._primary)
-                self._host_online = False
-                self.edge.born = False
-                self.link.next_server()
+        elif verdict is Verdict.OFFLINE and self._host_online:
+            _LOGGER.warning("The primary host %s went offline: next server", self._primary)
+            self._host_online = False
+            self.edge.born = False
+            self.link.next_server()
 
-    def _command(self, device: bool, payload: bytes) -> list[RoutedEvent | Notify]:
-        out: list[RoutedEvent | Notify] = []
-        writes = read_command(payload, DEVICE_WRITES if device else NODE_WRITES)
-        for write in writes:
-            if isinstance(write, Refused):
-                out.append(self._refused(write.label, write.reason))
+    def _command(self, command: Command) -> list[Event | Notify]:
+        """What one command becomes, in this order: its Priority kept, a Stop, a Volume, an
+        Acknowledge, its Speak; a Rebirth, a Next Server. Its refusals: one answer."""
+        out: list[Event | Notify] = []
+        refused = [(r.label, r.reason) for r in command.refused]
+        reason = Reason.INVALID_FIELD
+        values = command.values
+        if isinstance(priority := values.get(Write.PRIORITY), str):
+            self.edge.priority = priority  # checked against the classes when read
+        if command.asks(Write.STOP):
+            out.append(StopRequested(False, _NOTHING_TO_ACK))
+        if Write.VOLUME in values:
+            volume = number_in(values[Write.VOLUME], 0.0, 1.0)
+            if volume is None:
+                refused.append(("Volume", "expected a number from 0 to 1"))
             else:
-                out += self._carry_out(write)
+                out.append(VolumeRequested(volume, _NOTHING_TO_ACK))
+        if command.asks(Write.ACKNOWLEDGE):
+            out += [AckRequested(i, _NOTHING_TO_ACK) for i in self._repeating()]
+        if isinstance(text := values.get(Write.SPEAK), str):
+            speak = self._speak(text)
+            if isinstance(speak, Rejection):  # the speak rules' reason is the answer's
+                refused.insert(0, ("Speak", f"{speak.reason}: {speak.detail}"))
+                reason = speak.reason
+            else:
+                out.append(speak)
+        if command.asks(Write.REBIRTH):
+            self._birth()
+        if command.asks(Write.NEXT_SERVER):
+            self.edge.born = False
+            self.link.next_server()
+        if refused:
+            out.append(self._refused(refused, reason))
         self._send(self.edge.changed(self._state, _wall_ms()))
         return out
 
-    def _carry_out(self, write: Written) -> list[RoutedEvent | Notify]:
-        metric, value = write.metric, write.value
-        topics = self._agent_topics
-        match metric.write:
-            case Write.SPEAK:
-                self.edge.wrote(metric, value)
-                body = {"id": _id(), "text": value, "priority": self.edge.priority}
-                return [self._route(topics.speak, json.dumps(body).encode())]
-            case Write.PRIORITY:
-                if value not in CLASSES:
-                    return [self._refused(metric.name, f"expected one of {', '.join(CLASSES)}")]
-                self.edge.wrote(metric, value)
-            case Write.STOP if value is True:
-                return [self._route(topics.stop, b"")]
-            case Write.ACKNOWLEDGE if value is True:
-                repeating = self._state.get("repeating")
-                ids = (
-                    [i for i in repeating if isinstance(i, str)]
-                    if isinstance(repeating, list)
-                    else []
-                )
-                return [self._route(topics.ack, i.encode()) for i in ids]
-            case Write.VOLUME:
-                assert isinstance(value, int | float)  # noqa: S101 - read_command's type check
-                return [self._route(topics.volume, f"{value:.6f}".encode())]
-            case Write.REBIRTH if value is True:
-                self._birth()
-            case Write.NEXT_SERVER if value is True:
-                self.edge.born = False
-                self.link.next_server()
-        return []
+    def _speak(self, text: str) -> SpeakReceived | Rejection:
+        """A Speak as the speak rules make a request of its text (cleaned, bounded, SSML read
+        as SSML), at the Priority kept."""
+        request = SpeakRequest(
+            _id(), text, priority=Priority[self.edge.priority.upper()], source=SOURCE
+        )
+        finished = finish_request(request, self._limits)
+        if isinstance(finished, Rejection):
+            return finished
+        self.edge.spoken = text[:255]
+        return SpeakReceived(finished, _NOTHING_TO_ACK)
 
-    def _route(self, topic: str, payload: bytes) -> RoutedEvent:
-        """A command's message through the route of the agent's own topic (QoS 0: nothing to
-        acknowledge)."""
-        fingerprint = hashlib.blake2b(b"spb\0" + payload, digest_size=16).hexdigest()
-        return self._routes[topic](topic, payload, Delivery(0, 0, False, fingerprint, None))
+    def _repeating(self) -> list[str]:
+        """The ids of the announcements that repeat, as the state last said."""
+        repeating = self._state.get("repeating")
+        return [i for i in repeating if isinstance(i, str)] if isinstance(repeating, list) else []
 
-    def _refused(self, label: str, reason: str) -> Notify:
+    def _refused(self, refusals: list[tuple[str, str]], reason: Reason) -> Notify:
+        """One answer for every refusal of a command: `Last error` and one `rejected` event."""
+        text = "; ".join(f"{label}: {why}" for label, why in refusals)
+        text = text if len(text) <= MAX_REFUSAL_CHARS else text[: MAX_REFUSAL_CHARS - 3] + "..."
         request_id = _id()
-        self.edge.refuse(label, reason, request_id)
-        _LOGGER.warning("Sparkplug command refused: %s: %s", label, reason)
-        details = {
-            "reason": str(Reason.INVALID_FIELD),
-            "detail": f"{label}: {reason}",
-            "source": "sparkplug",
-        }
-        return Notify(request_id, Lifecycle.REJECTED, details)
+        self.edge.refuse(text, request_id)
+        _LOGGER.warning("Sparkplug command refused: %s", text)
+        answer = rejected(Rejection(request_id, reason, text))
+        return Notify(answer.id, Lifecycle.REJECTED, {**answer.details, "source": SOURCE})
 
     def _send(self, messages: list[tuple[str, bytes]]) -> None:
         for topic, payload in messages:

@@ -101,7 +101,8 @@ def test_environment_overrides_deployment_values(tmp_path: Path) -> None:
         "VOICE_AGENT_NODE_ID": "kitchen",
         "VOICE_AGENT_AUDIO_DEVICE": "plughw:1,0",
     }
-    loaded = from_mapping({"mqtt": {"host": "ignored"}}, environ=env)
+    raw = {"mqtt": {"host": "ignored", "tls": {"enabled": True}}}  # a password needs TLS
+    loaded = from_mapping(raw, environ=env)
     assert (loaded.mqtt.host, loaded.mqtt.port, loaded.mqtt.username) == ("broker.lan", 8883, "pi")
     assert loaded.mqtt.password_file == secret
     assert (loaded.node_id, loaded.audio.device) == ("kitchen", "plughw:1,0")
@@ -272,10 +273,10 @@ def test_every_bad_server_entry_is_reported_with_its_index() -> None:
         "mqtt.hosts[0].host: missing",
         "mqtt.hosts[1].port: expected a value from 0 to 65535",
         "mqtt.hosts[1].tls.enabled: expected true or false",
-        "mqtt.hosts[2]: expected a mapping of host, port, tls, got str 'c:1883'",
+        "mqtt.hosts[2]: expected a mapping of host, port, tls, username, password_file, allow_plaintext_password, got str 'c:1883'",
         "mqtt.hosts[3].colour: unknown key",
         "mqtt.hosts[3].tls.ca_file: no readable file",
-        "mqtt.hosts[4]: expected a mapping of host, port, tls, got null",
+        "mqtt.hosts[4]: expected a mapping of host, port, tls, username, password_file, allow_plaintext_password, got null",
     ]:
         assert f"  - {problem}" in message, (problem, message)
     assert "8 problems" in message, message

@@ -10,7 +10,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.core.messages import Delivery
-from agent.link.mqtt_link import MqttLink, packet_size
+from agent.link.mqtt_link import MqttLink
 from agent.link.servers import UNSUPPORTED_PROTOCOL, Ring, Step, delay, refusal
 from agent.settings.declarations import MqttConfig, MqttProtocol, MqttServer
 
@@ -21,8 +21,9 @@ def link() -> MqttLink:
     )
 
 
-def _drop(topic: str, payload: bytes, mid: object) -> None:
+def _drop(topic: str, payload: bytes, mid: object) -> bool:
     del topic, payload, mid
+    return True
 
 
 @pytest.mark.allow_error_logs("broker refused a subscription: Not authorized")
@@ -97,6 +98,20 @@ def test_auto_retries_a_server_with_311_and_remembers_it_once_that_connects() ->
     assert ring.failed(maybe_not_v5=True) is Step.ROUND  # already 3.1.1: on to the next
 
 
+def test_a_server_that_took_mqtt5_is_not_downgraded_by_an_early_close() -> None:
+    """A full inbox once had the link reconnect, and the broker's early close of that
+    connection looked like a refusal of MQTT 5: the link spoke 3.1.1 for good. A server that
+    took MQTT 5 is tried with 3.1.1 only after an explicit refusal of the version."""
+    ring = Ring((A,), "auto")
+    assert not ring.connected()  # took MQTT 5
+    ring.lost()
+    assert ring.failed(maybe_not_v5=True) is Step.ROUND  # closed before its CONNACK
+    assert ring.version == "5"
+    assert not ring.connected()
+    assert ring.failed(maybe_not_v5=True, refused_version=True) is Step.SAME  # "unsupported"
+    assert ring.version == "3.1.1"
+
+
 def test_a_311_retry_that_fails_too_forgets_the_guess() -> None:
     ring = Ring((A, B), "auto")
     assert ring.failed(maybe_not_v5=True) is Step.SAME
@@ -128,12 +143,6 @@ def test_a_311_refusal_names_its_return_code() -> None:
     assert refusal(reason, "5") == "Not authorized"
     unsupported = ReasonCode(PacketTypes.CONNACK, "Unsupported protocol version")
     assert unsupported.value == UNSUPPORTED_PROTOCOL
-
-
-def test_the_packet_size_counts_header_topic_and_packet_id() -> None:
-    assert packet_size("t", 0, 0) == 5  # type, length 3, topic length 2 + 1
-    assert packet_size("t", 10, 1) == 17
-    assert packet_size("t", 200, 1) == 1 + 2 + 205  # a two-byte remaining length
 
 
 def test_an_acknowledgement_of_an_earlier_connection_is_not_sent() -> None:

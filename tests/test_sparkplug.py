@@ -246,7 +246,7 @@ def test_any_bytes_as_a_command_are_read_or_refused_never_raised(data: bytes) ->
 def test_last_error_follows_refusals_and_the_state() -> None:
     edge = EdgeNode(TOPICS, "alarm")
     edge.birth(STATE, 0)
-    edge.refuse("Priority", "expected one of critical, alarm")
+    edge.refuse("Priority: expected one of critical, alarm")
     [(_, payload)] = edge.changed(STATE, 10)
     assert list(metric_values(decoded(payload)).values()) == [
         "Priority: expected one of critical, alarm"
@@ -254,7 +254,7 @@ def test_last_error_follows_refusals_and_the_state() -> None:
     [(_, payload)] = edge.changed({**STATE, "last_error": "rejected abc: too_long"}, 20)
     assert list(metric_values(decoded(payload)).values()) == ["rejected abc: too_long"]
     assert edge.changed({**STATE, "last_error": "rejected abc: too_long"}, 30) == []
-    edge.refuse("Bogus", "unknown metric", "spb-1")
+    edge.refuse("Bogus: unknown metric", "spb-1")
     edge.changed({**STATE, "last_error": "rejected abc: too_long"}, 40)
     # the state's line for the refusal's own event keeps the more precise reason
     assert edge.changed({**STATE, "last_error": "rejected spb-1: invalid_field"}, 50) == []

@@ -13,6 +13,14 @@ takes a new client (paho takes its TLS context and version once): the link keeps
 publish until the broker acknowledges it, and hands the new client the ones still
 unacknowledged, in order, under the ids it returned. A message received on one connection is
 acknowledged on that connection only: its packet id means nothing to the next.
+
+Each connection refuses a packet above `mqtt.max_packet_bytes` from its fixed header, before its
+body is read (`bounded_socket`): MQTT 5 servers are told that maximum and never send more; a
+server that does anyway (or any 3.1.1 one) loses the connection, which the link treats as a
+lost one (the next server, the usual pauses). Each server gets its own credentials only.
+
+A message is handed to its handler, which says whether it kept it: one it did not keep (no room
+for it) is acknowledged at once, never left for the broker to send again.
 """
 
 from __future__ import annotations
@@ -38,14 +46,16 @@ from agent.core.messages import Delivery
 
 if TYPE_CHECKING:  # tenacity loads only once a connect failed
     from tenacity import RetryCallState
+from agent.link.bounded_socket import BoundedClient
 from agent.link.servers import (
     UNSUPPORTED_PROTOCOL,
     V5,
     Ring,
     Step,
     Version,
+    credentials,
     delay,
-    read_password,
+    passwords,
     refusal,
     tls_contexts,
 )
@@ -53,8 +63,10 @@ from agent.settings.declarations import MqttConfig, servers
 
 _LOGGER = logging.getLogger(__name__)
 
-MessageHandler = Callable[[str, bytes, Delivery], None]
-"""Called on the network thread with topic, payload and how to acknowledge; must not block."""
+MessageHandler = Callable[[str, bytes, Delivery], bool]
+"""Called on the network thread with topic, payload and how to acknowledge; must not block.
+True: the handler kept the message (it is acknowledged once handled); False: it did not (no
+room), and the link acknowledges it at once."""
 
 ONLINE: Final = "online"
 OFFLINE: Final = "offline"
@@ -74,16 +86,12 @@ class ConnectRefusedError(ConnectionError):
 
 
 class _MaybeNotV5Error(ConnectionError):
-    """An MQTT 5 CONNECT was refused as an unsupported version, or the connection closed
-    before any CONNACK: the server may speak MQTT 3.1.1 only."""
+    """An MQTT 5 CONNECT was refused as an unsupported version (`refused`), or the connection
+    closed before any CONNACK: the server may speak MQTT 3.1.1 only."""
 
-
-def packet_size(topic: str, payload_bytes: int, qos: int) -> int:
-    """The size of a PUBLISH packet without properties (all of one in MQTT 3.1.1; at most the
-    size of an MQTT 5 one): fixed header, topic, packet id, payload."""
-    remaining = 2 + len(topic.encode()) + (2 if qos else 0) + payload_bytes
-    length_bytes = 1 + (remaining >= 128) + (remaining >= 16384) + (remaining >= 2097152)
-    return 1 + length_bytes + remaining
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class MqttLink:
@@ -111,7 +119,7 @@ class MqttLink:
         self._on_connected = on_connected
         self._ring = Ring(servers(config), config.protocol)
         self._contexts = tls_contexts(self._ring.servers)  # a file that cannot be used: now
-        self._password_text = read_password(config.password_file)
+        self._passwords = passwords(self._ring.servers)
         self.acknowledged: deque[int] = deque()
         """Ids of our publishes the broker acknowledged (filled by the network thread)."""
         self.last_error: str | None = None
@@ -153,7 +161,7 @@ class MqttLink:
         return self._version
 
     def _make_client(self, index: int, version: Version) -> mqtt.Client:
-        client = mqtt.Client(
+        client = BoundedClient(
             CallbackAPIVersion.VERSION2,
             client_id=self._client_id,
             protocol=MQTTProtocolVersion.MQTTv5 if version == V5 else MQTTProtocolVersion.MQTTv311,
@@ -161,11 +169,12 @@ class MqttLink:
             clean_session=None if version == V5 else False,
             reconnect_on_failure=False,  # we reconnect ourselves, with jitter
             manual_ack=True,  # the app acknowledges once a message is recorded
+            max_packet_bytes=self._config.max_packet_bytes,
+            refused=self._refused_packet,
         )
         client.suppress_exceptions = True
         client.max_queued_messages_set(_MAX_QUEUED_OUT)
-        if self._config.username is not None:
-            client.username_pw_set(self._config.username, self._password_text)
+        credentials(client, self._ring.servers[index], self._passwords[index])
         client.will_set(self._status_topic, OFFLINE, qos=1, retain=True)
         context = self._contexts[index]
         if context is not None:
@@ -225,7 +234,7 @@ class MqttLink:
     def redeliver(self) -> None:
         """Have the broker send every unacknowledged message again: disconnect cleanly (no Last
         Will), and the link reconnects at once to its persistent session on the same server.
-        For messages the agent had no room for (see `inbox`)."""
+        For messages the journal could not record (see `ledger`): never for a full inbox."""
         self._redelivering.set()
         with self._lock:
             client = self._client
@@ -334,8 +343,8 @@ class MqttLink:
             if self._stopping.is_set():
                 raise ConnectionError("stopping")
             self._handshake_blocking()
-        except _MaybeNotV5Error:
-            self._step = self._ring.failed(maybe_not_v5=True)
+        except _MaybeNotV5Error as err:
+            self._step = self._ring.failed(maybe_not_v5=True, refused_version=err.refused)
             raise
         except OSError:
             self._step = self._ring.failed(maybe_not_v5=False)
@@ -394,7 +403,7 @@ class MqttLink:
                 f"broker refused the connection: {refusal(self._connack, self._version)}"
             )
             if self._connack.value == UNSUPPORTED_PROTOCOL and self._version == V5:
-                raise _MaybeNotV5Error(self.last_error)
+                raise _MaybeNotV5Error(self.last_error, refused=True)
             raise ConnectRefusedError(self.last_error)
 
     def _log_first_failure(self, error: OSError) -> None:
@@ -551,16 +560,22 @@ class MqttLink:
         else:
             _LOGGER.warning("Disconnected from the broker at %s: %s", self.server, reason_code)
 
-    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        size = packet_size(message.topic, len(message.payload), message.qos)
-        oversized = size > self._config.max_packet_bytes  # then no copy of it for a digest
-        fingerprint = (
-            ""
-            if oversized
-            else hashlib.blake2b(
-                message.topic.encode() + b"\0" + message.payload, digest_size=16
-            ).hexdigest()
+    def _refused_packet(self, size: int) -> None:
+        """On paho's thread: a server announced a packet above the bound (the connection ends
+        before its body is read)."""
+        self.last_error = f"{self.server} sent a packet over mqtt.max_packet_bytes"
+        _LOGGER.warning(
+            "%s announced a packet of %d bytes, over mqtt.max_packet_bytes (%d): refused "
+            "before its body was read, connection closed",
+            self.server,
+            size,
+            self._config.max_packet_bytes,
         )
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        fingerprint = hashlib.blake2b(
+            message.topic.encode() + b"\0" + message.payload, digest_size=16
+        ).hexdigest()
         expiry = getattr(message.properties, "MessageExpiryInterval", None)
         delivery = Delivery(
             message.mid,
@@ -572,16 +587,6 @@ class MqttLink:
         if delivery.qos > 0:
             self._deliveries[delivery.mid] = delivery  # one dict operation: atomic
         try:
-            if oversized:
-                # MQTT 5 brokers never send these (Maximum Packet Size); a 3.1.1 one may.
-                _LOGGER.error(
-                    "A message of %d bytes on %s is over mqtt.max_packet_bytes (%d): dropped",
-                    size,
-                    message.topic,
-                    self._config.max_packet_bytes,
-                )
-                self.ack(delivery)
-                return
             subscription, handler = self._route(message.topic)
             if handler is None:
                 _LOGGER.warning("Message on unexpected topic %s ignored", message.topic)
@@ -593,7 +598,8 @@ class MqttLink:
                 _LOGGER.warning("Retained message on %s ignored (not replayed)", message.topic)
                 self.ack(delivery)
                 return
-            handler(message.topic, bytes(message.payload), delivery)
+            if not handler(message.topic, bytes(message.payload), delivery):
+                self.ack(delivery)  # answered without room for it: never sent again
         except Exception:
             _LOGGER.exception("Handling a message on %s failed; it is dropped", message.topic)
             self.ack(delivery)  # an unacknowledged message would hold a receive slot for good

@@ -8,19 +8,28 @@ connection or the last full round), and backs off, growing with each full round,
 server failed in turn. With `mqtt.protocol: auto` a server that refuses MQTT 5 (CONNACK
 "Unsupported protocol version") or closes the connection before any CONNACK is tried again at
 once with MQTT 3.1.1; when that connects, the server is remembered as a 3.1.1 one for the life
-of the link.
+of the link. A server that once took MQTT 5 is never tried with 3.1.1 again but for an explicit
+refusal of the version: a connection it closes early (a restart, a session taken over, a refusal
+of any other kind) says nothing of the version it speaks.
+
+Each server has its own credentials (`mqtt.hosts[i].username` and `password_file`), sent to it
+alone: a server of the ring never learns another's password.
 """
 
 from __future__ import annotations
 
 import enum
+import errno
 import logging
+import os
 import random
 import ssl
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Literal
 
+import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.settings.declarations import MqttProtocol, MqttServer, TlsConfig
@@ -63,6 +72,7 @@ class Ring:
         self._tried = 0  # servers that failed in this round
         self._fallback = False  # the next attempt is the 3.1.1 retry on the same server
         self._v311_only: set[int] = set()
+        self._took_v5: set[int] = set()
 
     @property
     def current(self) -> MqttServer:
@@ -78,11 +88,13 @@ class Ring:
             return V311
         return V5
 
-    def failed(self, *, maybe_not_v5: bool) -> Step:
+    def failed(self, *, maybe_not_v5: bool, refused_version: bool = False) -> Step:
         """An attempt on the current server failed (`maybe_not_v5`: an MQTT 5 CONNECT was
-        refused as an unsupported version, or the connection closed before any CONNACK);
-        moves to the server of the next attempt and says how soon it is."""
-        if maybe_not_v5 and self._protocol == "auto" and self.version == V5:
+        refused as an unsupported version (`refused_version`), or the connection closed before
+        any CONNACK); moves to the server of the next attempt and says how soon it is. A server
+        that took MQTT 5 before is tried with 3.1.1 only after an explicit refusal."""
+        known_v5 = self.index in self._took_v5 and not refused_version
+        if maybe_not_v5 and self._protocol == "auto" and self.version == V5 and not known_v5:
             self._fallback = True
             return Step.SAME
         self._fallback = False
@@ -100,6 +112,8 @@ class Ring:
         learned = self._fallback
         if learned:
             self._v311_only.add(self.index)
+        elif self.version == V5:
+            self._took_v5.add(self.index)
         self._fallback = False
         self._tried = 0
         self.rounds = 0
@@ -155,12 +169,33 @@ def refusal(reason: ReasonCode, version: Version) -> str:
     return str(reason)
 
 
+_MAX_PASSWORD_FILE_BYTES: Final = 65536
+
+
 def read_password(path: Path | None) -> str | None:
-    """The broker password: the first line of its file (None without one); a warning when other
-    users than the agent's can read it."""
+    """A broker password: the first line of its file (None without one), read as a regular
+    file of at most 64 KiB; a warning when other users than the agent's can read it. Raises
+    OSError (or UnicodeDecodeError) for a file that cannot be used."""
     if path is None:
         return None
     if path.stat().st_mode & 0o077:
         _LOGGER.warning("%s can be read by other users than the agent's: chmod 600 it", path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is no regular file")
+        text = handle.read(_MAX_PASSWORD_FILE_BYTES).decode("utf-8")
+    lines = text.splitlines()
     return lines[0] if lines else ""
+
+
+def passwords(servers: Sequence[MqttServer]) -> tuple[str | None, ...]:
+    """Each server's own password (None without one), read once at start: a file that cannot
+    be used fails the start, not a later reconnect."""
+    return tuple(read_password(s.password_file) for s in servers)
+
+
+def credentials(client: mqtt.Client, server: MqttServer, password: str | None) -> None:
+    """Give a paho client the credentials of this server, and of no other."""
+    if server.username is not None:
+        client.username_pw_set(server.username, password)

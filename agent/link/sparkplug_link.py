@@ -2,14 +2,22 @@
 
 Sparkplug asks for a clean session whose Will is the NDEATH: each CONNECT is a new paho client
 (MQTT 3.1.1, which every broker of a plant speaks, RabbitMQ's included) with the next `bdSeq`
-in its Will. `bdSeq` is kept in a file of the storage directory, so that the NDEATH of the
+in its Will. `bdSeq` is kept in a file of the storage directory (`BdSeq`: read and written
+without following links, bounded, a file of any other kind replaced), so that the NDEATH of the
 session before a restart never matches the NBIRTH after it. The servers are tried in order of
 `mqtt.hosts` on the agent's own ring (`servers.Ring`: the next after a failed connect, a lost
 session, a `Node Control/Next Server` or the primary host going offline; a short delay within a
-round, backoff after a failed round), with the same TLS contexts and password.
+round, backoff after a failed round), with the same TLS contexts and each server's own
+credentials.
 
-Its thread runs paho's loop; the callbacks only hand events to the loop (`on_event`), which
-decides (`protocol.sparkplug`) and publishes through `publish`.
+Each connection refuses a packet above `MAX_PACKET_BYTES` (a command's 64 KiB and its topic)
+from its fixed header, before its body is read (`bounded_socket`): the session ends (the broker
+publishes the NDEATH) and the next begins.
+
+Its thread runs paho's loop; the callbacks read a command (`protocol.sparkplug.command_of`) and
+hand events to the loop (`on_event`), which decides (`protocol.sparkplug`) and publishes through
+`publish`. Leaving a server (`next_server`, `stop`) is the session thread's work: the loop only
+asks, never waits.
 """
 
 from __future__ import annotations
@@ -27,15 +35,23 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_when_event_set
 
-from agent.link.servers import V311, Ring, Step, delay, read_password, tls_contexts
+from agent.guarded import nofollow
+from agent.link.bounded_socket import BoundedClient
+from agent.link.servers import V311, Ring, Step, credentials, delay, passwords, tls_contexts
 from agent.protocol.inputs import (
     SparkplugCommand,
     SparkplugConnected,
     SparkplugHostState,
     SparkplugLost,
 )
-from agent.protocol.sparkplug import SparkplugTopics, node_death, state_topic
-from agent.settings.declarations import MqttConfig, SparkplugConfig, servers
+from agent.protocol.sparkplug import (
+    MAX_COMMAND_BYTES,
+    SparkplugTopics,
+    command_of,
+    node_death,
+    state_topic,
+)
+from agent.settings.declarations import CLASSES, MqttConfig, SparkplugConfig, servers
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -45,31 +61,79 @@ _STABLE_S: Final = 30.0
 """A session that lasted this long resets the pause before the next."""
 
 
+MAX_PACKET_BYTES: Final = MAX_COMMAND_BYTES + 4096
+"""The largest packet the session takes: a command of 64 KiB with its topic and header."""
+_GOODBYE_S: Final = 2.0
+"""How long the session thread waits for the broker's acknowledgement of the NDEATH."""
+_MAX_BDSEQ_FILE_BYTES: Final = 16
+
+
 class BdSeq:
-    """The birth/death sequence number, 0-255, kept across restarts in a file (none: memory)."""
+    """The birth/death sequence number, 0-255, kept across restarts in a file of the storage
+    directory (None: memory only), read and written without following a link. A file that is
+    not a regular one (a link, a FIFO, a directory), too large, or without a number in it is
+    not used: a fresh random value is (so that it is unlikely to match the last NDEATH), with a
+    warning (`problem`); the next `take` writes a regular file in its place (a link is
+    replaced, never followed). Nothing here blocks: a FIFO is never opened for reading."""
 
     def __init__(self, path: Path | None) -> None:
         self._path = path
         self._next = 0
+        self.problem: str | None = None
+        """Why the stored value was not used (None: it was, or there was none)."""
         if path is not None:
-            try:
-                text = path.read_text(encoding="ascii").strip()
-                self._next = int(text) % 256 if text.isdigit() and len(text) <= 3 else 0
-            except (OSError, UnicodeDecodeError):
-                self._next = 0
+            value = self._read(path)
+            self._next = secrets.randbelow(256) if value is None else value
+            if self.problem:
+                _LOGGER.warning("Sparkplug bdSeq: %s; starting at %d", self.problem, self._next)
+
+    def _read(self, path: Path) -> int | None:
+        try:
+            directory = nofollow.open_directory(path.parent)
+        except OSError as err:
+            self.problem = f"its directory cannot be used ({err.strerror or err})"
+            return None
+        try:
+            found = nofollow.kind(directory, path.name)
+            if found is None:
+                return 0  # the node's first session
+            if found != "file":
+                self.problem = f"{path} is {_KINDS.get(found, found)}, not a file: not read"
+                return None
+            data = nofollow.read_file(directory, path.name, _MAX_BDSEQ_FILE_BYTES)
+        except OSError as err:
+            self.problem = f"{path} cannot be read ({err.strerror or err})"
+            return None
+        finally:
+            os.close(directory)
+        text = data.decode("ascii", "replace").strip()
+        if len(data) > _MAX_BDSEQ_FILE_BYTES or not text.isdigit() or len(text) > 3:
+            self.problem = f"{path} holds no number of 0-255 ({len(data)} bytes)"
+            return None
+        return int(text) % 256
 
     def take(self) -> int:
         """The number of the CONNECT about to be made; the next one is stored."""
         taken = self._next
         self._next = (taken + 1) % 256
         if self._path is not None:
-            spare = self._path.with_suffix(".tmp")
             try:
-                spare.write_text(f"{self._next}\n", encoding="ascii")
-                os.replace(spare, self._path)
-            except OSError:
-                _LOGGER.warning("Cannot keep the Sparkplug bdSeq in %s", self._path)
+                directory = nofollow.open_directory(self._path.parent)
+                try:
+                    data = f"{self._next}\n".encode("ascii")
+                    nofollow.write_file_atomic(directory, self._path.name, data)
+                finally:
+                    os.close(directory)
+            except OSError as err:
+                _LOGGER.warning("Cannot keep the Sparkplug bdSeq in %s: %s", self._path, err)
         return taken
+
+
+_KINDS: Final = {
+    "symlink": "a symbolic link",
+    "directory": "a directory",
+    "other": "a FIFO, socket or device",
+}
 
 
 class SparkplugLink:
@@ -95,9 +159,11 @@ class SparkplugLink:
         self._wall_ms = wall_ms
         self._ring = Ring(servers(mqtt_config), V311)  # the agent's ring rule, 3.1.1 always
         self._contexts = tls_contexts(self._ring.servers)  # a file that cannot be used: now
-        self._password = read_password(mqtt_config.password_file)
+        self._passwords = passwords(self._ring.servers)
         self._step = Step.ROUND
         self._stopping = threading.Event()
+        self._leaving = threading.Event()
+        """Asked by the loop: leave this server with an NDEATH (the session thread does it)."""
         self._client: mqtt.Client | None = None
         self._lock = threading.Lock()
         self._session_bd_seq = 0
@@ -114,32 +180,19 @@ class SparkplugLink:
         """Births, data and deaths: QoS 0, not retained (Sparkplug 3.0)."""
         with self._lock:
             client = self._client
-        if client is not None:
+        if client is not None and not self._leaving.is_set():
             client.publish(topic, payload, qos=0, retain=False)
 
     def next_server(self) -> None:
-        """Leave this server (with an NDEATH) for the next one."""
-        self._goodbye()
+        """Leave this server (with an NDEATH) for the next one: asked, not waited for (the
+        session thread publishes the NDEATH, waits for its acknowledgement and disconnects)."""
+        self._leaving.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Publish the NDEATH, disconnect and join the thread."""
         self._stopping.set()
-        self._goodbye()
+        self._leaving.set()
         self._thread.join(timeout)
-
-    def _goodbye(self) -> None:
-        with self._lock:
-            client, bd_seq = self._client, self._session_bd_seq
-        if client is None:
-            return
-        info = client.publish(
-            self._topics.ndeath, node_death(bd_seq, self._wall_ms()), qos=1, retain=False
-        )
-        try:
-            info.wait_for_publish(2.0)
-        except (RuntimeError, ValueError):
-            _LOGGER.debug("NDEATH not acknowledged before disconnecting")
-        client.disconnect()
 
     # ---- the thread -------------------------------------------------------------------------
 
@@ -161,7 +214,7 @@ class SparkplugLink:
             except OSError:
                 return  # stopping
             up_since = time.monotonic()
-            client.loop_forever()  # until the session ends
+            self._serve(client)  # until the session ends
             with self._lock:
                 self._client = None
             self.server = ""
@@ -173,6 +226,28 @@ class SparkplugLink:
                 # a server that closes each session at once (RabbitMQ while the node that held
                 # the last one is down) is not hammered: the pause grows, as the agent's does
                 self._stopping.wait(min(high, low * 2 ** min(short, 16)))
+
+    def _serve(self, client: mqtt.Client) -> None:
+        """paho's loop until the session ends, or until the loop asks to leave: then the NDEATH,
+        its acknowledgement awaited here (at most `_GOODBYE_S`), and the disconnect."""
+        while not self._leaving.is_set():
+            if client.loop(timeout=0.1) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                return
+        with self._lock:
+            bd_seq = self._session_bd_seq
+        info = client.publish(
+            self._topics.ndeath, node_death(bd_seq, self._wall_ms()), qos=1, retain=False
+        )
+        deadline = time.monotonic() + _GOODBYE_S
+        while not info.is_published() and time.monotonic() < deadline:
+            if client.loop(timeout=0.05) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                break
+        if not info.is_published():
+            _LOGGER.debug("NDEATH not acknowledged before disconnecting")
+        client.disconnect()
+        for _ in range(20):  # the DISCONNECT written and the socket closed
+            if client.loop(timeout=0.05) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                break
 
     def _attempt(self) -> mqtt.Client:
         """One CONNECT to the ring's current server; on failure the ring moves on."""
@@ -197,7 +272,7 @@ class SparkplugLink:
         try the next server) when it fails."""
         server, context = self._ring.servers[index], self._contexts[index]
         bd_seq = self._bd_seq.take()
-        client = mqtt.Client(
+        client = BoundedClient(
             CallbackAPIVersion.VERSION2,
             # a client id of its own per CONNECT: a clean session needs nothing of the last one,
             # and a broker that still holds the last one where it cannot reach it (RabbitMQ: on
@@ -206,10 +281,11 @@ class SparkplugLink:
             protocol=MQTTProtocolVersion.MQTTv311,
             clean_session=True,
             reconnect_on_failure=False,
+            max_packet_bytes=MAX_PACKET_BYTES,
+            refused=lambda size: self._refused_packet(server.address, size),
         )
         client.suppress_exceptions = True
-        if self._mqtt.username is not None:
-            client.username_pw_set(self._mqtt.username, self._password)
+        credentials(client, server, self._passwords[index])
         if context is not None:  # verified certificate and host name, no plain TCP fallback
             client.tls_set_context(context)
         client.will_set(
@@ -241,20 +317,34 @@ class SparkplugLink:
         client.on_disconnect = lambda *_args: None
         with self._lock:
             self._client, self._session_bd_seq = client, bd_seq
+        self._leaving.clear()  # a leave asked for the session before is done
+        if self._stopping.is_set():
+            self._leaving.set()
         self.server = address
         _LOGGER.info("Sparkplug session on %s (bdSeq %d)", address, bd_seq)
         self._on_event(SparkplugConnected(bd_seq, address))
         return client
 
+    @staticmethod
+    def _refused_packet(address: str, size: int) -> None:
+        _LOGGER.warning(
+            "%s announced a packet of %d bytes to the Sparkplug session, over its %d: refused "
+            "before its body was read, session closed (its NDEATH follows)",
+            address,
+            size,
+            MAX_PACKET_BYTES,
+        )
+
     def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
-        """On paho's thread: hand the bytes on, nothing more."""
+        """On paho's thread: a command read (bounded: the packet's size was checked before),
+        a STATE handed on as bytes, nothing more."""
         try:
-            payload = bytes(message.payload)
-            if message.topic == self._topics.dcmd:
-                self._on_event(SparkplugCommand(True, payload))
-            elif message.topic == self._topics.ncmd:
-                self._on_event(SparkplugCommand(False, payload))
+            if message.topic in (self._topics.dcmd, self._topics.ncmd):
+                device = message.topic == self._topics.dcmd
+                payload = bytes(message.payload)  # at most MAX_PACKET_BYTES
+                command = command_of(payload, device=device, classes=CLASSES)
+                self._on_event(SparkplugCommand(command))
             else:
-                self._on_event(SparkplugHostState(payload))
+                self._on_event(SparkplugHostState(bytes(message.payload)))
         except Exception:
             _LOGGER.exception("A Sparkplug message on %s was dropped", message.topic)

@@ -8,10 +8,13 @@ them from MQTT messages on paho's thread, the edges' workers report theirs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.core.messages import Delivery, Rejection, SpeakRequest
 from agent.protocol.hermes import HermesContext
+
+if TYPE_CHECKING:  # protobuf only with the edge node on
+    from agent.protocol.sparkplug import Command
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +89,9 @@ class SparkplugLost:
 
 @dataclass(frozen=True, slots=True)
 class SparkplugCommand:
-    """An NCMD (`device` False) or a DCMD for the speaker, unparsed."""
+    """An NCMD or a DCMD for the speaker, read on the session's thread: what it does."""
 
-    device: bool
-    payload: bytes
+    command: Command
 
 
 @dataclass(frozen=True, slots=True)

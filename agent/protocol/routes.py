@@ -1,14 +1,19 @@
-"""The route table: which topics the agent subscribes to, and how each message becomes one event.
+"""The route table: which topics the agent subscribes to, how each message becomes one event,
+and which source (topic family) it counts against in the inbox.
 
 Pure: a route parses a payload into an event (or the reason it cannot be served) and touches
-nothing else; the app runs it on paho's network thread and puts the event on the inbox.
+nothing else; the app runs it on paho's network thread and puts the event on the inbox: in the
+urgent lane when it is an alarm-class request (`urgency`), else in its source's budget. A
+source that is full has its messages answered `queue_full` (`overflowed`); `may_be_alarm` is
+the cheap look at a payload (`lanes.may_be_alarm`) that decides whether reading it is
+worth it then.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from agent.core.messages import (
     AckRequested,
@@ -24,6 +29,7 @@ from agent.core.messages import (
     VoiceSelected,
     VolumeRequested,
 )
+from agent.core.reasons import Reason
 from agent.protocol import hermes
 from agent.protocol.inputs import (
     HermesRequest,
@@ -33,6 +39,7 @@ from agent.protocol.inputs import (
     Ignored,
     OtaCommand,
 )
+from agent.protocol.lanes import may_be_alarm
 from agent.protocol.manifest import MAX_ENVELOPE_BYTES
 from agent.protocol.payloads import (
     MAX_ID_CHARS,
@@ -66,13 +73,44 @@ Route = Callable[[str, bytes, Delivery], RoutedEvent]
 NewId = Callable[[], str]
 
 
+SPEAK: Final = "speak"
+"""The source of speak, say and group speak messages."""
+COMMAND: Final = "command"
+"""The source of stop, ack, volume, voice and replay messages (the node's and its groups')."""
+HERMES: Final = "hermes"
+HOMEASSISTANT: Final = "homeassistant"
+OTA: Final = "ota"
+SPARKPLUG: Final = "sparkplug"
+"""The Sparkplug session's commands (`sparkplug_node`)."""
+WYOMING: Final = "wyoming"
+"""Home Assistant's announcements through the Wyoming announce target."""
+SOURCES: Final = (SPEAK, COMMAND, HERMES, HOMEASSISTANT, OTA, SPARKPLUG, WYOMING)
+"""Every source the inbox keeps a budget for."""
+
+Peek = Callable[[bytes], bool]
+"""Whether a payload may hold an alarm-class request (True when unsure): read only then, when
+its source has no room."""
+
+
+def never(_payload: bytes) -> bool:
+    return False
+
+
+def always(_payload: bytes) -> bool:
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class RouteTable:
     """Topic filters and their routes; `restored` are the filters whose retained message is
-    state to restore at (re)subscribe (every other retained command is not replayed)."""
+    state to restore at (re)subscribe (every other retained command is not replayed);
+    `sources` the inbox source of each filter, `peeks` the look that tells whether one of its
+    payloads may be urgent."""
 
     routes: Mapping[str, Route]
     restored: frozenset[str]
+    sources: Mapping[str, str]
+    peeks: Mapping[str, Peek]
 
 
 def route_table(
@@ -84,43 +122,92 @@ def route_table(
     """Every subscription of a node with this config, and its route; `voice_names` maps the
     names people see (Home Assistant's voice select) to voice ids."""
     limits = SpeakLimits(config.speak.max_payload_bytes, config.speak.max_text_chars)
-    routes: dict[str, Route] = {
-        topics.speak: _speak(limits, new_id),
-        topics.speak_all: _speak(limits, new_id),
-        topics.say: _plain(limits, new_id),
-        topics.stop: _checked(
-            parse_stop, lambda parsed, d: StopRequested(parsed[0], d, parsed[1]), new_id
-        ),
-        topics.ack: _checked(parse_ack, AckRequested, new_id),
-        topics.volume: _checked(parse_volume, VolumeRequested, new_id),
-        topics.replay: lambda _t, _p, delivery: ReplayRequested(delivery),
-        topics.voice: _voice(voice_names or {}, new_id),
+    speak, stop, ack = (
+        _speak(limits, new_id),
+        _stop(new_id),
+        _checked(parse_ack, AckRequested, new_id),
+    )
+    # topic -> (route, source, peek)
+    table: dict[str, tuple[Route, str, Peek]] = {
+        topics.speak: (speak, SPEAK, may_be_alarm),
+        topics.speak_all: (speak, SPEAK, may_be_alarm),
+        topics.say: (_plain(limits, new_id), SPEAK, never),  # always class info
+        topics.stop: (stop, COMMAND, never),
+        topics.ack: (ack, COMMAND, never),
+        topics.volume: (_checked(parse_volume, VolumeRequested, new_id), COMMAND, never),
+        topics.replay: (lambda _t, _p, delivery: ReplayRequested(delivery), COMMAND, never),
+        topics.voice: (_voice(voice_names or {}, new_id), COMMAND, never),
     }
     for group in config.speak.groups:  # a group's messages are the node's own
-        routes[topics.group(group, "speak")] = routes[topics.speak]
-        routes[topics.group(group, "stop")] = routes[topics.stop]
-        routes[topics.group(group, "ack")] = routes[topics.ack]
+        table[topics.group(group, "speak")] = table[topics.speak]
+        table[topics.group(group, "stop")] = table[topics.stop]
+        table[topics.group(group, "ack")] = table[topics.ack]
     if config.homeassistant.discovery:
-        routes[config.homeassistant.birth_topic] = _birth
+        table[config.homeassistant.birth_topic] = (_birth, HOMEASSISTANT, never)
     if config.hermes.enabled:
         site = config.hermes.site_id
         priority = PRIORITIES[config.hermes.priority]
-        routes |= {
-            hermes.SAY: _hermes_say(site, limits, new_id, priority),
-            hermes.play_bytes_topic(site): _hermes_play(site, new_id, priority),
-            hermes.SET_VOLUME: _hermes_volume(site),
-            hermes.TOGGLE_ON: _hermes_toggle(site, on=True),
-            hermes.TOGGLE_OFF: _hermes_toggle(site, on=False),
-            hermes.GET_VOICES: _hermes_voices(site),
+        urgent = always if priority >= Priority.ALARM else never
+        table |= {
+            hermes.SAY: (_hermes_say(site, limits, new_id, priority), HERMES, urgent),
+            hermes.play_bytes_topic(site): (_hermes_play(site, new_id, priority), HERMES, urgent),
+            hermes.SET_VOLUME: (_hermes_volume(site), HERMES, never),
+            hermes.TOGGLE_ON: (_hermes_toggle(site, on=True), HERMES, never),
+            hermes.TOGGLE_OFF: (_hermes_toggle(site, on=False), HERMES, never),
+            hermes.GET_VOICES: (_hermes_voices(site), HERMES, never),
         }
     if config.ota.trusted_keys:
-        ota = _ota(new_id)
-        routes[topics.ota] = ota
-        routes[f"{topics.prefix}/all/ota"] = ota
+        ota = (_ota(new_id), OTA, never)
+        table[topics.ota] = ota
+        table[f"{topics.prefix}/all/ota"] = ota
         for group in config.ota.groups:
-            routes[f"{topics.prefix}/group/{group}/ota"] = ota
-        routes[topics.revocation] = _revocation(new_id)
-    return RouteTable(routes, frozenset({topics.revocation}))
+            table[f"{topics.prefix}/group/{group}/ota"] = ota
+        table[topics.revocation] = (_revocation(new_id), OTA, never)
+    return RouteTable(
+        {topic: route for topic, (route, _, _) in table.items()},
+        frozenset({topics.revocation}),
+        {topic: source for topic, (_, source, _) in table.items()},
+        {topic: peek for topic, (_, _, peek) in table.items()},
+    )
+
+
+def _stop(new_id: NewId) -> Route:
+    return _checked(parse_stop, lambda parsed, d: StopRequested(parsed[0], d, parsed[1]), new_id)
+
+
+def urgency(event: RoutedEvent) -> int:
+    """The inbox rank of an event: its class for an alarm-class request (alarm, critical), 0
+    for anything else."""
+    request = None
+    if isinstance(event, SpeakReceived):
+        request = event.request
+    elif isinstance(event, HermesRequest) and isinstance(event.parsed, SpeakRequest):
+        request = event.parsed
+    if request is None or request.priority < Priority.ALARM:
+        return 0
+    return int(request.priority)
+
+
+def is_barrier(event: RoutedEvent) -> bool:
+    """Whether an event must be handled before an alarm that arrived after it (a stop: it must
+    never stop an alarm published after it)."""
+    return isinstance(event, StopRequested)
+
+
+def overflowed(event: RoutedEvent | None, source: str, new_id: NewId) -> SpeakInvalid | None:
+    """The answer to a message whose source had no room in the inbox (`event` None: it was not
+    read): `rejected` `queue_full`, under the request's id when it has one; None for what needs
+    no answer (Home Assistant's birth, another site's Hermes message)."""
+    if isinstance(event, HomeAssistantBirth | Ignored):
+        return None
+    request_id, priority = new_id(), None
+    if isinstance(event, SpeakReceived):
+        request_id, priority = event.request.id, event.request.priority
+    elif isinstance(event, HermesRequest) and isinstance(event.parsed, SpeakRequest):
+        request_id, priority = event.parsed.id, event.parsed.priority
+    detail = f"the node's inbox for {source} messages is full: try again later"
+    refusal = Rejection(request_id, Reason.QUEUE_FULL, detail, None, priority)
+    return SpeakInvalid(refusal, Delivery(0, 0))
 
 
 def _speak(limits: SpeakLimits, new_id: NewId) -> Route:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -197,6 +198,62 @@ def host_state(payload: bytes) -> tuple[bool, int] | None:
     return online, stamp
 
 
+STATE_AHEAD_MS: Final = 300_000
+"""How far a STATE timestamp may be ahead of the node's clock (or, while that clock is not known
+to be synchronised, of the last STATE that counted and the time since): the clocks of a host and
+a node may differ by this much. A timestamp further ahead is a forgery or a broken clock: it is
+ignored, so that it can never outrank the host's genuine STATEs."""
+STATE_CEILING_MS: Final = 4_102_444_800_000
+"""2100-01-01 in Unix milliseconds: no genuine STATE is stamped later, whatever the clocks."""
+
+
+class Verdict(enum.Enum):
+    """What a STATE of the primary host does."""
+
+    ONLINE = "online: the node may be born"
+    OFFLINE = "offline: the node leaves for the next server"
+    STALE = "older than a STATE that counted: ignored"
+    IMPLAUSIBLE = "stamped too far ahead (or negative): ignored"
+
+
+@dataclass(slots=True)
+class HostMarks:
+    """What counted of the primary host's STATEs on one server (a host has a session, and STATE
+    timestamps, of its own on each)."""
+
+    online_at: int = -1
+    """The timestamp of the last online that counted."""
+    offline_at: int = -1
+    """The timestamp of the last offline that counted: an online older than it (a retained
+    message from before) does not count."""
+    last: int | None = None
+    last_seen_ms: float = 0.0
+    """When (the node's monotonic clock, ms) `last` counted."""
+
+    def judge(
+        self, online: bool, stamp: int, wall_ms: int, mono_ms: float, *, clock_known: bool
+    ) -> Verdict:
+        """A STATE (online, timestamp) judged, and counted when it does count (Sparkplug 3.0:
+        an online no older than the last offline and online; an offline no older than the
+        last online), once it is plausible: not negative, not past `STATE_CEILING_MS`, at most
+        `STATE_AHEAD_MS` ahead of the node's clock when `clock_known`, and of the last STATE
+        that counted and the time since."""
+        bounds = [wall_ms] if clock_known else []
+        if self.last is not None:
+            bounds.append(self.last + int(mono_ms - self.last_seen_ms))
+        ahead = max(bounds) + STATE_AHEAD_MS if bounds else STATE_CEILING_MS
+        if stamp < 0 or stamp > min(ahead, STATE_CEILING_MS):
+            return Verdict.IMPLAUSIBLE
+        if online and stamp >= self.offline_at and stamp >= self.online_at:
+            self.online_at = stamp
+        elif not online and stamp >= self.online_at:
+            self.offline_at = max(self.offline_at, stamp)
+        else:
+            return Verdict.STALE
+        self.last, self.last_seen_ms = max(stamp, self.last or 0), mono_ms
+        return Verdict.ONLINE if online else Verdict.OFFLINE
+
+
 # ---- payloads -----------------------------------------------------------------------------------
 
 
@@ -356,6 +413,64 @@ def _label(text: str) -> str:
     return cleaned + ("..." if len(text) > 64 else "")
 
 
+NODE_WRITES: Final = frozenset({Write.REBIRTH, Write.NEXT_SERVER})
+"""What an NCMD may write."""
+DEVICE_WRITES: Final = frozenset(
+    {Write.SPEAK, Write.PRIORITY, Write.STOP, Write.ACKNOWLEDGE, Write.VOLUME}
+)
+"""What a DCMD may write."""
+MAX_REFUSAL_CHARS: Final = 255
+"""The longest refusal text (`Last error` is a Sparkplug String the host shows)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """What one NCMD or DCMD does, however many metrics it writes: each metric's first write
+    (a later one of the same metric is refused), checked; its refusals gathered for one
+    answer. So a command is at most one Speak, one Stop, one Acknowledge, one Volume, one
+    Priority (for its own Speak and the ones after), one Rebirth and one Next Server."""
+
+    device: bool
+    values: Mapping[Write, Value]
+    refused: tuple[Refused, ...]
+
+    def speaks_at(self, priority: str) -> str | None:
+        """The class its Speak is said at (its own Priority, else `priority`); None: no Speak."""
+        if Write.SPEAK not in self.values:
+            return None
+        written = self.values.get(Write.PRIORITY)
+        return written if isinstance(written, str) else priority
+
+    def asks(self, write: Write) -> bool:
+        """Whether it writes `true` to a control (Stop, Acknowledge, Rebirth, Next Server)."""
+        return self.values.get(write) is True
+
+
+def command_of(payload: bytes, *, device: bool, classes: Sequence[str]) -> Command:
+    """An NCMD (`device` False) or DCMD payload read into what it does (`read_command`), each
+    metric's first write counting; a Priority must be one of `classes`."""
+    values: dict[Write, Value] = {}
+    refused: list[Refused] = []
+    again: Counter[str] = Counter()
+    for write in read_command(payload, DEVICE_WRITES if device else NODE_WRITES):
+        if isinstance(write, Refused):
+            refused.append(write)
+            continue
+        kind = write.metric.write
+        assert kind is not None  # noqa: S101 - read_command lets writable metrics through only
+        if kind in values:
+            again[write.metric.name] += 1
+        elif kind == Write.PRIORITY and write.value not in classes:
+            refused.append(Refused(write.metric.name, f"expected one of {', '.join(classes)}"))
+        else:
+            values[kind] = write.value
+    refused += [
+        Refused(name, f"written {count} more times in one command (the first write counts)")
+        for name, count in again.items()
+    ]
+    return Command(device, values, tuple(refused))
+
+
 # ---- the edge node ------------------------------------------------------------------------------
 
 
@@ -449,17 +564,10 @@ class EdgeNode:
             self.last_error = error[:255]
         self._state_error = error if isinstance(error, str) else None
 
-    def refuse(self, label: str, reason: str, request_id: str = "") -> None:
-        """A command (or part of one) was not carried out: its reason is Last error (sent with
-        the next `changed`); the state's own line for its event (`rejected <id>: ...`, less
-        precise) does not replace it."""
-        self.last_error = f"{label}: {reason}"[:255]
+    def refuse(self, text: str, request_id: str = "") -> None:
+        """A command (or part of one) was not carried out: `text` (each metric's label and
+        reason) is Last error (sent with the next `changed`); the state's own line for its
+        event (`rejected <id>: ...`, less precise) does not replace it."""
+        self.last_error = text[:MAX_REFUSAL_CHARS]
         if request_id:
             self.refused_ids = (*self.refused_ids[-15:], request_id)
-
-    def wrote(self, metric: Metric, value: Value) -> None:
-        """A written value the node keeps (Speak's text, Priority)."""
-        if metric.write == Write.SPEAK:
-            self.spoken = str(value)[:255]
-        elif metric.write == Write.PRIORITY:
-            self.priority = str(value)

@@ -8,7 +8,7 @@ import enum
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -155,6 +155,19 @@ class MqttServer:
         _between(0, 65535),
     )
     tls: TlsConfig = field(default_factory=TlsConfig)
+    username: str | None = _key("User name for this broker; null connects anonymously.", None)
+    password_file: Path | None = _key(
+        "File whose first line is this broker's password; null for none. Sent to this broker "
+        "only, and only over TLS unless allow_plaintext_password (or the broker is on this "
+        "machine: a loopback address or localhost).",
+        None,
+        OnDisk.READABLE_FILE,
+        secret=True,
+    )
+    allow_plaintext_password: bool = _key(
+        "Send this broker its password without TLS (anyone on the network path can read it).",
+        False,
+    )
 
     @property
     def address(self) -> str:
@@ -170,8 +183,12 @@ class MqttConfig:
     port: int = _key("Broker TCP port.", DEFAULT_PORT, _between(1, 65535))
     hosts: tuple[MqttServer, ...] = _key(
         "Brokers to use in turn instead of `mqtt.host`, `mqtt.port` and `mqtt.tls` (which "
-        "must then stay unset): a list of `{host, port, tls}`; `port` absent: 1883, or "
-        "8883 with `tls.enabled`; `tls` as `mqtt.tls`. The agent connects to the first; "
+        "must then stay unset, with `mqtt.username`, `mqtt.password_file` and "
+        "`mqtt.allow_plaintext_password`): a list of `{host, port, tls, username, "
+        "password_file, allow_plaintext_password}`; `port` absent: 1883, or 8883 with "
+        "`tls.enabled`; `tls` as `mqtt.tls`; each entry's credentials go to that server only "
+        "(a password over TLS only, or to this machine, unless its "
+        "`allow_plaintext_password`). The agent connects to the first; "
         "after a failed connect or a lost connection it goes to the next, wrapping "
         "around: each server once after a short delay (up to `mqtt.reconnect_min`), then "
         "the growing backoff per full round. The same client id and persistent session on "
@@ -188,14 +205,24 @@ class MqttConfig:
         "(docs/brokers.md#mqtt-311).",
         "auto",
     )
-    username: str | None = _key("User name for the broker; null connects anonymously.", None)
+    username: str | None = _key(
+        "User name for the broker of `mqtt.host`; null connects anonymously (with "
+        "`mqtt.hosts`: each entry's own).",
+        None,
+    )
     password_file: Path | None = _key(
-        "File whose first line is the broker password (kept out of the configuration); "
-        "null for none. Readable by the agent's user only (`chmod 600`; a warning is "
-        "logged otherwise).",
+        "File whose first line is the password for the broker of `mqtt.host` (kept out of the "
+        "configuration); null for none (with `mqtt.hosts`: each entry's own). Readable by the "
+        "agent's user only (`chmod 600`; a warning is logged otherwise). Sent only over TLS, "
+        "or to a broker on this machine, unless `mqtt.allow_plaintext_password`.",
         None,
         OnDisk.READABLE_FILE,
         secret=True,
+    )
+    allow_plaintext_password: bool = _key(
+        "Send the broker of `mqtt.host` its password without TLS (anyone on the network path "
+        "can read it).",
+        False,
     )
     topic_prefix: str = _key("First level of every topic of the agent.", "voice", _topic_prefix)
     keepalive: int = _key("MQTT keepalive (seconds).", 30, _between(5, 3600))
@@ -235,19 +262,39 @@ class MqttConfig:
 
 
 def servers(config: MqttConfig) -> tuple[MqttServer, ...]:
-    """The brokers the agent uses, in order, each with its port filled in: `mqtt.hosts`, or
-    when that is empty the one server of `mqtt.host`, `mqtt.port` and `mqtt.tls`."""
-    listed = config.hosts or (MqttServer(config.host, config.port, config.tls),)
+    """The brokers the agent uses, in order, each with its port filled in and its own
+    credentials: `mqtt.hosts`, or when that is empty the one server of `mqtt.host`,
+    `mqtt.port`, `mqtt.tls` and the top-level credentials."""
+    listed = config.hosts or (
+        MqttServer(
+            config.host,
+            config.port,
+            config.tls,
+            config.username,
+            config.password_file,
+            config.allow_plaintext_password,
+        ),
+    )
     return tuple(
         server
         if server.port
-        else MqttServer(
-            server.host,
-            DEFAULT_TLS_PORT if server.tls.enabled else DEFAULT_PORT,
-            server.tls,
-        )
+        else replace(server, port=DEFAULT_TLS_PORT if server.tls.enabled else DEFAULT_PORT)
         for server in listed
     )
+
+
+LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def on_this_machine(host: str) -> bool:
+    """Whether a broker's host is this machine (a loopback address or name): what is sent to
+    it never crosses a network."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -896,20 +943,37 @@ def cross_checks(config: AgentConfig) -> list[str]:
 
 def _mqtt_problems(mqtt: MqttConfig) -> list[str]:
     problems = []
-    if mqtt.password_file is not None and mqtt.username is None:
-        problems.append("mqtt.password_file: set, but mqtt.username is null (it would be ignored)")
     problems.extend(_tls_problems(mqtt.tls, "mqtt.tls"))
     for index, server in enumerate(mqtt.hosts):
         problems.extend(_tls_problems(server.tls, f"mqtt.hosts[{index}].tls"))
+    for index, server in enumerate(servers(mqtt)):
+        problems.extend(
+            _credential_problems(server, f"mqtt.hosts[{index}]." if mqtt.hosts else "mqtt.")
+        )
     if mqtt.hosts:
         default = MqttConfig()
-        for key, value in (("host", mqtt.host), ("port", mqtt.port), ("tls", mqtt.tls)):
+        keys = ("host", "port", "tls", "username", "password_file", "allow_plaintext_password")
+        for key, value in ((k, getattr(mqtt, k)) for k in keys):
             if value != getattr(default, key):
                 problems.append(
                     f"mqtt.{key}: set, but mqtt.hosts lists the servers (give each its {key} "
                     "there, or leave mqtt.hosts empty)"
                 )
     return problems
+
+
+def _credential_problems(server: MqttServer, path: str) -> list[str]:
+    """A password without its user, or one that would cross the network in clear."""
+    if server.password_file is None:
+        return []
+    if server.username is None:
+        return [f"{path}password_file: set, but {path}username is null (it would be ignored)"]
+    if server.tls.enabled or server.allow_plaintext_password or on_this_machine(server.host):
+        return []
+    return [
+        f"{path}password_file: the password would go to {server.host} in clear (no TLS): "
+        f"set {path}tls.enabled, or {path}allow_plaintext_password: true"
+    ]
 
 
 def _tls_problems(tls: TlsConfig, path: str) -> list[str]:

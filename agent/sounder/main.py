@@ -45,6 +45,7 @@ from agent.core.messages import (
     Priority,
     Record,
     Remember,
+    SpeakInvalid,
     SpeakReceived,
     SpeakRequest,
     StopRequested,
@@ -57,6 +58,7 @@ from agent.link.mqtt_link import MqttLink
 from agent.loop.inbox import Inbox
 from agent.protocol.lanes import in_alarm_lane, may_be_alarm
 from agent.protocol.payloads import SpeakLimits, encode_event, parse_ack, parse_speak, parse_stop
+from agent.protocol.routes import COMMAND, SPEAK, RoutedEvent, is_barrier, overflowed, urgency
 from agent.protocol.topics import Topics
 from agent.settings.declarations import BUILTIN_CHIMES, DEFAULT_CHIMES, AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
@@ -96,7 +98,10 @@ class Sounder:
         cache = resolve_cache_dir(config.cache, environ)
         self._kit_files = KitFiles(cache)
         self._kit = self._kit_files.load(rate)
-        self._inbox: Inbox[object] = Inbox(config.mqtt.receive_maximum + SLOTS, SLOTS, SLOTS)
+        room = config.mqtt.receive_maximum + SLOTS
+        self._inbox: Inbox[object] = Inbox(
+            {SPEAK: room, COMMAND: room}, urgent=room, refusals=SLOTS, reports=SLOTS
+        )
         speak = config.speak
         timing = Timing(speak.max_lead_seconds, speak.max_late_seconds, speak.prepare_seconds)
         self._core = SpeakCore(
@@ -169,9 +174,17 @@ class Sounder:
             EgressPolicy.parse(audio.media_hosts, "audio.media_hosts"),
         )
 
+    def _queue(self, event: RoutedEvent, source: str) -> bool:
+        """Into the inbox (alarms in its urgent lane); without room, answered `queue_full`. False:
+        not kept (the link acknowledges it)."""
+        if self._inbox.offer(event, source, rank=urgency(event), barrier=is_barrier(event)):
+            return True
+        self._inbox.refuse(overflowed(event, source, _new_id), source)
+        return False
+
     def _handlers(
         self, config: AgentConfig, topics: Topics
-    ) -> dict[str, Callable[[str, bytes, Delivery], None]]:
+    ) -> dict[str, Callable[[str, bytes, Delivery], bool]]:
         """The alarm session's routes, on paho's thread: an alarm-class speak (or its refusal)
         to the inbox, every other speak acknowledged and dropped there and then; stops and
         acks to the inbox (the core ignores an ack of an id it does not know: the engine
@@ -179,29 +192,26 @@ class Sounder:
         limits = SpeakLimits(config.speak.max_payload_bytes, config.speak.max_text_chars)
         new_id = _new_id
 
-        def speak(_topic: str, payload: bytes, delivery: Delivery) -> None:
+        def speak(_topic: str, payload: bytes, delivery: Delivery) -> bool:
             if may_be_alarm(payload):
                 event = _speak_event(parse_speak(payload, limits, new_id), delivery)
                 if in_alarm_lane(event):
-                    self._inbox.deliver(event, delivery.qos)
-                    return
-            self._link.ack(delivery)
+                    return self._queue(event, SPEAK)
+            return False  # acknowledged by the link: the engine has it
 
-        def stop(_topic: str, payload: bytes, delivery: Delivery) -> None:
+        def stop(_topic: str, payload: bytes, delivery: Delivery) -> bool:
             parsed = parse_stop(payload, new_id)
             if isinstance(parsed, tuple):
-                self._inbox.deliver(StopRequested(parsed[0], delivery, parsed[1]), delivery.qos)
-            else:
-                self._link.ack(delivery)  # the engine answers a bad stop
+                return self._queue(StopRequested(parsed[0], delivery, parsed[1]), COMMAND)
+            return False  # the engine answers a bad stop
 
-        def ack(_topic: str, payload: bytes, delivery: Delivery) -> None:
+        def ack(_topic: str, payload: bytes, delivery: Delivery) -> bool:
             parsed = parse_ack(payload, new_id)
             if isinstance(parsed, str):  # the loop asks the core whether the id is an alarm's
-                self._inbox.deliver(AckRequested(parsed, delivery), delivery.qos)
-            else:
-                self._link.ack(delivery)  # the engine answers a bad ack
+                return self._queue(AckRequested(parsed, delivery), COMMAND)
+            return False  # the engine answers a bad ack
 
-        handlers: dict[str, Callable[[str, bytes, Delivery], None]] = {
+        handlers: dict[str, Callable[[str, bytes, Delivery], bool]] = {
             topics.speak: speak,
             topics.speak_all: speak,
             topics.stop: stop,
@@ -360,8 +370,8 @@ class Sounder:
             self._kit_files.save(self._kit)
 
 
-def _speak_event(parsed: object, delivery: Delivery) -> object:
-    from agent.core.messages import Rejection, SpeakInvalid, SpeakRequest  # noqa: PLC0415
+def _speak_event(parsed: object, delivery: Delivery) -> SpeakReceived | SpeakInvalid:
+    from agent.core.messages import Rejection, SpeakRequest  # noqa: PLC0415
 
     if isinstance(parsed, Rejection):
         return SpeakInvalid(parsed, delivery)
