@@ -478,3 +478,58 @@ def wyoming_frames(draw: st.DrawFn) -> bytes:
     if draw(st.booleans()):
         frame += b'{"type": "ping", "data": {"text": "after"}}\n'
     return frame
+
+
+# ---- a hostile or compromised server in the ring (`mqtt.hosts`) ----------------------------
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _publish(topic: bytes, payload: bytes, qos: int) -> bytes:
+    body = len(topic).to_bytes(2, "big") + topic + (b"\x00\x07" if qos else b"") + payload
+    return bytes([0x30 | qos << 1]) + _varint(len(body)) + body
+
+
+def oversized_announcement(limit: int) -> st.SearchStrategy[list[bytes]]:
+    """A packet header announcing more than `limit` bytes (up to MQTT's largest length, and
+    past it), of any packet type, then some of its body or none."""
+    length = st.integers(limit, 268_435_455) | st.just(64 * 1024 * 1024)
+    return st.builds(
+        lambda kind, n, body: [bytes([kind]) + _varint(n), body],
+        st.sampled_from([0x30, 0x32, 0x20, 0x90, 0xD0, 0xF0]),
+        length,
+        st.binary(max_size=4096),
+    )
+
+
+def server_behaviours(limit: int, topics: Sequence[str]) -> st.SearchStrategy[list[bytes]]:
+    """What a hostile server sends a session after its CONNACK (as the chunks it writes; then
+    it closes the connection): a packet larger than the session's `limit`; a Remaining Length of
+    five bytes; random bytes; a second CONNACK; a PUBACK, SUBACK or PINGRESP nobody asked for; a
+    PUBLISH on a topic the node never subscribed to, or on one of `topics` with any payload at
+    QoS 0 or 1; a packet cut short; nothing at all."""
+    topic = st.sampled_from([t.encode() for t in topics]) | st.binary(max_size=64)
+    publish = st.builds(_publish, topic, st.binary(max_size=2048), st.sampled_from([0, 1]))
+    fixed = st.sampled_from(
+        [
+            b"\x30\xff\xff\xff\xff\x7f",  # a length of five bytes
+            b"\x20\x02\x00\x00",  # a second CONNACK
+            b"\x40\x02\x12\x34",  # a PUBACK for a packet never sent
+            b"\x90\x03\x00\x09\x80",  # a SUBACK refusing what was never asked
+            b"\xd0\x00",  # a PINGRESP nobody asked for
+            b"\x30\x64" + b"\x00\x01t",  # a PUBLISH cut short
+            b"\x00\x00",  # a reserved packet type
+            b"",
+        ]
+    )
+    one = fixed | publish | st.binary(min_size=1, max_size=512) | oversized_announcement(limit)
+    return st.lists(one.map(lambda c: c if isinstance(c, list) else [c]), max_size=4).map(
+        lambda parts: [chunk for part in parts for chunk in part]
+    )

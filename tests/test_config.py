@@ -252,6 +252,9 @@ def test_the_protocol_may_be_written_as_yaml_gives_it(value: object, taken: str)
     assert from_mapping({"mqtt": {"protocol": value}}, environ={}).mqtt.protocol == taken
 
 
+ENTRY_KEYS = "host, port, tls, username, password_file, allow_plaintext_password"
+
+
 def test_every_bad_server_entry_is_reported_with_its_index() -> None:
     raw = {
         "mqtt": {
@@ -273,10 +276,10 @@ def test_every_bad_server_entry_is_reported_with_its_index() -> None:
         "mqtt.hosts[0].host: missing",
         "mqtt.hosts[1].port: expected a value from 0 to 65535",
         "mqtt.hosts[1].tls.enabled: expected true or false",
-        "mqtt.hosts[2]: expected a mapping of host, port, tls, username, password_file, allow_plaintext_password, got str 'c:1883'",
+        f"mqtt.hosts[2]: expected a mapping of {ENTRY_KEYS}, got str 'c:1883'",
         "mqtt.hosts[3].colour: unknown key",
         "mqtt.hosts[3].tls.ca_file: no readable file",
-        "mqtt.hosts[4]: expected a mapping of host, port, tls, username, password_file, allow_plaintext_password, got null",
+        f"mqtt.hosts[4]: expected a mapping of {ENTRY_KEYS}, got null",
     ]:
         assert f"  - {problem}" in message, (problem, message)
     assert "8 problems" in message, message

@@ -14,10 +14,12 @@ publish until the broker acknowledges it, and hands the new client the ones stil
 unacknowledged, in order, under the ids it returned. A message received on one connection is
 acknowledged on that connection only: its packet id means nothing to the next.
 
-Each connection refuses a packet above `mqtt.max_packet_bytes` from its fixed header, before its
-body is read (`bounded_socket`): MQTT 5 servers are told that maximum and never send more; a
-server that does anyway (or any 3.1.1 one) loses the connection, which the link treats as a
-lost one (the next server, the usual pauses). Each server gets its own credentials only.
+Each connection holds a packet above `mqtt.max_packet_bytes` off from its fixed header, before
+its body is read (`bounded_socket`): MQTT 5 servers are told that maximum and never send more; a
+server that does anyway loses the connection, which the link treats as a lost one (the next
+server, the usual pauses). An MQTT 3.1.1 server was told nothing: a PUBLISH over the bound comes
+without its payload (thrown away unread), and is acknowledged and dropped, so that a persistent
+session does not send it again at every reconnect. Each server gets its own credentials only.
 
 A message is handed to its handler, which says whether it kept it: one it did not keep (no room
 for it) is acknowledged at once, never left for the broker to send again.
@@ -143,6 +145,9 @@ class MqttLink:
         """The current client's packet ids of our publishes: our id, or _ACKED when the
         acknowledgement came first (each side finds the other's with one setdefault)."""
         self._deliveries: dict[int, Delivery] = {}
+        self._cut: dict[tuple[str, int], int] = {}
+        """MQTT 3.1.1 PUBLISHes over the bound whose payload was thrown away, by topic and
+        packet id, until paho hands them on (network thread only)."""
         """QoS 1 messages of the current connection not acknowledged yet, by packet id."""
         self._version: Version = self._ring.version
         self._client_key = (self._ring.index, self._version)
@@ -171,6 +176,7 @@ class MqttLink:
             manual_ack=True,  # the app acknowledges once a message is recorded
             max_packet_bytes=self._config.max_packet_bytes,
             refused=self._refused_packet,
+            cut=None if version == V5 else self._cut_packet,  # MQTT 5 servers were told
         )
         client.suppress_exceptions = True
         client.max_queued_messages_set(_MAX_QUEUED_OUT)
@@ -572,7 +578,24 @@ class MqttLink:
             self._config.max_packet_bytes,
         )
 
+    def _cut_packet(self, topic: str, mid: int, size: int) -> None:
+        """On paho's thread (MQTT 3.1.1): a PUBLISH over the bound comes without its payload,
+        which was thrown away unread; it is acknowledged and dropped when paho hands it on."""
+        self._cut[(topic, mid)] = size
+
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        cut = self._cut.pop((message.topic, message.mid if message.qos else 0), None)
+        if cut is not None:
+            _LOGGER.warning(
+                "A message of %d bytes on %s is over mqtt.max_packet_bytes (%d): its payload "
+                "was thrown away unread; acknowledged and dropped",
+                cut,
+                message.topic,
+                self._config.max_packet_bytes,
+            )
+            if message.qos:
+                client.ack(message.mid, message.qos)  # on the connection it came by
+            return
         fingerprint = hashlib.blake2b(
             message.topic.encode() + b"\0" + message.payload, digest_size=16
         ).hexdigest()

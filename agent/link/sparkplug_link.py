@@ -10,9 +10,11 @@ session, a `Node Control/Next Server` or the primary host going offline; a short
 round, backoff after a failed round), with the same TLS contexts and each server's own
 credentials.
 
-Each connection refuses a packet above `MAX_PACKET_BYTES` (a command's 64 KiB and its topic)
-from its fixed header, before its body is read (`bounded_socket`): the session ends (the broker
-publishes the NDEATH) and the next begins.
+Each connection holds a packet above `MAX_PACKET_BYTES` (a command's 64 KiB and its topic) off
+from its fixed header (`bounded_socket`): a PUBLISH comes without its payload, thrown away
+unread, and a command that large is refused as one (`Last error`, a `rejected` event), the
+session kept; any other packet that large ends the session (the broker publishes the NDEATH) and
+the next begins.
 
 Its thread runs paho's loop; the callbacks read a command (`protocol.sparkplug.command_of`) and
 hand events to the loop (`on_event`), which decides (`protocol.sparkplug`) and publishes through
@@ -50,6 +52,7 @@ from agent.protocol.sparkplug import (
     command_of,
     node_death,
     state_topic,
+    too_large,
 )
 from agent.settings.declarations import CLASSES, MqttConfig, SparkplugConfig, servers
 
@@ -167,6 +170,8 @@ class SparkplugLink:
         self._client: mqtt.Client | None = None
         self._lock = threading.Lock()
         self._session_bd_seq = 0
+        self._cut: dict[tuple[str, int], int] = {}
+        """PUBLISHes over the bound, by topic and packet id (paho's thread only)."""
         self.server = ""
         """host:port of the session in use ("" while there is none)."""
         self._thread = threading.Thread(target=self._run, name="sparkplug", daemon=True)
@@ -283,6 +288,7 @@ class SparkplugLink:
             reconnect_on_failure=False,
             max_packet_bytes=MAX_PACKET_BYTES,
             refused=lambda size: self._refused_packet(server.address, size),
+            cut=self._cut_packet,
         )
         client.suppress_exceptions = True
         credentials(client, server, self._passwords[index])
@@ -335,15 +341,25 @@ class SparkplugLink:
             MAX_PACKET_BYTES,
         )
 
+    def _cut_packet(self, topic: str, mid: int, size: int) -> None:
+        """On paho's thread: a PUBLISH over the bound comes without its payload."""
+        self._cut[(topic, mid)] = size
+
     def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
         """On paho's thread: a command read (bounded: the packet's size was checked before),
         a STATE handed on as bytes, nothing more."""
         try:
+            cut = self._cut.pop((message.topic, message.mid if message.qos else 0), None)
             if message.topic in (self._topics.dcmd, self._topics.ncmd):
                 device = message.topic == self._topics.dcmd
                 payload = bytes(message.payload)  # at most MAX_PACKET_BYTES
-                command = command_of(payload, device=device, classes=CLASSES)
+                if cut is None:
+                    command = command_of(payload, device=device, classes=CLASSES)
+                else:
+                    command = too_large(cut, device=device)
                 self._on_event(SparkplugCommand(command))
+            elif cut is not None:
+                _LOGGER.warning("A STATE of %d bytes was thrown away unread", cut)
             else:
                 self._on_event(SparkplugHostState(bytes(message.payload)))
         except Exception:

@@ -413,6 +413,11 @@ def _label(text: str) -> str:
     return cleaned + ("..." if len(text) > 64 else "")
 
 
+def too_large(size: int, *, device: bool) -> Command:
+    """A command whose packet (`size` bytes) was over the session's bound: not read at all."""
+    return Command(device, {}, (Refused("payload", f"{size} bytes, larger than allowed: unread"),))
+
+
 NODE_WRITES: Final = frozenset({Write.REBIRTH, Write.NEXT_SERVER})
 """What an NCMD may write."""
 DEVICE_WRITES: Final = frozenset(
