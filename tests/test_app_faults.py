@@ -3,8 +3,11 @@ serving, says the audio is unavailable meanwhile, and plays the next announcemen
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import alsaaudio
 import paho.mqtt.client as mqtt
@@ -17,7 +20,7 @@ from agent.core.messages import Action, Event, SpeakRequest, SynthesisDone
 from agent.protocol import payloads
 from agent.settings.loading import from_mapping
 from agent.voices import load_voices
-from harness import Broker, FaultyPcm, Watcher, agent_config, publish
+from harness import Broker, FaultyPcm, Watcher, agent_config, publish, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -141,18 +144,24 @@ def test_a_fault_while_handling_one_message_ends_that_message_not_the_agent(
     assert not serving.is_alive()
 
 
-def test_messages_that_find_the_inbox_full_come_again(
+CLASS = {True: "alarm", False: "info"}
+
+
+def test_messages_that_find_the_inbox_full_are_answered_and_never_come_again(
     broker: Broker,
     tmp_path: Path,
     tiny_voice: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """QoS 1 deliveries beyond the inbox's budget stay unacknowledged; once there is room the
-    agent reconnects and the broker sends them again: every message is spoken, none twice."""
+    """QoS 1 deliveries beyond their source's budget are answered `rejected` `queue_full` and
+    acknowledged at once: every message gets one answer, none is spoken twice, and the link
+    neither reconnects to get them again nor changes its MQTT version; alarms among them get
+    in (their own lane) and are spoken."""
     from agent import assembly  # noqa: PLC0415 - its budget is shrunk to force refusals
 
-    monkeypatch.setattr(assembly, "QOS1_SLOTS", -12)  # 16 in flight from the broker, room for 4
+    monkeypatch.setattr(assembly, "SOURCE_SLOTS", -12)  # 16 in flight from the broker, room for 4
+    caplog.set_level(logging.INFO, logger="agent.link")
     device = f"file:FILE={tmp_path / 'c.raw'},FORMAT=raw"
     config = from_mapping(
         agent_config(broker, tmp_path, "full", voice=tiny_voice, device=device), environ={}
@@ -164,23 +173,46 @@ def test_messages_that_find_the_inbox_full_come_again(
     try:
         watcher.wait_payload("voice/full/status", b"online")
         ids = [f"f{n:02d}" for n in range(40)]
+        alarms = {i for n, i in enumerate(ids) if n % 10 == 9}
         flood = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=MQTTProtocolVersion.MQTTv5)
         flood.connect(broker.host, broker.port)
         flood.loop_start()
         sent = [
-            flood.publish("voice/full/speak", f'{{"id": "{i}", "text": "Hi."}}', 1) for i in ids
+            flood.publish(
+                "voice/full/speak",
+                json.dumps(
+                    {"id": i, "text": "Hi.", "priority": "alarm" if i in alarms else "info"}
+                ),
+                1,
+            )
+            for i in ids
         ]
         for info in sent:  # all at once, not one after another: the broker fills the window
             info.wait_for_publish(30)
         flood.loop_stop()
         flood.disconnect()
-        for request_id in ids:
-            watcher.wait_event(request_id, "finished")
-        # events are at least once (a reconnect resends the unacknowledged): same event, same ts
-        started = {(e["id"], e["ts"]) for e in watcher.events() if e["event"] == "started"}
-        print(sorted(started))
-        assert sorted(request_id for request_id, _ in started) == ids  # each spoken once
-        assert "found the inbox full; reconnecting" in caplog.text  # the premise: some were
+
+        def ends() -> dict[str, dict[str, Any]]:
+            kinds = {"finished", "rejected"}
+            return {e["id"]: e for e in watcher.events() if e["event"] in kinds}
+
+        def suppressed() -> int:  # a flood's refusals beyond the burst: one summary
+            return sum(e["count"] for e in watcher.events() if e["event"] == "suppressed")
+
+        wait_until(lambda: len(ends()) + suppressed() >= len(ids), what="an answer each")
+        refused = {i for i, e in ends().items() if e["event"] == "rejected"}
+        assert refused or suppressed(), "the premise: some found the inbox full"
+        assert {ends()[i]["reason"] for i in refused} <= {"queue_full"}
+        assert not refused & alarms  # alarms have their own lane
+        started = [(e["id"], e["ts"]) for e in watcher.events() if e["event"] == "started"]
+        spoken = [i for i, _ in started]
+        assert len(spoken) == len(set(spoken))  # each spoken once
+        assert alarms <= set(spoken)
+        assert not set(spoken) & refused
+        assert len(spoken) + len(refused) + suppressed() == len(ids)  # one answer each
+        assert "reconnecting" not in caplog.text
+        assert caplog.text.count("Connected to") == 1
+        assert "does not take MQTT 5" not in caplog.text
     finally:
         app.request_stop()
         serving.join(30)
