@@ -159,8 +159,7 @@ class SparkplugNode:
         if verdict is Verdict.IMPLAUSIBLE:
             _LOGGER.warning(
                 "A STATE of the primary host %s stamped %d is implausible (more than 5 minutes "
-                "ahead of this node's clock and of the host's last STATE, or negative): "
-                "ignored",
+                "ahead of this node's clock, after 2100, or negative): ignored",
                 self._primary,
                 stamp,
             )

@@ -19,16 +19,22 @@ from agent.protocol.sparkplug import (
     DEVICE_METRICS,
     MAX_METRICS_PER_COMMAND,
     NODE_METRICS,
+    STATE_AHEAD_MS,
+    STATE_HOLD_MS,
     DataType,
     EdgeNode,
+    HostMarks,
     Refused,
     SparkplugTopics,
+    Verdict,
     Write,
     Written,
+    command_of,
     host_state,
     node_birth,
     node_death,
     read_command,
+    too_large,
 )
 from agent.protocol.sparkplug_schema import Payload
 
@@ -309,3 +315,135 @@ def test_names_and_texts_that_are_not_utf8_are_refused_never_raised_or_spoken(
             assert isinstance(write, Written | Refused)
             if isinstance(write, Written):
                 assert write.value == text.decode("utf-8"), write
+
+
+# ---- one command, one unit of work ----------------------------------------------------------
+
+CLASSES = ("critical", "alarm", "warning", "info", "chat")
+
+
+def test_a_command_of_32_speaks_is_one_speak_and_one_answer() -> None:
+    """The issue's amplification: a DCMD of 32 writes was 32 speaks. A metric counts once per
+    command (its first write); the others are refused together."""
+    message = Payload()
+    for n in range(MAX_METRICS_PER_COMMAND):
+        message.metrics.add(name="Speak", datatype=12, string_value=f"Pump {n} tripped")
+    done = command_of(message.SerializeToString(), device=True, classes=CLASSES)
+    assert dict(done.values) == {Write.SPEAK: "Pump 0 tripped"}
+    assert [(r.label, r.reason) for r in done.refused] == [
+        ("Speak", "written 31 more times in one command (the first write counts)")
+    ]
+    assert done.speaks_at("info") == "info"
+
+
+def test_a_command_s_priority_is_for_its_own_speak_wherever_it_is() -> None:
+    message = Payload()
+    message.metrics.add(name="Speak", datatype=12, string_value="Fire in hall two.")
+    message.metrics.add(name="Priority", datatype=12, string_value="critical")
+    message.metrics.add(name="Priority", datatype=12, string_value="chat")
+    message.metrics.add(name="Stop", datatype=11, boolean_value=True)
+    message.metrics.add(name="Bogus", datatype=11, boolean_value=True)
+    done = command_of(message.SerializeToString(), device=True, classes=CLASSES)
+    assert done.speaks_at("info") == "critical"
+    assert done.asks(Write.STOP)
+    assert not done.asks(Write.ACKNOWLEDGE)
+    assert {r.label for r in done.refused} == {"Bogus", "Priority"}
+    loud = Payload()
+    loud.metrics.add(name="Priority", datatype=12, string_value="loud")
+    refused = command_of(loud.SerializeToString(), device=True, classes=CLASSES)
+    assert refused.values == {}
+    assert refused.refused[0].reason.startswith("expected one of critical")
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=2048))
+def test_any_command_is_at_most_one_write_of_each_metric(data: bytes) -> None:
+    for device in (True, False):
+        done = command_of(data, device=device, classes=CLASSES)
+        assert len(done.values) <= len(Write)
+        assert all(r.label.isprintable() for r in done.refused)
+
+
+def test_a_command_too_large_to_read_is_one_refusal() -> None:
+    done = too_large(52_428_805, device=True)
+    assert done.values == {}
+    assert "52428805 bytes" in done.refused[0].reason
+
+
+# ---- the primary host's STATE: plausible timestamps -------------------------------------------
+
+NOW = 1_765_000_000_000
+
+
+@pytest.mark.parametrize("clock_known", [True, False])
+def test_a_forged_far_future_offline_is_ignored_and_the_host_s_genuine_states_count(
+    clock_known: bool,
+) -> None:
+    """The issue's case: STATE offline with timestamp 10^15 gave an NDEATH, and the host's
+    genuine online after it never counted. Such a timestamp is implausible and ignored."""
+    marks = HostMarks()
+    assert marks.judge(True, NOW - 5000, NOW, 0.0, clock_known=clock_known) is Verdict.ONLINE
+    forged = marks.judge(False, 10**15, NOW + 1000, 1000.0, clock_known=clock_known)
+    assert forged is Verdict.IMPLAUSIBLE
+    assert marks.judge(False, NOW + 2000, NOW + 2000, 2000.0, clock_known=clock_known) is (
+        Verdict.OFFLINE
+    )
+    assert marks.judge(True, NOW + 1500, NOW + 3000, 3000.0, clock_known=clock_known) is (
+        Verdict.STALE  # older than the offline that counted (Sparkplug 3.0)
+    )
+    assert marks.judge(True, NOW + 4000, NOW + 4000, 4000.0, clock_known=clock_known) is (
+        Verdict.ONLINE
+    )
+
+
+def test_a_host_clock_a_little_ahead_is_believed_and_far_ahead_is_not() -> None:
+    marks = HostMarks()
+    ahead = NOW + STATE_AHEAD_MS - 1
+    assert marks.judge(True, ahead, NOW, 0.0, clock_known=True) is Verdict.ONLINE
+    assert HostMarks().judge(True, NOW + STATE_AHEAD_MS + 1, NOW, 0.0, clock_known=True) is (
+        Verdict.IMPLAUSIBLE
+    )
+    assert HostMarks().judge(True, -1, NOW, 0.0, clock_known=True) is Verdict.IMPLAUSIBLE
+    assert HostMarks().judge(True, 10**15, 0, 0.0, clock_known=False) is Verdict.IMPLAUSIBLE
+    assert HostMarks().judge(True, NOW, 0, 0.0, clock_known=False) is Verdict.ONLINE  # 1970 here
+
+
+def test_an_offline_stamped_ahead_keeps_older_onlines_out_for_a_while_only() -> None:
+    """A forged offline stamped as far ahead as is plausible (or any, while the node's clock is
+    not known) outranks the host's online, whose timestamp is its connect time: for
+    `STATE_HOLD_MS` of the node's own time, then the host's online overrules it."""
+    marks = HostMarks()
+    assert marks.judge(True, NOW - 60_000, NOW, 0.0, clock_known=True) is Verdict.ONLINE
+    forged = NOW + STATE_AHEAD_MS - 1
+    assert marks.judge(False, forged, NOW, 0.0, clock_known=True) is Verdict.OFFLINE
+    assert marks.judge(True, NOW - 60_000, NOW + 1000, 1000.0, clock_known=True) is (Verdict.STALE)
+    later = STATE_HOLD_MS + 1.0
+    assert marks.judge(True, NOW - 60_000, NOW + int(later), later, clock_known=True) is (
+        Verdict.ONLINE
+    )
+    assert marks.judge(False, NOW - 90_000, NOW + int(later), later, clock_known=True) is (
+        Verdict.STALE  # an offline older than the online that counted: still not believed
+    )
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.integers(-(10**16), 10**16), st.integers(0, 10**6)),
+        max_size=20,
+    ),
+    st.booleans(),
+)
+def test_no_sequence_of_states_keeps_the_node_unborn(
+    forged: list[tuple[bool, int, int]], clock_known: bool
+) -> None:
+    """Whatever STATEs a forger sends (any timestamps, any order), the host's genuine online
+    (stamped with its connect time, before all of them) counts once `STATE_HOLD_MS` passed
+    after the last of them, or the node is online already."""
+    marks, now, mono = HostMarks(), NOW, 0.0
+    for online, stamp, step in forged:
+        now, mono = now + step, mono + step
+        marks.judge(online, stamp, now, mono, clock_known=clock_known)
+    mono += STATE_HOLD_MS
+    verdict = marks.judge(True, NOW - 1000, now + STATE_HOLD_MS, mono, clock_known=clock_known)
+    assert verdict is Verdict.ONLINE or marks.online

@@ -199,12 +199,15 @@ def host_state(payload: bytes) -> tuple[bool, int] | None:
 
 
 STATE_AHEAD_MS: Final = 300_000
-"""How far a STATE timestamp may be ahead of the node's clock (or, while that clock is not known
-to be synchronised, of the last STATE that counted and the time since): the clocks of a host and
-a node may differ by this much. A timestamp further ahead is a forgery or a broken clock: it is
-ignored, so that it can never outrank the host's genuine STATEs."""
+"""How far a STATE timestamp may be ahead of the node's clock (while that clock is known to be
+synchronised): the clocks of a host and a node may differ by this much. A timestamp further
+ahead is a forgery or a broken clock: it is ignored."""
 STATE_CEILING_MS: Final = 4_102_444_800_000
 """2100-01-01 in Unix milliseconds: no genuine STATE is stamped later, whatever the clocks."""
+STATE_HOLD_MS: Final = 300_000
+"""How long an offline that counted keeps out an online stamped before it (node's monotonic
+time): long enough for Sparkplug's rule (a retained online older than the host's offline is not
+believed), short enough that a forged offline stamped ahead cannot keep the node unborn."""
 
 
 class Verdict(enum.Enum):
@@ -225,33 +228,46 @@ class HostMarks:
     """The timestamp of the last online that counted."""
     offline_at: int = -1
     """The timestamp of the last offline that counted: an online older than it (a retained
-    message from before) does not count."""
-    last: int | None = None
-    last_seen_ms: float = 0.0
-    """When (the node's monotonic clock, ms) `last` counted."""
+    message from before) does not count, for `STATE_HOLD_MS`."""
+    offline_seen_ms: float | None = None
+    """When (the node's monotonic clock, ms) that offline counted."""
+    online: bool = False
+    """The last STATE that counted said online."""
 
     def judge(
         self, online: bool, stamp: int, wall_ms: int, mono_ms: float, *, clock_known: bool
     ) -> Verdict:
-        """A STATE (online, timestamp) judged, and counted when it does count (Sparkplug 3.0:
-        an online no older than the last offline and online; an offline no older than the
-        last online), once it is plausible: not negative, not past `STATE_CEILING_MS`, at most
-        `STATE_AHEAD_MS` ahead of the node's clock when `clock_known`, and of the last STATE
-        that counted and the time since."""
-        bounds = [wall_ms] if clock_known else []
-        if self.last is not None:
-            bounds.append(self.last + int(mono_ms - self.last_seen_ms))
-        ahead = max(bounds) + STATE_AHEAD_MS if bounds else STATE_CEILING_MS
-        if stamp < 0 or stamp > min(ahead, STATE_CEILING_MS):
+        """A STATE (online, timestamp) judged, and counted when it does count. Sparkplug 3.0:
+        an online no older than the last offline and online; an offline no older than the last
+        online. Once plausible: not negative, not past `STATE_CEILING_MS`, and at most
+        `STATE_AHEAD_MS` ahead of the node's clock when `clock_known`. And an offline keeps
+        older onlines out for `STATE_HOLD_MS` only: after that the host's online counts
+        whatever the offline's timestamp said (it overrules it)."""
+        ceiling = min(
+            STATE_CEILING_MS, wall_ms + STATE_AHEAD_MS if clock_known else STATE_CEILING_MS
+        )
+        if stamp < 0 or stamp > ceiling:
             return Verdict.IMPLAUSIBLE
-        if online and stamp >= self.offline_at and stamp >= self.online_at:
-            self.online_at = stamp
-        elif not online and stamp >= self.online_at:
-            self.offline_at = max(self.offline_at, stamp)
-        else:
+        if online:
+            held = (
+                self.offline_seen_ms is not None and mono_ms - self.offline_seen_ms < STATE_HOLD_MS
+            )
+            if stamp >= self.offline_at and stamp >= self.online_at:
+                self.online_at = stamp
+            elif not held and self.offline_seen_ms is not None:
+                self.online_at, self.offline_at = stamp, -1  # the offline is overruled
+            else:
+                return Verdict.STALE
+            self.online = True
+            return Verdict.ONLINE
+        if stamp < self.online_at:
             return Verdict.STALE
-        self.last, self.last_seen_ms = max(stamp, self.last or 0), mono_ms
-        return Verdict.ONLINE if online else Verdict.OFFLINE
+        self.offline_at, self.offline_seen_ms, self.online = (
+            max(self.offline_at, stamp),
+            mono_ms,
+            False,
+        )
+        return Verdict.OFFLINE
 
 
 # ---- payloads -----------------------------------------------------------------------------------
