@@ -74,8 +74,8 @@ _MAX_BDSEQ_FILE_BYTES: Final = 16
 class BdSeq:
     """The birth/death sequence number, 0-255, kept across restarts in a file of the storage
     directory (None: memory only), read and written without following a link. A file that is
-    not a regular one (a link, a FIFO, a directory), too large, or without a number in it is
-    not used: a fresh random value is (so that it is unlikely to match the last NDEATH), with a
+    not a regular one (a link, a FIFO, a directory), too large, without a number in it or cut
+    short (no line end) is not used: a fresh random value is (so that it is unlikely to match the last NDEATH), with a
     warning (`problem`); the next `take` writes a regular file in its place (a link is
     replaced, never followed). Nothing here blocks: a FIFO is never opened for reading."""
 
@@ -112,6 +112,9 @@ class BdSeq:
         text = data.decode("ascii", "replace").strip()
         if len(data) > _MAX_BDSEQ_FILE_BYTES or not text.isdigit() or len(text) > 3:
             self.problem = f"{path} holds no number of 0-255 ({len(data)} bytes)"
+            return None
+        if not data.endswith(b"\n"):  # written whole with its line end: this one was cut
+            self.problem = f"{path} is truncated (no line end)"
             return None
         return int(text) % 256
 
