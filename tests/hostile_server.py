@@ -155,6 +155,11 @@ class HostileServer:
         """Its `mqtt.hosts` entry."""
         return {"host": self.host, "port": self.port}
 
+    @property
+    def entry_address(self) -> str:
+        """host:port, as the node names it."""
+        return f"{self.host}:{self.port}"
+
     def stop(self) -> None:
         self._stopping.set()
         self._listener.close()

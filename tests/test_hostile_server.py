@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +23,10 @@ from hypothesis import strategies as st
 
 from agent.core.messages import Delivery
 from agent.link.mqtt_link import MqttLink
+from agent.link.sparkplug_link import BdSeq, SparkplugLink
+from agent.protocol.sparkplug import SparkplugTopics
 from agent.protocol.sparkplug_schema import Payload
-from agent.settings.declarations import ConfigError, MqttConfig, MqttServer
+from agent.settings.declarations import ConfigError, MqttConfig, MqttServer, SparkplugConfig
 from agent.settings.loading import from_mapping
 from harness import AgentProcess, Broker, Watcher, agent_config, publish, wait_until, write_config
 from tests.conftest import StartAgent
@@ -332,4 +335,61 @@ def test_a_50_mb_dcmd_is_refused_unread_and_the_session_goes_on(
         agent.watcher.wait_event("after", "finished")
     finally:
         go.set()
+        hostile.stop()
+
+
+# ---- leaving a server never blocks the loop -------------------------------------------------
+
+
+def test_leaving_a_server_that_withholds_its_acknowledgement_never_waits_on_the_caller(
+    real_broker: Broker,
+) -> None:
+    """`next_server` (called on the loop's thread for NCMD Next Server or the primary host
+    going offline) waited up to 2 s for the broker's PUBACK of the NDEATH. Now it only asks:
+    the session's own thread sends the NDEATH (after the call returned), waits for the
+    acknowledgement a server may withhold, disconnects, and goes to the next server."""
+    arrived: list[float] = []
+    topics = SparkplugTopics("plant", NODE, "speaker")
+
+    def script(conn: Connection) -> None:
+        conn.ack_subscriptions()
+        while (got := conn.read_packet(timeout=60)) is not None:  # never a PUBACK
+            kind, body = got
+            if kind == 3 and topics.ndeath.encode() in body[:200]:
+                arrived.append(time.monotonic())
+
+    hostile = HostileServer(script)
+    events: list[object] = []
+    config = MqttConfig(
+        hosts=(
+            MqttServer(hostile.host, hostile.port),
+            MqttServer(real_broker.host, real_broker.port),
+        ),
+        reconnect_min=0.05,
+        reconnect_max=1.0,
+    )
+    link = SparkplugLink(
+        config,
+        SparkplugConfig(enabled=True, group_id="plant"),
+        topics,
+        f"voice-agent-{NODE}-spb",
+        bd_seq=BdSeq(None),
+        on_event=events.append,
+    )
+    link.start()
+    try:
+        wait_until(lambda: link.server == hostile.entry_address, what="the session there")
+        link.next_server()
+        returned = time.monotonic()
+        wait_until(lambda: bool(arrived), what="the NDEATH")
+        assert arrived[0] > returned  # sent by the session's thread, after the call returned
+        address = f"{real_broker.host}:{real_broker.port}"
+        wait_until(lambda: link.server == address, what="the next server")
+        assert [type(e).__name__ for e in events] == [
+            "SparkplugConnected",
+            "SparkplugLost",
+            "SparkplugConnected",
+        ]
+    finally:
+        link.stop()
         hostile.stop()
