@@ -2,14 +2,19 @@
 
 `--broker` may be given several times (the brokers of a plant, `mqtt.hosts` of its agents):
 they are tried in order at connect, the first that accepts the tool is used for the whole
-command (with the same credentials and TLS options on each). Errors name the broker, the file
-or the broker's reason code, never a secret: the password is read from the first line of a
-file and only handed to paho.
+command (with the same TLS options on each). Each broker gets its own credentials only, and a
+password goes only over TLS or to a broker on this machine unless the operator says otherwise:
+`--username` and `--password-file` are those of a single `--broker`; with several, each names its
+own (`--broker HOST:PORT,user=NAME,password-file=PATH[,plaintext-password]`), so that a broker
+of the list never receives another's password. Errors name the broker, the file or the broker's
+reason code, never a secret: the password is read from the first line of a file and only handed
+to paho.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import socket
 import ssl
 import threading
@@ -35,6 +40,16 @@ class BrokerError(Exception):
 
 
 @dataclass(frozen=True)
+class Login:
+    """The credentials of one broker (the password stays in its file until connect)."""
+
+    username: str
+    password_file: Path | None = None
+    plaintext: bool = False
+    """Its password may go without TLS."""
+
+
+@dataclass(frozen=True)
 class BrokerSettings:
     """Where the broker is and how to log in (the password stays in its file until connect)."""
 
@@ -43,8 +58,8 @@ class BrokerSettings:
     prefix: str = "voice"
     alternates: tuple[tuple[str, int], ...] = ()
     """Further brokers (host, port), tried in order when the one before cannot be used."""
-    username: str | None = None
-    password_file: Path | None = None
+    logins: tuple[Login | None, ...] = ()
+    """Each broker's credentials, in the order of `servers` (absent: none)."""
     tls: bool = False
     ca_file: Path | None = None
     cert_file: Path | None = None
@@ -59,6 +74,20 @@ class BrokerSettings:
     def address(self) -> str:
         """host:port (each, with alternates), for messages."""
         return " or ".join(format_address(host, port) for host, port in self.servers)
+
+    def login(self, index: int) -> Login | None:
+        """The credentials of the `index`-th broker of `servers`."""
+        return self.logins[index] if index < len(self.logins) else None
+
+
+def on_this_machine(host: str) -> bool:
+    """Whether a broker's host is this machine (a loopback address or name)."""
+    if host.lower() in {"localhost", "localhost.localdomain", "ip6-localhost"}:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def format_address(host: str, port: int) -> str:
@@ -94,17 +123,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--broker",
         action="append",
         default=None,
-        help=f"host:port (default {DEFAULT_BROKER}); again for more brokers, tried in order",
+        help=f"host:port (default {DEFAULT_BROKER}); again for more brokers, tried in order; "
+        "with credentials of its own: host:port,user=NAME,password-file=PATH (and "
+        ",plaintext-password to send it without TLS)",
     )
     group.add_argument("--prefix", default=None, help="topic prefix (default voice)")
-    group.add_argument("--username", default=None)
+    group.add_argument("--username", default=None, help="the user of a single --broker")
     group.add_argument(
-        "--password-file", type=Path, default=None, help="the password is its first line"
+        "--password-file",
+        type=Path,
+        default=None,
+        help="the password of a single --broker: its first line",
+    )
+    group.add_argument(
+        "--allow-plaintext-password",
+        action="store_true",
+        help="send the password of a single --broker without TLS",
     )
     group.add_argument("--tls", action="store_true", help="TLS, verifying the broker's name")
     group.add_argument("--ca-file", type=Path, default=None, help="CA of the broker (implies TLS)")
     group.add_argument("--cert-file", type=Path, default=None, help="client certificate (TLS)")
     group.add_argument("--key-file", type=Path, default=None, help="its private key (TLS)")
+
+
+def parse_broker(text: str) -> tuple[str, int, Login | None]:
+    """A `--broker`: `host:port`, and after commas its own `user=`, `password-file=` and
+    `plaintext-password`."""
+    address, *options = text.split(",")
+    host, port = parse_address(address)
+    named: dict[str, str] = {}
+    for option in options:
+        key, _, value = option.strip().partition("=")
+        if key not in {"user", "password-file", "plaintext-password"} or key in named:
+            raise ValueError(f"--broker {address}: unknown or repeated option {key!r}")
+        named[key] = value
+    if not named:
+        return host, port, None
+    if "user" not in named or not named["user"]:
+        raise ValueError(f"--broker {address}: password-file needs user=")
+    password = Path(named["password-file"]) if named.get("password-file") else None
+    return host, port, Login(named["user"], password, "plaintext-password" in named)
 
 
 def settings_from_args(
@@ -113,24 +171,44 @@ def settings_from_args(
     """Settings from the options; `fallback` (e.g. a resumed rollout's) fills what is absent."""
     base = fallback or BrokerSettings()
     given = [args.broker] if isinstance(args.broker, str) else (args.broker or [])
-    listed = [parse_address(text) for text in given] or list(base.servers)
+    parsed = [parse_broker(text) for text in given]
+    listed = [(host, port) for host, port, _ in parsed] or list(base.servers)
+    logins = [login for _, _, login in parsed] or list(base.logins)
     (host, port), *alternates = listed
     if (args.cert_file is None) != (args.key_file is None):
         raise ValueError("--cert-file and --key-file go together")
-    for name in ("password_file", "ca_file", "cert_file", "key_file"):
-        path = getattr(args, name)
-        if path is not None and not path.is_file():
-            raise ValueError(f"--{name.replace('_', '-')} {path}: no such file")
     if args.password_file is not None and args.username is None:
         raise ValueError("--password-file needs --username")
+    if args.username is not None:
+        if len(listed) > 1:
+            raise ValueError(
+                "--username and --password-file are the credentials of a single --broker: give "
+                "each of several its own (--broker HOST:PORT,user=NAME,password-file=PATH)"
+            )
+        logins = [Login(args.username, args.password_file, args.allow_plaintext_password)]
+    paths = [
+        (f"--{n.replace('_', '-')}", getattr(args, n)) for n in ("ca_file", "cert_file", "key_file")
+    ]
+    paths += [("--password-file", login.password_file) for login in logins if login is not None]
+    for option, path in paths:
+        if path is not None and not path.is_file():
+            raise ValueError(f"{option} {path}: no such file")
     tls = bool(args.tls or args.ca_file or args.cert_file)
+    for (server_host, server_port), login in zip(listed, logins, strict=False):
+        if login is None or login.password_file is None or tls or login.plaintext:
+            continue
+        if not on_this_machine(server_host):
+            raise ValueError(
+                f"the password for {format_address(server_host, server_port)} would go in "
+                "clear: add --tls (or --ca-file), or allow it (--allow-plaintext-password, or "
+                ",plaintext-password in its --broker)"
+            )
     return BrokerSettings(
         host=host,
         port=port,
         alternates=tuple(alternates),
         prefix=args.prefix or base.prefix,
-        username=args.username,
-        password_file=args.password_file,
+        logins=tuple(logins),
         tls=tls,
         ca_file=args.ca_file,
         cert_file=args.cert_file,
@@ -161,8 +239,8 @@ def new_client(
     *,
     clean_session: bool = True,
 ) -> mqtt.Client:
-    """A paho client (MQTT 5, or 3.1.1 with `clean_session`) with the settings' credentials and
-    TLS (not yet connected)."""
+    """A paho client (MQTT 5, or 3.1.1 with `clean_session`) with the settings' TLS (not yet
+    connected; `connect` gives it the credentials of the broker it tries)."""
     if protocol == MQTTProtocolVersion.MQTTv5:
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=protocol)
     else:
@@ -173,9 +251,6 @@ def new_client(
             clean_session=clean_session,
         )
     client.on_socket_open = _no_delay
-    if settings.username is not None:
-        password = read_password(settings.password_file) if settings.password_file else None
-        client.username_pw_set(settings.username, password)
     if settings.tls:
         try:
             client.tls_set(
@@ -216,9 +291,15 @@ def connect(
     tried again at once with MQTT 3.1.1. Raises BrokerError with every broker's reason when
     none accepts it."""
     reasons = []
-    for host, port in settings.servers:
+    for index, (host, port) in enumerate(settings.servers):
+        login = settings.login(index)
+        password = None
+        if login is not None and login.password_file is not None:
+            password = read_password(login.password_file)
         for protocol in (MQTTProtocolVersion.MQTTv5, MQTTProtocolVersion.MQTTv311):
             client = make(protocol)
+            if login is not None:  # this broker's own, and no other's
+                client.username_pw_set(login.username, password)
             try:
                 session = _connect_one(
                     client,

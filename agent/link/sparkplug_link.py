@@ -75,9 +75,9 @@ class BdSeq:
     """The birth/death sequence number, 0-255, kept across restarts in a file of the storage
     directory (None: memory only), read and written without following a link. A file that is
     not a regular one (a link, a FIFO, a directory), too large, without a number in it or cut
-    short (no line end) is not used: a fresh random value is (so that it is unlikely to match the last NDEATH), with a
-    warning (`problem`); the next `take` writes a regular file in its place (a link is
-    replaced, never followed). Nothing here blocks: a FIFO is never opened for reading."""
+    short (no line end) is not used: a fresh random value is (unlikely to match the last
+    NDEATH), with a warning (`problem`); the next `take` writes a regular file in its place (a
+    link is replaced, never followed). Nothing here blocks: a FIFO is never opened."""
 
     def __init__(self, path: Path | None) -> None:
         self._path = path
@@ -91,24 +91,9 @@ class BdSeq:
                 _LOGGER.warning("Sparkplug bdSeq: %s; starting at %d", self.problem, self._next)
 
     def _read(self, path: Path) -> int | None:
-        try:
-            directory = nofollow.open_directory(path.parent)
-        except OSError as err:
-            self.problem = f"its directory cannot be used ({err.strerror or err})"
+        data = self._bytes(path)
+        if data is None:
             return None
-        try:
-            found = nofollow.kind(directory, path.name)
-            if found is None:
-                return 0  # the node's first session
-            if found != "file":
-                self.problem = f"{path} is {_KINDS.get(found, found)}, not a file: not read"
-                return None
-            data = nofollow.read_file(directory, path.name, _MAX_BDSEQ_FILE_BYTES)
-        except OSError as err:
-            self.problem = f"{path} cannot be read ({err.strerror or err})"
-            return None
-        finally:
-            os.close(directory)
         text = data.decode("ascii", "replace").strip()
         if len(data) > _MAX_BDSEQ_FILE_BYTES or not text.isdigit() or len(text) > 3:
             self.problem = f"{path} holds no number of 0-255 ({len(data)} bytes)"
@@ -117,6 +102,28 @@ class BdSeq:
             self.problem = f"{path} is truncated (no line end)"
             return None
         return int(text) % 256
+
+    def _bytes(self, path: Path) -> bytes | None:
+        """The file's first bytes (b"0\n" when there is none yet); None, with `problem`, when
+        it is no regular file or cannot be read."""
+        try:
+            directory = nofollow.open_directory(path.parent)
+        except OSError as err:
+            self.problem = f"its directory cannot be used ({err.strerror or err})"
+            return None
+        try:
+            found = nofollow.kind(directory, path.name)
+            if found is None:
+                return b"0\n"  # the node's first session
+            if found != "file":
+                self.problem = f"{path} is {_KINDS.get(found, found)}, not a file: not read"
+                return None
+            return nofollow.read_file(directory, path.name, _MAX_BDSEQ_FILE_BYTES)
+        except OSError as err:
+            self.problem = f"{path} cannot be read ({err.strerror or err})"
+            return None
+        finally:
+            os.close(directory)
 
     def take(self) -> int:
         """The number of the CONNECT about to be made; the next one is stored."""
