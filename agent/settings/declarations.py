@@ -252,9 +252,10 @@ class MqttConfig:
     )
     max_packet_bytes: int = _key(
         "Largest MQTT packet the agent accepts (bytes), sent to the broker as the MQTT 5 "
-        "Maximum Packet Size so that larger messages are never delivered (on MQTT 3.1.1 "
-        "the agent reads them, then acknowledges and drops them). Hermes `playBytes` WAVs "
-        "count too.",
+        "Maximum Packet Size so that larger messages are never delivered; every packet is "
+        "bounded from its header before its body is read (a server that sends more anyway "
+        "loses the connection; on MQTT 3.1.1 a larger message's payload is thrown away "
+        "unread, the message acknowledged and dropped). Hermes `playBytes` WAVs count too.",
         2 * 1024 * 1024,
         _between(1024, 268435455),
     )
