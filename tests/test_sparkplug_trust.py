@@ -76,6 +76,7 @@ def test_a_flood_of_32_write_commands_is_one_request_each_and_a_critical_overtak
         e["id"] for e in spb("rejected") if e.get("reason") == "queue_full"
     }
     assert len(requests) <= DCMDS  # one request per command (before: 32 each)
+    print(f"{len(requests)} requests, {len(before - earlier)} overtaken by the critical")
     assert len(spb("accepted")) >= 1
     agent.watcher.publish(agent.topics.speak, b'{"id": "control", "text": "All clear."}')
     agent.watcher.wait_event("control", "finished")
