@@ -113,8 +113,8 @@ def test_any_mix_comes_out_alarms_first_by_class_then_arrival_and_the_rest_in_or
         if inbox.offer(event, source, rank=rank, barrier=barrier and rank == 0):
             taken.append(event)
     out = []
-    while (event := inbox.get(0)) is not None:
-        out.append(event)
+    while (got := inbox.get(0)) is not None:
+        out.append(got)
     assert sorted(out) == sorted(taken)  # nothing lost, nothing made up
     urgent = [e for e in out if e[1]]
     assert urgent == sorted(urgent, key=lambda e: (-e[1], e[0]))

@@ -68,7 +68,7 @@ def test_a_flood_of_32_write_commands_is_one_request_each_and_a_critical_overtak
     def answered() -> int:  # one by one, then the flood's summary
         refusals = [e for e in spb("rejected") if "Speak: written 31 more times" in e["detail"]]
         held = [e for e in agent.watcher.events() if e["event"] == "suppressed"]
-        return len(refusals) + sum(e["reasons"].get("invalid_field", 0) for e in held)
+        return len(refusals) + sum(int(e["reasons"].get("invalid_field", 0)) for e in held)
 
     wait_until(lambda: answered() == DCMDS, timeout=120, what="one answer per command")
     agent.watcher.publish(agent.topics.stop, b'{"clear": true}')
