@@ -533,3 +533,95 @@ def server_behaviours(limit: int, topics: Sequence[str]) -> st.SearchStrategy[li
     return st.lists(one.map(lambda c: c if isinstance(c, list) else [c]), max_size=4).map(
         lambda parts: [chunk for part in parts for chunk in part]
     )
+
+
+# ---- a publisher in the Sparkplug namespace and on STATE topics -----------------------------
+
+_METRIC_NAMES = st.sampled_from(
+    [
+        "Speak",
+        "Priority",
+        "Stop",
+        "Acknowledge",
+        "Volume",
+        "Speaking",
+        "Node Control/Rebirth",
+        "Node Control/Next Server",
+        "bdSeq",
+        "Bogus",
+    ]
+)
+
+
+def _encodable(text: str) -> str:
+    """Text protobuf will encode (a lone surrogate as `?`; tests/test_sparkplug.py sends bytes
+    that are no UTF-8 at all, by hand)."""
+    return text.encode("utf-8", "replace").decode()
+
+
+def _sparkplug_metric(draw: st.DrawFn) -> dict[str, Any]:
+    """One metric of a command as the wire can carry it: by name, alias or both (matching or
+    not), any declared datatype or none, any value member, null, or none."""
+    metric: dict[str, Any] = {}
+    how = draw(st.sampled_from(["name", "alias", "both", "neither"]))
+    if how in ("name", "both"):
+        metric["name"] = draw(_METRIC_NAMES | hostile_text.map(_encodable))
+    if how in ("alias", "both"):
+        metric["alias"] = draw(st.integers(0, 2**64 - 1) | st.sampled_from([2, 10, 11, 12, 14]))
+    if draw(st.booleans()):
+        metric["datatype"] = draw(st.integers(0, 2**32 - 1) | st.integers(1, 20))
+    member = draw(
+        st.sampled_from(
+            [
+                "int_value",
+                "long_value",
+                "float_value",
+                "double_value",
+                "boolean_value",
+                "string_value",
+                "bytes_value",
+                "is_null",
+                None,
+            ]
+        )
+    )
+    values: dict[str, st.SearchStrategy[Any]] = {
+        "int_value": st.integers(0, 2**32 - 1),
+        "long_value": st.integers(0, 2**64 - 1),
+        "float_value": st.floats(width=32),
+        "double_value": st.floats(),
+        "boolean_value": st.booleans(),
+        "string_value": hostile_text.map(_encodable),
+        "bytes_value": st.binary(max_size=64),
+        "is_null": st.just(True),
+    }
+    if member is not None:
+        metric[member] = draw(values[member])
+    return metric
+
+
+sparkplug_metrics = st.composite(_sparkplug_metric)()
+"""One hostile metric of a DCMD or NCMD (`sparkplug_command` builds payloads of them)."""
+
+
+def sparkplug_command(metrics: list[dict[str, Any]], payload_class: Any) -> bytes:
+    """A Sparkplug B payload (the node's own schema class, given) of these metrics: many
+    writes of one metric (the amplification), mixed kinds, anything the wire can carry."""
+    message = payload_class(timestamp=1)
+    for fields in metrics:
+        message.metrics.add(**fields)
+    return bytes(message.SerializeToString())
+
+
+state_payloads = st.one_of(
+    st.builds(
+        lambda online, stamp: json.dumps({"online": online, "timestamp": stamp}).encode(),
+        st.booleans() | json_literals.map(lambda _t: "yes"),
+        st.integers(-(10**20), 10**20)
+        | st.sampled_from([0, 10**15, 2**63, -1, 4_102_444_800_001, 16671135]),
+    ),
+    payloads(fields(("online", "timestamp"))),
+    st.sampled_from([b"ONLINE", b"OFFLINE", b"", b"[" * 5000, b"{" * 2000]),
+)
+"""STATE messages a forger (or a broken host) publishes: any timestamp (far ahead, negative,
+past 2^63, the TCK's 'old' one), any type, any JSON, Sparkplug 2.2's plain text, deep nesting."""

@@ -37,6 +37,7 @@ from agent.protocol.sparkplug import (
     too_large,
 )
 from agent.protocol.sparkplug_schema import Payload
+from tests.hostile import sparkplug_command, sparkplug_metrics, state_payloads
 
 TOPICS = SparkplugTopics("plant", "node-1", "speaker")
 DEVICE = frozenset({Write.SPEAK, Write.PRIORITY, Write.STOP, Write.ACKNOWLEDGE, Write.VOLUME})
@@ -446,4 +447,37 @@ def test_no_sequence_of_states_keeps_the_node_unborn(
         marks.judge(online, stamp, now, mono, clock_known=clock_known)
     mono += STATE_HOLD_MS
     verdict = marks.judge(True, NOW - 1000, now + STATE_HOLD_MS, mono, clock_known=clock_known)
+    assert verdict is Verdict.ONLINE or marks.online
+
+
+# ---- the hostile generators of tests/hostile.py -----------------------------------------------
+
+
+@settings(max_examples=300)
+@given(st.lists(sparkplug_metrics, max_size=40), st.booleans())
+def test_any_hostile_command_is_one_unit_of_work_refused_in_words_never_raised(
+    metrics: list[dict[str, Any]], device: bool
+) -> None:
+    """Commands of any metrics the wire carries (any name or alias, matching or not, any type
+    and value, many writes of one metric): at most one write of each counts, every refusal
+    is printable, nothing raised."""
+    done = command_of(sparkplug_command(metrics, Payload), device=device, classes=CLASSES)
+    assert len(done.values) <= len(Write)
+    assert all(r.label.isprintable() for r in done.refused)
+    if len(metrics) > MAX_METRICS_PER_COMMAND:
+        assert done.values == {}
+
+
+@settings(max_examples=300)
+@given(st.lists(state_payloads, max_size=12), st.booleans())
+def test_hostile_states_are_read_or_ignored_and_never_keep_the_node_unborn(
+    payloads: list[bytes], clock_known: bool
+) -> None:
+    marks, now = HostMarks(), NOW
+    for n, payload in enumerate(payloads):
+        parsed = host_state(payload)
+        if parsed is not None:
+            marks.judge(*parsed, now + n, float(n), clock_known=clock_known)
+    later = len(payloads) + STATE_HOLD_MS
+    verdict = marks.judge(True, NOW - 1000, now + later, float(later), clock_known=clock_known)
     assert verdict is Verdict.ONLINE or marks.online
