@@ -27,6 +27,7 @@ from agent.loop.voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
 from agent.protocol.hermes_bridge import HermesBridge
 from agent.protocol.inputs import (
     Connected,
+    HermesRequest,
     SparkplugCommand,
     SparkplugConnected,
     SparkplugHostState,
@@ -160,6 +161,7 @@ def assemble(
         urgent=URGENT_SLOTS,
         refusals=REFUSAL_SLOTS,
         reports=REPORT_SLOTS,
+        evicted=_evicted,
     )
     speak, audio, cache = config.speak, config.audio, config.cache
     rate = voices["default"].voice.sample_rate  # the device's; other voices are resampled
@@ -336,6 +338,12 @@ def _sparkplug(
 
     node = SparkplugNode(config, hand_off, storage)
     return node
+
+
+def _evicted(event: InboxEvent, source: str) -> InboxEvent | None:
+    """The answer to an urgent request a higher class took the place of in the inbox."""
+    routed = event if isinstance(event, SpeakReceived | HermesRequest) else None
+    return overflowed(routed, source, new_id, taken=True)
 
 
 def new_id() -> str:

@@ -65,6 +65,28 @@ def test_a_flood_fills_its_own_source_only_and_alarms_still_get_in() -> None:
     assert inbox.has_room("speak")
 
 
+def test_a_critical_takes_the_place_of_the_newest_alarm_in_a_full_urgent_lane() -> None:
+    """The issue's amplification through Sparkplug: 600 alarm-class commands filled the
+    source's urgent room and a critical after them was refused. A higher class makes room."""
+    answers: list[str] = []
+
+    def answer(event: str, _source: str) -> str:
+        answers.append(event)
+        return f"refused {event}"
+
+    inbox: Inbox[str] = Inbox({"sparkplug": 4}, urgent=2, evicted=answer)
+    assert inbox.offer("alarm-1", "sparkplug", rank=3)
+    assert inbox.offer("alarm-2", "sparkplug", rank=3)
+    assert not inbox.offer("alarm-3", "sparkplug", rank=3)  # no lower class to make room
+    assert inbox.offer("critical-1", "sparkplug", rank=4)
+    assert answers == ["alarm-2"]
+    assert inbox.offer("critical-2", "sparkplug", rank=4)
+    assert not inbox.offer("critical-3", "sparkplug", rank=4)
+    assert answers == ["alarm-2", "alarm-1"]
+    assert drain(inbox) == ["critical-1", "critical-2", "refused alarm-2", "refused alarm-1"]
+    assert inbox.refused["sparkplug"] == 2
+
+
 def test_answers_to_what_had_no_room_have_a_bounded_lane_of_their_own() -> None:
     inbox: Inbox[str] = Inbox({"speak": 1}, refusals=2)
     inbox.offer("s0", "speak")
@@ -106,7 +128,12 @@ def test_a_worker_waits_for_room_and_is_released_at_close() -> None:
 def test_any_mix_comes_out_alarms_first_by_class_then_arrival_and_the_rest_in_order(
     offers: list[tuple[str, int, bool]],
 ) -> None:
-    inbox: Inbox[tuple[int, int, bool]] = Inbox({}, default=8, urgent=4)
+    evicted: list[tuple[int, int, bool]] = []
+
+    def evict(event: tuple[int, int, bool], _source: str) -> None:
+        evicted.append(event)
+
+    inbox: Inbox[tuple[int, int, bool]] = Inbox({}, default=8, urgent=4, evicted=evict)
     taken = []
     for seq, (source, rank, barrier) in enumerate(offers):
         event = (seq, rank, barrier)
@@ -115,7 +142,8 @@ def test_any_mix_comes_out_alarms_first_by_class_then_arrival_and_the_rest_in_or
     out = []
     while (got := inbox.get(0)) is not None:
         out.append(got)
-    assert sorted(out) == sorted(taken)  # nothing lost, nothing made up
+    assert sorted(out + evicted) == sorted(taken)  # nothing lost, nothing made up
+    assert all(e[1] == 3 for e in evicted)  # only an alarm makes room, for a critical
     urgent = [e for e in out if e[1]]
     assert urgent == sorted(urgent, key=lambda e: (-e[1], e[0]))
     plain = [e for e in out if not e[1]]

@@ -3,9 +3,10 @@
 Lanes, each with its own budget, so that no input can crowd out another:
 - **Urgent** (`offer` with a `rank`): alarm-class requests, from any source, each source with a
   budget of its own. The loop is served these first, the highest rank (class) first, then in
-  order of arrival: an alarm overtakes every request that waits. A stop that arrived before the
-  alarm (an `offer` with `barrier`) is served before it all the same, so that it never stops an
-  alarm published after it.
+  order of arrival: an alarm overtakes every request that waits. When a source's urgent budget
+  is full, a higher class takes the place of the lowest, newest one there (which is answered).
+  A stop that arrived before the alarm (an `offer` with `barrier`) is served before it all the
+  same, so that it never stops an alarm published after it.
 - **Per source** (`offer`): every other request, command or message, by where it came from
   (each MQTT topic family, Sparkplug, Wyoming's announce target). One source's flood fills its
   own budget only. Served in order of arrival across sources.
@@ -27,7 +28,7 @@ import heapq
 import itertools
 import threading
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final, Generic, TypeVar
 
 E = TypeVar("E")
@@ -54,13 +55,17 @@ class Inbox(Generic[E]):
         refusals: int = 64,
         reports: int = 256,
         notices: int = 8,
+        evicted: Callable[[E, str], E | None] = lambda _event, _source: None,
     ) -> None:
         """`budgets`: requests that may wait per source (others: `default`); `urgent`: alarm-class
-        requests that may wait per source; `refusals`: answers to what found its source full."""
+        requests that may wait per source; `refusals`: answers to what found its source full;
+        `evicted`: the answer to an urgent request that a higher class took the place of (it
+        acknowledges the request's delivery, if any: the request was taken)."""
         self._budgets = dict(budgets)
         self._default = default
         self._urgent_budget = urgent
         self._fixed = {_REPORT: reports, _NOTICE: notices, _REFUSAL: refusals}
+        self._evicted = evicted
         self._waiting: Counter[str] = Counter()
         self._items: deque[tuple[int, str, E]] = deque()
         """Every waiting input but the urgent ones, in order of arrival: (seq, lane, event)."""
@@ -99,10 +104,12 @@ class Inbox(Generic[E]):
         """Queue an input of `source` without blocking: urgent when `rank` > 0 (served first,
         higher ranks first, then in order of arrival); `barrier`: served before any urgent one
         that arrived after it (a stop). False when the lane's budget is full: the caller
-        answers it (`refuse`) and acknowledges it."""
+        answers it (`refuse`) and acknowledges it. A full urgent lane takes a higher class all
+        the same: the lowest class that waits there, the newest of it, makes room (answered by
+        `evicted`), so that no flood of alarms keeps a critical out."""
         lane = _urgent(source) if rank > 0 else source
         with self._changed:
-            if self._waiting[lane] >= self._budget(lane):
+            if self._waiting[lane] >= self._budget(lane) and not self._evict(lane, rank, source):
                 return False
             seq = next(self._seq)
             self._waiting[lane] += 1
@@ -114,6 +121,26 @@ class Inbox(Generic[E]):
                 if barrier:
                     self._barriers.append(item)
             self._changed.notify_all()
+        return True
+
+    def _evict(self, lane: str, rank: int, source: str) -> bool:
+        """Make room in a full urgent `lane` for a request of `rank`: drop the lowest-ranked,
+        newest one there if its rank is lower (its answer queued); False when none is."""
+        if rank <= 0:
+            return False
+        mine = [entry for entry in self._urgent if entry[2] == lane]
+        if not mine:
+            return False
+        victim = max(mine, key=lambda entry: (entry[0], entry[1]))  # lowest rank, then newest
+        if -victim[0] >= rank:
+            return False
+        self._urgent.remove(victim)
+        heapq.heapify(self._urgent)
+        self._waiting[lane] -= 1
+        self.refused[source] += 1
+        answer = self._evicted(victim[3], source)
+        if answer is not None:  # past the refusal lane's budget: it answers a taken delivery
+            self._append(_REFUSAL, answer)
         return True
 
     def refuse(self, answer: E | None, source: str) -> None:

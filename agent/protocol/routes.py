@@ -194,10 +194,14 @@ def is_barrier(event: RoutedEvent) -> bool:
     return isinstance(event, StopRequested)
 
 
-def overflowed(event: RoutedEvent | None, source: str, new_id: NewId) -> SpeakInvalid | None:
+def overflowed(
+    event: RoutedEvent | None, source: str, new_id: NewId, *, taken: bool = False
+) -> SpeakInvalid | None:
     """The answer to a message whose source had no room in the inbox (`event` None: it was not
     read): `rejected` `queue_full`, under the request's id when it has one; None for what needs
-    no answer (Home Assistant's birth, another site's Hermes message)."""
+    no answer (Home Assistant's birth, another site's Hermes message). `taken`: the inbox had
+    taken it (a higher class took its place), so the answer acknowledges its delivery; else
+    the link acknowledged it already."""
     if isinstance(event, HomeAssistantBirth | Ignored):
         return None
     request_id, priority = new_id(), None
@@ -207,7 +211,8 @@ def overflowed(event: RoutedEvent | None, source: str, new_id: NewId) -> SpeakIn
         request_id, priority = event.parsed.id, event.parsed.priority
     detail = f"the node's inbox for {source} messages is full: try again later"
     refusal = Rejection(request_id, Reason.QUEUE_FULL, detail, None, priority)
-    return SpeakInvalid(refusal, Delivery(0, 0))
+    delivery = getattr(event, "delivery", None) if taken else None
+    return SpeakInvalid(refusal, delivery if isinstance(delivery, Delivery) else Delivery(0, 0))
 
 
 def _speak(limits: SpeakLimits, new_id: NewId) -> Route:

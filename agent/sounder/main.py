@@ -100,7 +100,13 @@ class Sounder:
         self._kit = self._kit_files.load(rate)
         room = config.mqtt.receive_maximum + SLOTS
         self._inbox: Inbox[object] = Inbox(
-            {SPEAK: room, COMMAND: room}, urgent=room, refusals=SLOTS, reports=SLOTS
+            {SPEAK: room, COMMAND: room},
+            urgent=room,
+            refusals=SLOTS,
+            reports=SLOTS,
+            evicted=lambda event, source: overflowed(
+                event if isinstance(event, SpeakReceived) else None, source, _new_id, taken=True
+            ),
         )
         speak = config.speak
         timing = Timing(speak.max_lead_seconds, speak.max_late_seconds, speak.prepare_seconds)
