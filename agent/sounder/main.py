@@ -77,6 +77,8 @@ WORDS_WAIT_SECONDS: Final = 60.0
 engine restarting), after its chime and the generic phrase, before it ends `failed`."""
 SLOTS: Final = 256
 """Inbox room of each kind: alarms are few; a flood of them is bounded like any other."""
+ENGINE: Final = "engine"
+"""The inbox source of the alarms the engine hands over (from Sparkplug, Wyoming, Hermes)."""
 ONE_PLAY: Final = 1
 
 
@@ -100,7 +102,7 @@ class Sounder:
         self._kit = self._kit_files.load(rate)
         room = config.mqtt.receive_maximum + SLOTS
         self._inbox: Inbox[object] = Inbox(
-            {SPEAK: room, COMMAND: room},
+            {SPEAK: room, COMMAND: room, ENGINE: room},
             urgent=room,
             refusals=SLOTS,
             reports=SLOTS,
@@ -120,7 +122,7 @@ class Sounder:
         audio = config.audio
         opener = open_pcm or alsa_opener(audio.device, rate, audio.period_ms, audio.periods)
         idle = IdlePolicy(audio.lead_in_ms / 1000, audio.idle_wake_s, audio.release_when_idle_s)
-        self._engine = EngineLink(engine_command, self._kit, self._inbox.report, environ)
+        self._engine = EngineLink(engine_command, self._kit, self._from_engine, environ)
         self._player = Player(
             opener,  # type: ignore[arg-type]
             rate,
@@ -179,6 +181,15 @@ class Sounder:
             frozenset(audio.media),
             EgressPolicy.parse(audio.media_hosts, "audio.media_hosts"),
         )
+
+    def _from_engine(self, event: object) -> None:
+        """What the engine reports, on its relay thread: an alarm it hands over (Sparkplug,
+        Wyoming, Hermes) into the urgent lane, so that a critical overtakes a flood of alarms
+        waiting there; everything else in order."""
+        if isinstance(event, SpeakReceived):
+            self._queue(event, ENGINE)
+        else:
+            self._inbox.report(event)
 
     def _queue(self, event: RoutedEvent, source: str) -> bool:
         """Into the inbox (alarms in its urgent lane); without room, answered `queue_full`. False:
