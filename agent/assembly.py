@@ -239,6 +239,9 @@ def assemble(
             max_seconds=speak.max_audio_seconds,
             media=media,
             after_request=allocator.trim,
+            # no marker file (the sounder counts the engines lost on an alarm's words), but the
+            # fault hook: a text that kills the engine in its words' inference, in every engine
+            steps=StepMarker(None, f"words-{config.node_id}", environ),
             urgent=gate,
         )
     names = voice_names(voices)

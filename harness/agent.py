@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -12,7 +13,11 @@ from typing import Any
 import yaml
 
 from .broker import Broker
-from .wait import ROOT, TIMEOUT
+from .processes import children, command_line
+from .wait import ROOT, TIMEOUT, wait_until
+
+ENGINE_ENDED = re.compile(r"The engine \(pid (\d+)\) ended: (.+)")
+"""The sounder's line when its engine child ends (and is started again after a backoff)."""
 
 
 def agent_config(
@@ -98,3 +103,32 @@ class AgentProcess:
     def output(self) -> str:
         """Everything it logged so far."""
         return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def engine_pid(self, timeout: float = TIMEOUT) -> int:
+        """The engine: the sounder's child running `agent engine` (waits until there is one;
+        a replaced engine has a new pid)."""
+        found: list[int] = []
+
+        def find() -> bool:
+            found[:] = [pid for pid in children(self.pid) if "engine" in command_line(pid)[2:4]]
+            return bool(found)
+
+        wait_until(lambda: find() or not self.alive(), timeout, "the engine process")
+        assert found, self.output()[-3000:]
+        return found[0]
+
+    def engine_ends(self) -> list[tuple[int, str]]:
+        """Each end of an engine the sounder logged (pid, how: `killed by SIGKILL`,
+        `exit status 3`...), in order, over every start of this process's log."""
+        return [(int(pid), how) for pid, how in ENGINE_ENDED.findall(self.output())]
+
+    def wait_engine_ends(self, count: int, timeout: float = 180.0) -> list[tuple[int, str]]:
+        """Wait until the sounder logged `count` ends of its engine (the fault hooks' SIGKILL,
+        a crash), the sounder itself alive; those ends."""
+        wait_until(
+            lambda: len(self.engine_ends()) >= count or not self.alive(),
+            timeout,
+            f"{count} end(s) of the engine",
+        )
+        assert self.alive(), self.output()[-3000:]
+        return self.engine_ends()[:count]

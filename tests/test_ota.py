@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -462,18 +462,22 @@ def test_a_stalled_server_times_out(harness: Harness, key: Ed25519PrivateKey) ->
 # ---- health checks of broken models -----------------------------------------------------------
 
 
+ANSWERS: Final = {"health_timeout": 120.0, "health_memory_mb": 300}
+"""A check that answers: its process (Python, ONNX Runtime, the model) may take more than 5 s to
+start on a busy machine; only the hang is judged by its timeout."""
+
+
 @pytest.mark.parametrize(
-    "harness", [{"health_timeout": 5.0, "health_memory_mb": 300}], indirect=True
-)
-@pytest.mark.parametrize(
-    ("kwargs", "expected"),
+    ("harness", "kwargs", "expected"),
     [
-        ({"gain": float("nan")}, "non_finite_audio"),
-        ({"gain": 0.0}, "silent"),
-        ({"fault": "hang"}, "no answer in 5 s"),
-        ({"fault": "heavy"}, "the check process failed"),
+        pytest.param(ANSWERS, {"gain": float("nan")}, "non_finite_audio", id="nan"),
+        pytest.param(ANSWERS, {"gain": 0.0}, "silent", id="silent"),
+        pytest.param(
+            {**ANSWERS, "health_timeout": 5.0}, {"fault": "hang"}, "no answer in 5 s", id="hang"
+        ),
+        pytest.param(ANSWERS, {"fault": "heavy"}, "the check process failed", id="memory"),
     ],
-    ids=["nan", "silent", "hang", "memory"],
+    indirect=["harness"],
 )
 def test_a_broken_model_fails_the_health_check_and_nothing_changes(
     harness: Harness, key: Ed25519PrivateKey, kwargs: dict[str, Any], expected: str

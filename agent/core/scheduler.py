@@ -554,7 +554,8 @@ class SpeakCore:
             # nothing was heard of one refused by its size (speech estimated, a sound's header)
             refused = event.error in (Reason.TOO_LONG, Reason.TOO_LARGE) and not active.started
             ended = Lifecycle.REJECTED if refused else Lifecycle.FAILED
-            return [notify(item, ended, reason=str(event.error), detail=event.detail)]
+            heard = event.info if ended == Lifecycle.FAILED else {}  # the alarm lane's `said`
+            return [notify(item, ended, reason=str(event.error), detail=event.detail, **heard)]
         item.plays += 1
         request = item.request
         self._last = request

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from agent.core.messages import Event, SpeakRequest, SynthesisDone
+from agent.core.messages import TEXT_REPORTED, Event, SpeakRequest, SynthesisDone
 from agent.core.reasons import Reason
 from agent.formats.chunk import Chunk
 
@@ -168,7 +168,9 @@ class AlarmVoice:
                 error = (Reason.INTERNAL, type(err).__name__)
             reason, detail = error if error is not None else (None, "")
             request = job.request
-            said = {"said": job.said}
+            said: dict[str, object] = {"said": job.said}
+            if reason == Reason.CRASH_LOOP:  # what it was, for whoever must say it another way
+                said["text"] = request.text[:TEXT_REPORTED]
             end = Chunk(request.id, end=True, error=reason, detail=detail,
                         info=said, priority=request.priority, job=job.job)  # fmt: skip
             self._speaker.put_urgent(end)
