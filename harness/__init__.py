@@ -9,6 +9,7 @@ from .audio import FaultyPcm, PulseNullSink, located, onsets, read_pcm, same_spe
 from .broker import Broker, Pki, free_port, make_pki
 from .cgroup import CgroupError, MemoryCgroup, MemoryReading, drop_page_cache
 from .mqtt import Received, Watcher, publish
+from .processes import process_tree, process_tree_peak_rss, process_tree_rss, reset_peak_rss
 from .wait import ROOT, TIMEOUT, wait_until
 
 __all__ = [
@@ -30,8 +31,12 @@ __all__ = [
     "located",
     "make_pki",
     "onsets",
+    "process_tree",
+    "process_tree_peak_rss",
+    "process_tree_rss",
     "publish",
     "read_pcm",
+    "reset_peak_rss",
     "same_speech",
     "speech_stats",
     "wait_until",

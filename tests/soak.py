@@ -1,10 +1,11 @@
 """The soak: the real agent under a steady mix of cached and uncached announcements, measured.
 
 Usage: .venv/bin/python -m tests.soak [--minutes 30] [--interval 60] [--out bench]
-Every interval it records the agent's RSS, open file descriptors, threads, and the latency
-(publish -> `started`) percentiles of cached and uncached announcements; it writes
-`<out>/soak.json` and `<out>/SOAK.md` and judges the goals: RSS growth under 5 % after warm-up,
-no descriptor or thread growth, a stable p99. `make soak` runs 30 minutes; a test runs ~90 s.
+Every interval it records the agent's RSS (its whole process tree), the sounder's open file
+descriptors and threads, and the latency (publish -> `started`) percentiles of cached and
+uncached announcements; it writes `<out>/soak.json` and `<out>/SOAK.md` and judges the goals:
+RSS growth under 5 % after warm-up, no descriptor or thread growth, a stable p99. `make soak`
+runs 30 minutes; a test runs ~90 s.
 
 Warm-up ends with the first interval, or later when the phrase cache in memory is still filling:
 it holds every uncached sentence up to `cache.memory_bytes` (8 MB by default, full after ~3
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Final
 
 from agent.settings.declarations import CacheConfig
-from harness import AgentProcess, Broker, Watcher, agent_config, write_config
+from harness import AgentProcess, Broker, Watcher, agent_config, process_tree_rss, write_config
 
 CACHED = ("The front door is open.", "The laundry is done.", "Dinner is ready.")
 CACHE_BOUND_MB: float = CacheConfig().memory_bytes / 2**20
@@ -65,7 +66,7 @@ class Soak:
 def _proc(pid: int) -> tuple[float, int, int]:
     status = Path(f"/proc/{pid}/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    rss = int(fields["VmRSS"].split()[0]) / 1024
+    rss = process_tree_rss(pid) / 2**20  # the agent: the sounder, the engine, the decoder child
     return rss, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
 
 

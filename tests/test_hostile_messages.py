@@ -75,7 +75,7 @@ from agent.protocol.payloads import (
 from agent.protocol.routes import RoutedEvent, route_table
 from agent.protocol.topics import Topics
 from agent.settings import loading as configs
-from harness import Watcher, wait_until
+from harness import Watcher, process_tree_peak_rss, reset_peak_rss, wait_until
 from ota import release
 from tests import hostile
 from tests.conftest import RunningAgent, StartAgent
@@ -748,9 +748,9 @@ def replies(watcher: Watcher, topic: str) -> int:
 
 
 def peak_rss_mb(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    line = next(x for x in status.splitlines() if x.startswith("VmHWM"))
-    return int(line.split()[1]) / 1024
+    """The agent's peak resident set: the sum of its processes' peaks (the sounder, the engine,
+    the decoder child) since `reset_peak_rss`."""
+    return process_tree_peak_rss(pid) / 2**20
 
 
 def flood_the_agent(agent: RunningAgent, speak: int, commands: int, seed: int | None) -> str:
@@ -761,7 +761,7 @@ def flood_the_agent(agent: RunningAgent, speak: int, commands: int, seed: int | 
     try:
         watcher.publish(AGENT_TOPICS.speak, b'{"id": "warm", "text": "Warm up."}')
         watcher.wait_event("warm", "finished")
-        Path(f"/proc/{agent.process.pid}/clear_refs").write_text("5")  # VmHWM from here
+        reset_peak_rss(agent.process.pid)  # VmHWM from here, in each of its processes
         before = peak_rss_mb(agent.process.pid)
         watcher.clear()
 

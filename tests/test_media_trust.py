@@ -17,8 +17,19 @@ import pytest
 
 from agent.protocol import hermes
 from agent.settings.declarations import AudioConfig, MqttConfig
-from harness import Broker, PulseNullSink, Watcher, read_pcm, wait_until
+from harness import (
+    Broker,
+    PulseNullSink,
+    Watcher,
+    process_tree,
+    process_tree_peak_rss,
+    process_tree_rss,
+    read_pcm,
+    reset_peak_rss,
+    wait_until,
+)
 from harness.mqtt import ENDING_EVENTS
+from harness.processes import command_line, status_kib
 from tests.conftest import RunningAgent, StartAgent
 from tests.media_files import (
     decode_bomb,
@@ -254,33 +265,23 @@ waited for the decoder); without the budget (1 GiB) the same load took more, and
 every message (the issue: +129 and +160 MiB)."""
 
 
-def status_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise KeyError(field)
-
-
 class RssSampler:
-    """The agent's resident set, read every 20 ms from /proc/<pid>/status, and its peak
-    (VmHWM, reset at the start through /proc/<pid>/clear_refs where the kernel allows)."""
+    """The agent's resident set (its process tree: the sounder, the engine, the decoder child,
+    summed), read every 20 ms from /proc, and each member's peak (VmHWM, reset at the start
+    through /proc/<pid>/clear_refs where the kernel allows; their sum bounds the tree's peak)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.samples: list[int] = []
         self._stop = threading.Event()
-        clear = Path(f"/proc/{pid}/clear_refs")
-        try:
-            clear.write_text("5", encoding="ascii")  # VmHWM = VmRSS from now
-            self.hwm_reset = True
-        except OSError:
-            self.hwm_reset = False
+        reset_peak_rss(pid)
+        self.hwm_reset = Path(f"/proc/{pid}/clear_refs").exists()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
-            self.samples.append(status_kib(self.pid, "VmRSS") * 1024)
+            self.samples.append(process_tree_rss(self.pid))
 
     def stop(self) -> int:
         """The peak resident set seen (bytes)."""
@@ -288,7 +289,7 @@ class RssSampler:
         self._thread.join(5)
         peak = max(self.samples, default=0)
         if self.hwm_reset:
-            peak = max(peak, status_kib(self.pid, "VmHWM") * 1024)
+            peak = max(peak, process_tree_peak_rss(self.pid))
         return peak
 
 
@@ -315,7 +316,7 @@ def test_media_queued_for_an_unavailable_device_stays_within_the_budget(
     total = URL_SOUNDS + RECORDINGS
     try:
         wait_until(lambda: state(agent).get("audio") == "unavailable", what="no device")
-        baseline = status_kib(agent.process.pid, "VmRSS") * 1024
+        baseline = process_tree_rss(agent.process.pid)
         sampler = RssSampler(agent.process.pid)
         for index in range(URL_SOUNDS):
             speak(agent, id=f"url{index}", sound=f"{server.url}big.wav")
@@ -349,7 +350,7 @@ def test_media_queued_for_an_unavailable_device_stays_within_the_budget(
         sink.start()  # the device is back
         wait_until(lambda: state(agent).get("audio") == "available", what="the device back")
         control(agent)
-        print(f"after: {status_kib(agent.process.pid, 'VmRSS') / 1024:.0f} MiB")
+        print(f"after: {process_tree_rss(agent.process.pid) / 2**20:.0f} MiB")
     finally:
         rhasspy.close()
         server.stop()
@@ -378,13 +379,8 @@ def state(agent: RunningAgent) -> dict[str, Any]:
 
 
 def child_rss(agent: RunningAgent) -> str:
-    """The decoder child's resident set (MiB), found among the agent's children."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text(encoding="ascii").rsplit(")", 1)[1].split()[1])
-            command = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == agent.process.pid and b"agent.speech.media_child" in command:
-            return f"{status_kib(int(stat.parent.name), 'VmRSS') / 1024:.0f}"
+    """The decoder child's resident set (MiB), found in the agent's process tree."""
+    for pid in process_tree(agent.process.pid):
+        if "agent.speech.media_child" in command_line(pid):
+            return f"{status_kib(pid, 'VmRSS') / 1024:.0f}"
     return "?"
