@@ -114,6 +114,7 @@ def test_a_pathological_clause_and_a_long_cjk_text_stay_within_their_bounds(
     200 MB."""
     phrase = "Fire alarm in hall two. Leave the building now."
     agent = start_agent(sections={"cache": {"phrases": [phrase]}})
+    agent.wait_voice_ready()  # online comes first; a new cache: a minute of graph analysis
     wait_until(lambda: "Phrase cache ready" in agent.process.output(), what="the phrases cached")
     agent.watcher.publish(agent.topics.speak, b'{"id": "warm", "text": "Warm up, please."}')
     agent.watcher.wait_event("warm", "finished")

@@ -297,8 +297,14 @@ def test_wave_rollout_over_twenty_agents(
         )
         for node in nodes
     }
-    for agent in agents.values():
-        agent.wait_online()
+    # 40 processes starting at once (each node's sounder, then its engine, whose session must
+    # exist before the node says online) on a machine running other tests: minutes, not one
+    wait_until(
+        lambda: all(online(a) or not a.process.alive() for a in agents.values()),
+        600,
+        "the 20 nodes online",
+    )
+    assert all(a.process.alive() for a in agents.values())
     good = make_release(server.directory, key, 1)
     newer = make_release(server.directory, key, 2, gain=0.007)
     first_state, second_state = tmp_path / "r1.json", tmp_path / "r2.json"
@@ -401,6 +407,12 @@ def test_inventory_of_real_agents_shows_a_killed_one_offline(
     assert "3 nodes: 2 online, 1 offline" in table.stdout
     if "device_class" not in states["inv-b"]:
         assert "?" in row
+
+
+def online(agent: RunningAgent) -> bool:
+    """The node's retained status says online (its last word on the topic)."""
+    said = [m.payload for m in agent.watcher.snapshot() if m.topic == agent.topics.status]
+    return said[-1:] == [b"online"]
 
 
 def _event_time(agent: RunningAgent, update_state: str) -> float:
