@@ -88,7 +88,7 @@ def test_a_single_server_backs_off_after_each_failure() -> None:
 def test_auto_retries_a_server_with_311_and_remembers_it_once_that_connects() -> None:
     ring = Ring((A, B), "auto")
     assert ring.version == "5"
-    assert ring.failed(maybe_not_v5=True) is Step.SAME
+    assert ring.failed(maybe_not_v5=True, refused_version=True) is Step.SAME
     assert (ring.current.host, ring.version) == ("a", "3.1.1")
     assert ring.connected()  # learned: a speaks 3.1.1 only
     ring.lost()
@@ -110,6 +110,18 @@ def test_a_server_that_took_mqtt5_is_not_downgraded_by_an_early_close() -> None:
     assert not ring.connected()
     assert ring.failed(maybe_not_v5=True, refused_version=True) is Step.SAME  # "unsupported"
     assert ring.version == "3.1.1"
+
+
+def test_an_early_close_at_a_first_connect_is_retried_with_311_but_not_remembered() -> None:
+    """A new process's first CONNECT closed before its CONNACK (the broker restarting, or a
+    broker that drops MQTT 5 silently): 3.1.1 is tried at once, and the next connection
+    offers MQTT 5 again (only an explicit refusal of the version is remembered)."""
+    ring = Ring((A,), "auto")
+    assert ring.failed(maybe_not_v5=True) is Step.SAME
+    assert ring.version == "3.1.1"
+    assert not ring.connected()  # nothing learned for good
+    ring.lost()
+    assert ring.version == "5"
 
 
 def test_a_311_retry_that_fails_too_forgets_the_guess() -> None:

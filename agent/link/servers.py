@@ -71,6 +71,7 @@ class Ring:
         """Rounds in which every server failed, since the last connection."""
         self._tried = 0  # servers that failed in this round
         self._fallback = False  # the next attempt is the 3.1.1 retry on the same server
+        self._fallback_refused = False  # ...after an explicit refusal of MQTT 5
         self._v311_only: set[int] = set()
         self._took_v5: set[int] = set()
 
@@ -96,6 +97,7 @@ class Ring:
         known_v5 = self.index in self._took_v5 and not refused_version
         if maybe_not_v5 and self._protocol == "auto" and self.version == V5 and not known_v5:
             self._fallback = True
+            self._fallback_refused = refused_version
             return Step.SAME
         self._fallback = False
         self.index = (self.index + 1) % len(self.servers)
@@ -109,7 +111,9 @@ class Ring:
     def connected(self) -> bool:
         """The attempt on the current server connected; True when that taught the ring that
         the server speaks MQTT 3.1.1 only (it is not offered MQTT 5 again)."""
-        learned = self._fallback
+        # only an explicit refusal of MQTT 5 is remembered for good: an early close may have
+        # been the broker going down (a restart) while a new process first connected
+        learned = self._fallback and self._fallback_refused
         if learned:
             self._v311_only.add(self.index)
         elif self.version == V5:
