@@ -112,7 +112,8 @@ class RunningAgent:
             mine = [m.payload for m in self.watcher.snapshot() if m.topic == status]
             return bool(mine) and mine[-1] == b"online"
 
-        wait_until(lambda: online() or not self.process.alive(), what="online status")
+        # two processes start (the sounder, then its engine, whose session online waits for)
+        wait_until(lambda: online() or not self.process.alive(), 180, what="online status")
         assert self.process.alive(), self.process.output()
 
     def wait_voice_ready(self, timeout: float = 600) -> None:
