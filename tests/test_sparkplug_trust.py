@@ -70,7 +70,7 @@ def test_a_flood_of_32_write_commands_is_one_request_each_and_a_critical_overtak
         held = [e for e in agent.watcher.events() if e["event"] == "suppressed"]
         return len(refusals) + sum(int(e["reasons"].get("invalid_field", 0)) for e in held)
 
-    wait_until(lambda: answered() == DCMDS, timeout=120, what="one answer per command")
+    wait_until(lambda: answered() == DCMDS, timeout=300, what="one answer per command")
     agent.watcher.publish(agent.topics.stop, b'{"clear": true}')
     requests = {e["id"] for e in spb("accepted")} | {
         e["id"] for e in spb("rejected") if e.get("reason") == "queue_full"
