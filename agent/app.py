@@ -64,7 +64,13 @@ from agent.protocol.inputs import (
 from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
 from agent.sounder_duty import SounderDuty
-from agent.speaker_link import AlarmNotified, SounderNotes, SounderReport, SpeakerLink
+from agent.speaker_link import (
+    AlarmLaneState,
+    AlarmNotified,
+    SounderNotes,
+    SounderReport,
+    SpeakerLink,
+)
 from agent.speech.synthesizer import VoiceChoice
 from agent.speech.voice import Voice
 from agent.voices import TierDecided, VoicesLoaded, choice_for, int8_tier, load_engines
@@ -235,6 +241,10 @@ class App:
                 self._connected(now)
             case AlarmNotified():
                 self._alarm_notified(event.notify, now)
+            case AlarmLaneState(speaking, repeating):
+                if self._sheet.alarm_lane != (speaking, repeating):
+                    self._sheet.alarm_lane = (speaking, repeating)
+                    self._status.changed()
             case SounderNotes(notes):
                 self._notes += [n for n in notes if n not in self._notes]
                 self._status.changed()

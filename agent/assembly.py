@@ -49,7 +49,13 @@ from agent.protocol.status import Status
 from agent.protocol.topics import Topics
 from agent.settings.declarations import DEFAULT_CHIMES, AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
-from agent.speaker_link import AlarmNotified, RemotePlayer, SounderNotes, SpeakerLink
+from agent.speaker_link import (
+    AlarmLaneState,
+    AlarmNotified,
+    RemotePlayer,
+    SounderNotes,
+    SpeakerLink,
+)
 from agent.speech.chimes import ChimePlan, chime_bank
 from agent.speech.media_decoder import MediaDecoder
 from agent.speech.media_source import FetchLimits, MediaSource
@@ -100,6 +106,7 @@ InboxEvent = (
     | SparkplugHostState
     | AlarmNotified
     | SounderNotes
+    | AlarmLaneState
 )
 
 

@@ -28,6 +28,8 @@ class FactSheet:
         self._board = board()
         self.tier: TierState | None = None
         """The default voice's tier (the loop's)."""
+        self.alarm_lane: tuple[bool, tuple[str, ...]] = (False, ())
+        """The sounder's alarm lane as it last told: speaking, the ids that repeat."""
         self.tier_source: tuple[str, str, str] | None = None
         """With the INT8 variant in use: the FP32 model's name and sha256, and the variant's
         sha256. The node still names the FP32 model (what was installed, what the fleet
@@ -50,7 +52,7 @@ class FactSheet:
             volume=parts.player.volume,
             selected_voice=parts.core.selected_voice,
             queue_depth=parts.core.queue_depth,
-            repeating=parts.core.repeating,
+            repeating=(*self.alarm_lane[1], *parts.core.repeating),
             underruns=parts.player.underruns,
             model=self._model_name(voice),
             model_sha256=self.source_sha256(voice),
@@ -69,7 +71,7 @@ class FactSheet:
             hermes_muted=parts.hermes.muted,
             uptime_s=now - self._started_at,
             agent_version=package_version(),
-            speaking=parts.core.speaking,
+            speaking=parts.core.speaking or self.alarm_lane[0],
             voice_loading=not all(choice.voice.loaded for choice in self._voices.values()),
             started_at=self._started_wall,
             voice_names=parts.voice_names,

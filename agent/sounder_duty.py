@@ -11,7 +11,15 @@ import queue
 from collections.abc import Callable, Mapping, Sequence
 
 from agent.core.catalog import VoiceFacts
-from agent.core.messages import AckRequested, Event, Lifecycle, Notify, SpeakReceived, SpeakRequest
+from agent.core.messages import (
+    AckRequested,
+    Event,
+    Lifecycle,
+    Notify,
+    SpeakReceived,
+    SpeakRequest,
+    StopRequested,
+)
 from agent.core.scheduler import RecentIds
 from agent.formats.text import clean_text
 from agent.protocol.lanes import is_alarm
@@ -60,7 +68,13 @@ class SounderDuty:
         if isinstance(event, SpeakReceived) and is_alarm(event.request.priority):
             self._speaker.hand_over(event.request)
             return True
-        return isinstance(event, AckRequested) and event.id in self._alarm_ids
+        if isinstance(event, StopRequested):  # the engine's lane stops too: not taken
+            self._speaker.stop(event.clear, event.current)
+            return False
+        if isinstance(event, AckRequested) and event.id in self._alarm_ids:
+            self._speaker.acknowledge(event.id)
+            return True
+        return False
 
     def notified(self, notify: Notify) -> None:
         """An event of the alarm lane: its ids are remembered (their acks are the sounder's)."""

@@ -61,8 +61,22 @@ class SounderNotes:
     notes: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class AlarmLaneState:
+    """The sounder's alarm lane: whether it speaks, and the ids of the alarms that repeat."""
+
+    speaking: bool
+    repeating: tuple[str, ...]
+
+
 SounderReport = (
-    UtteranceStarted | UtteranceEnded | AudioStatus | NormalPreempted | AlarmNotified | SounderNotes
+    UtteranceStarted
+    | UtteranceEnded
+    | AudioStatus
+    | NormalPreempted
+    | AlarmNotified
+    | SounderNotes
+    | AlarmLaneState
 )
 """What the sounder tells the engine's loop."""
 
@@ -179,6 +193,16 @@ class SpeakerLink:
         """An alarm-class request one of the engine's edges received: the alarm lane's."""
         self.send(wire.encode("alarm", {"request": request_json(request)}))
 
+    def stop(self, clear: bool, current: bool) -> None:
+        """A stop the engine received (Sparkplug's, or the MQTT one the sounder also reads:
+        a second stop changes nothing): the alarm lane's too."""
+        self.send(wire.encode("stop", {"clear": clear, "current": current}))
+
+    def acknowledge(self, request_id: str) -> None:
+        """An ack of an alarm the sounder holds (Sparkplug's Acknowledge, or an MQTT ack the
+        sounder read already: a second one is ignored there)."""
+        self.send(wire.encode("ack", {"id": request_id}))
+
     def chime(self, name: str, pcm: bytes) -> None:
         self.send(wire.encode("chime", {"name": name}, pcm))
 
@@ -191,30 +215,12 @@ class SpeakerLink:
             case "credit":
                 lane = frame.text("lane")
                 (self.normal_credits if lane == "normal" else self.words_credits).give()
-            case "started":
-                self._report(wire.started_of(frame))
-            case "ended":
-                self._report(wire.ended_of(frame))
-            case "audio":
-                self._report(wire.audio_of(frame))
-            case "preempted":
-                preempted = NormalPreempted(
-                    frame.text("id"), frame.integer("job"), frame.text("by")
-                )
-                self._report(preempted)
             case "say":
                 self.on_words(frame.integer("job"), self._request(frame))
             case "cancel":
                 self.on_cancel(frame.integer("job"))
-            case "notified":
-                self._report(AlarmNotified(_notify(frame)))
-            case "notes":
-                notes = frame.header.get("notes")
-                if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-                    raise WireError("notes: expected texts")
-                self._report(SounderNotes(tuple(n[:300] for n in notes[:8])))
             case _:
-                raise WireError(f"a frame of unknown kind {frame.kind[:32]!r}")
+                self._report(_report_of(frame))
 
     def _request(self, frame: Frame) -> SpeakRequest:
         try:
@@ -227,6 +233,32 @@ class SpeakerLink:
             _LOGGER.warning("The pipe to the sounder broke (%s): stopping", why)
             self._stopping.set()
             self.on_gone()
+
+
+def _report_of(frame: Frame) -> SounderReport:  # noqa: PLR0911 - one return a kind
+    """What a frame tells the engine's loop."""
+    match frame.kind:
+        case "started":
+            return wire.started_of(frame)
+        case "ended":
+            return wire.ended_of(frame)
+        case "audio":
+            return wire.audio_of(frame)
+        case "preempted":
+            return NormalPreempted(frame.text("id"), frame.integer("job"), frame.text("by"))
+        case "notified":
+            return AlarmNotified(_notify(frame))
+        case "lane":
+            ids = frame.header.get("repeating")
+            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                raise WireError("lane.repeating: expected ids")
+            return AlarmLaneState(frame.flag("speaking"), tuple(ids[:1000]))
+        case "notes":
+            notes = frame.header.get("notes")
+            if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+                raise WireError("notes: expected texts")
+            return SounderNotes(tuple(n[:300] for n in notes[:8]))
+    raise WireError(f"a frame of unknown kind {frame.kind[:32]!r}")
 
 
 def _notify(frame: Frame) -> Notify:

@@ -21,10 +21,12 @@ from typing import Protocol
 
 from agent.core.catalog import VoiceFacts
 from agent.core.messages import (
+    AckRequested,
     Delivery,
     Notify,
     SpeakReceived,
     SpeakRequest,
+    StopRequested,
 )
 from agent.formats.chunk import Chunk
 from agent.protocol import engine_wire as wire
@@ -84,7 +86,9 @@ class EngineLink:
         """The engine's own MQTT session exists (it connected once since the sounder started)."""
         self.on_session: Callable[[], object] = lambda: None
         """Hears when it first does (the sounder then says `online`)."""
-        self._kit_changed = False
+        self.kit_changed = False
+        """The kit holds something new since it was last kept (the loop keeps it and says so)."""
+        self._lane_told: tuple[bool, tuple[str, ...]] | None = None
         self.notes: list[str] = []
         """What is wrong with the sounder's files: told to each engine (its state says it)."""
 
@@ -150,7 +154,7 @@ class EngineLink:
                 stale = event.model != self._kit.model
                 self.renders.model = event.model
                 self.renders.want(t for t in event.phrases if stale or t not in self._kit.phrases)
-                self._kit_changed = True
+                self.kit_changed = True
                 self.renders.next(self.epoch)
             if self._words is not None:
                 self._words.engine_changed()
@@ -160,7 +164,7 @@ class EngineLink:
     def _keep(self, sound: KitSound) -> None:
         into = self._kit.chimes if sound.kind == "chimes" else self._kit.phrases
         into[sound.name] = sound.pcm
-        self._kit_changed = True
+        self.kit_changed = True
         if sound.kind == "phrases":
             self._kit.model = sound.model  # a new model's phrases replace the old ones
             seconds = len(sound.pcm) / 2 / self._kit.rate
@@ -168,9 +172,14 @@ class EngineLink:
             if self.ready:
                 self.renders.next(self.epoch)
 
-    def kit_changed(self) -> bool:
-        changed, self._kit_changed = self._kit_changed, False
-        return changed
+    def tell_lane(self, speaking: bool, repeating: tuple[str, ...]) -> None:
+        """The alarm lane's state, told to the engine when it changed (its state and Sparkplug's
+        metrics say it; Sparkplug's Acknowledge acks those ids)."""
+        lane = (speaking, repeating)
+        if lane != self._lane_told:
+            self._lane_told = lane
+            header = {"speaking": speaking, "repeating": list(repeating)}
+            self._process.send(wire.encode("lane", header))
 
     # ---- the pipe's reader thread ---------------------------------------------------------------
 
@@ -191,6 +200,7 @@ class EngineLink:
             self._to_loop(_loop_event(frame))
 
     def _hello(self) -> None:
+        self._lane_told = None  # a new engine hears the lane's state at the next event
         self.lane.hello()
         for _ in range(CREDITS):
             self._process.send(wire.encode("credit", {"lane": "words"}))
@@ -235,6 +245,10 @@ def _loop_event(frame: Frame) -> object:
             except ValueError as err:
                 raise WireError(f"alarm.request: {err}") from None
             return SpeakReceived(request, Delivery(0, 0))
+        case "stop":
+            return StopRequested(frame.flag("clear"), Delivery(0, 0), frame.flag("current"))
+        case "ack":
+            return AckRequested(frame.text("id"), Delivery(0, 0))
         case "chime":
             if not frame.body or len(frame.body) % 2 or len(frame.body) > MAX_SOUND_BYTES:
                 raise WireError("chime: expected 16-bit PCM")

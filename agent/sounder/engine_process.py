@@ -30,6 +30,8 @@ HELLO_SECONDS: Final = 120.0
 """How long a new engine may take to say hello (its imports, on a slow board)."""
 CANNOT_RUN: Final = 3
 """The engine's exit status when it cannot run as configured (`agent.__main__.CANNOT_RUN`)."""
+GRACE_SECONDS: Final = 2.0
+"""How long an engine whose pipe broke has to end by itself before it is killed."""
 SERVED_SECONDS: Final = 60.0
 """An engine that lived this long starts the backoff afresh when it dies."""
 
@@ -101,8 +103,7 @@ class EngineProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout`; the keeper ends."""
-        self._stopping.set()
-        self._lost.set()
+        self._stopping.set()  # the keeper kills nothing from now on: this waits for the end
         process = self._process
         if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -112,6 +113,7 @@ class EngineProcess:
                 _LOGGER.warning("The engine did not stop within %g s: killed", timeout)
                 process.kill()
                 process.wait()
+        self._lost.set()
         pipe = self._pipe
         if pipe is not None:
             pipe.close("stopping")
@@ -185,14 +187,23 @@ class EngineProcess:
         self._watch_blocking(process, pipe)
         self._ready = False
         pipe.close("the engine is gone")
-        if process.poll() is None:
-            process.kill()
-        code = process.wait()
+        code = self._ended_blocking(process)
         self._pipe = None
         if not self._stopping.is_set() and code != CANNOT_RUN:
             _LOGGER.warning("The engine (pid %d) ended: %s", process.pid, _how(code))
         self._on_change()
         return code
+
+    def _ended_blocking(self, process: subprocess.Popen[bytes]) -> int:
+        """Its exit status: at stop, once `stop` saw it end; else after a moment to end on its
+        own (an engine whose pipe broke stops by itself), killed after that."""
+        if self._stopping.is_set():
+            return process.wait()
+        try:
+            return process.wait(GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait()
 
     def _watch_blocking(self, process: subprocess.Popen[bytes], pipe: Pipe) -> None:
         """Ping until the engine is lost, ends, or is silent too long (then killed)."""
@@ -202,7 +213,7 @@ class EngineProcess:
                 return
             silent = time.monotonic() - self._said
             allowed = self._hang if self._hello else HELLO_SECONDS
-            if silent > allowed:
+            if silent > allowed and not self._stopping.is_set():
                 _LOGGER.error(
                     "The engine (pid %d) said nothing for %.0f s: killed", process.pid, silent
                 )

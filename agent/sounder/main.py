@@ -316,6 +316,7 @@ class Sounder:
         # the engine's lane waits while an alarm plays or will play again (a repeat), not for
         # one timed for later
         self._player.hold_normal(self._core.speaking or bool(self._core.repeating))
+        self._engine.tell_lane(self._core.speaking, self._core.repeating)
 
     def _core_sees_catalog(self) -> None:
         voices = self._kit.voices
@@ -383,7 +384,8 @@ class Sounder:
         if interval is not None and now >= self._next_ping:
             self._systemd.notify("WATCHDOG=1")
             self._next_ping = now + interval
-        if self._engine.kit_changed():
+        if self._engine.kit_changed:
+            self._engine.kit_changed = False
             self._kit_files.save(self._kit)
 
 
