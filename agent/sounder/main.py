@@ -336,7 +336,10 @@ class Sounder:
                 self._ledger.activated(request.id)
                 self._player.hold_normal(True)
                 self._player.preempt_normal(request.id)
-                self._ledger.after_sync(lambda: self._voice.submit(request, job, start_at))
+                # at once, not after the journal's sync (a disk busy with the engine's syncs
+                # must not hold a chime back): its ack and `accepted` still wait for the sync,
+                # and a crash before it has the broker send the alarm again
+                self._voice.submit(request, job, start_at)
             case Cut(_, job):
                 self._voice.cancel(job)
                 self._player.cut_urgent(job)
