@@ -21,7 +21,7 @@ from agent.core.messages import Delivery, Priority, SpeakReceived, SpeakRequest
 from agent.core.scheduler import SpeakCore
 from agent.core.states import UpdateReport
 from agent.formats.media import MAX_AUDIO_BYTES
-from agent.link.mqtt_link import MessageHandler, MqttLink
+from agent.link.mqtt.link import MessageHandler, MqttLink
 from agent.loop.inbox import Inbox
 from agent.loop.voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
 from agent.protocol.hermes_bridge import HermesBridge

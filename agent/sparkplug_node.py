@@ -33,7 +33,7 @@ from agent.core.messages import (
 )
 from agent.core.reasons import Reason
 from agent.core.waiting import rejected
-from agent.link.sparkplug_link import BdSeq, SparkplugEvent, SparkplugLink
+from agent.link.sparkplug.session import BdSeq, SparkplugEvent, SparkplugLink
 from agent.protocol.inputs import (
     SparkplugCommand,
     SparkplugConnected,

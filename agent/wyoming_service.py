@@ -17,10 +17,10 @@ from wyoming.info import Attribution, Info, Satellite, TtsProgram, TtsVoice, Tts
 from agent.core.admission import Admission, Timing
 from agent.core.messages import SpeakRequest
 from agent.formats.media import MAX_AUDIO_BYTES, MAX_AUDIO_SECONDS
-from agent.link.wyoming_render import RenderDesk
-from agent.link.wyoming_satellite import AnnounceTarget, Limits
-from agent.link.wyoming_server import Intake, WyomingServer
-from agent.link.wyoming_zeroconf import (
+from agent.link.wyoming.render import RenderDesk
+from agent.link.wyoming.satellite import AnnounceTarget, Limits
+from agent.link.wyoming.server import Intake, WyomingServer
+from agent.link.wyoming.zeroconf import (
     Advertised,
     ZeroconfAdvertiser,
     addresses_for,

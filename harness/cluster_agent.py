@@ -183,11 +183,11 @@ class Connection:
 _TIME: Final = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
 _STAMP: Final = re.compile(_TIME)
 _CONNECTED: Final = re.compile(
-    rf"(?P<at>{_TIME}) INFO agent\.link\.mqtt_link: Connected to (?P<server>\S+) with MQTT "
+    rf"(?P<at>{_TIME}) INFO agent\.link\.mqtt\.link: Connected to (?P<server>\S+) with MQTT "
     r"(?P<version>\S+) \(session present: (?P<present>True|False)\)"
 )
 _SPARKPLUG: Final = re.compile(
-    rf"(?P<at>{_TIME}) INFO agent\.link\.sparkplug_link: Sparkplug session on (?P<server>\S+) "
+    rf"(?P<at>{_TIME}) INFO agent\.link\.sparkplug\.session: Sparkplug session on (?P<server>\S+) "
 )
 
 

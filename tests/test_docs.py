@@ -64,7 +64,8 @@ def test_the_module_table_lists_every_module_of_the_agent() -> None:
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\| `(agent/[\w/]+\.py)`", text, re.MULTILINE))
     modules = {path.relative_to(ROOT).as_posix() for path in (ROOT / "agent").rglob("*.py")}
-    modules -= {f"agent/{path.parent.name}/__init__.py" for path in (ROOT / "agent").glob("*/*.py")}
+    folders = {path.parent for path in (ROOT / "agent").rglob("*/*.py")}
+    modules -= {(folder / "__init__.py").relative_to(ROOT).as_posix() for folder in folders}
     assert listed == modules, listed ^ modules
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from agent.core.messages import Delivery
-from agent.link.mqtt_link import MqttLink
+from agent.link.mqtt.link import MqttLink
 from agent.settings.declarations import MqttConfig, MqttServer, TlsConfig, servers
 from harness import (
     TIMEOUT,
@@ -246,7 +246,7 @@ def test_on_mqtt_311_retained_commands_are_dropped_and_acknowledged(
     retain(broker, SPEAK, b"a retained speak")
     retain(broker, RESTORED, b"0.5")
     probe = Probe()
-    with caplog.at_level(logging.WARNING, "agent.link.mqtt_link"):
+    with caplog.at_level(logging.WARNING, "agent.link.mqtt.link"):
         link = start_link(probe, (server(broker),), protocol="3.1.1")
         try:
             wait_on(link, broker)
@@ -387,7 +387,7 @@ def test_auto_falls_back_to_311_where_mqtt_5_is_refused_and_remembers_it(
     gate = VersionGate(backend, answer)
     probe = Probe()
     gated = MqttServer(gate.host, gate.port)
-    with caplog.at_level(logging.INFO, "agent.link.mqtt_link"):
+    with caplog.at_level(logging.INFO, "agent.link.mqtt.link"):
         link = start_link(probe, (gated,))
         try:
             wait_until(link.connected.is_set, what="a connection through the gate")
@@ -413,7 +413,7 @@ def test_mqtt_5_forced_never_falls_back(tmp_path: Path, caplog: pytest.LogCaptur
     backend.start()
     gate = VersionGate(backend, "connack")
     probe = Probe()
-    with caplog.at_level(logging.WARNING, "agent.link.mqtt_link"):
+    with caplog.at_level(logging.WARNING, "agent.link.mqtt.link"):
         link = start_link(probe, (MqttServer(gate.host, gate.port),), protocol="5")
         try:
             wait_until(lambda: gate.v5_connects >= 3, what="three MQTT 5 attempts")

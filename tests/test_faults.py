@@ -516,7 +516,7 @@ def by_session(log: str, pattern: str) -> dict[str, list[str]]:
     (the engine's lines carry its prefix before the logger's name)."""
     found: dict[str, list[str]] = {name: [] for name in SESSIONS}
     for line in log.splitlines():
-        if "agent.link.mqtt_link:" in line:
+        if "agent.link.mqtt.link:" in line:
             session = "engine" if " engine agent.link." in line else "sounder"
             found[session] += re.findall(pattern, line)
     return found

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent.core.messages import Delivery
-from agent.link.mqtt_link import MqttLink
-from agent.link.sparkplug_link import BdSeq, SparkplugLink
+from agent.link.mqtt.link import MqttLink
+from agent.link.sparkplug.session import BdSeq, SparkplugLink
 from agent.protocol.sparkplug import SparkplugTopics
 from agent.protocol.sparkplug_schema import Payload
 from agent.settings.declarations import ConfigError, MqttConfig, MqttServer, SparkplugConfig

@@ -10,8 +10,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.core.messages import Delivery
-from agent.link.mqtt_link import MqttLink
-from agent.link.servers import UNSUPPORTED_PROTOCOL, Ring, Step, delay, refusal
+from agent.link.mqtt.link import MqttLink
+from agent.link.mqtt.servers import UNSUPPORTED_PROTOCOL, Ring, Step, delay, refusal
 from agent.settings.declarations import MqttConfig, MqttProtocol, MqttServer
 
 

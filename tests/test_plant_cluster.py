@@ -182,7 +182,7 @@ def settle(
 def lifetimes(agent: ClusterAgent, start: float, end: float) -> list[float]:
     """Seconds each connection of the link made between `start` and `end` lasted (from its
     `Connected to` line to the next `Disconnected from` line)."""
-    lines = agent.lines("agent.link.mqtt_link", start)
+    lines = agent.lines("agent.link.mqtt.link", start)
     found: list[float] = []
     opened: float | None = None
     for line in lines:

@@ -22,7 +22,7 @@ import pytest
 
 from agent.core.messages import Event, Priority, SpeakRequest, SynthesisDone
 from agent.formats.chunk import Chunk
-from agent.link.wyoming_render import DeskFullError, RenderDesk
+from agent.link.wyoming.render import DeskFullError, RenderDesk
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import Synthesizer, VoiceChoice
 from agent.speech.urgent import UrgentGate, is_urgent

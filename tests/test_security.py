@@ -91,7 +91,7 @@ def test_a_wrong_ca_is_refused_and_nothing_goes_in_plain_text(
 
 
 REFUSED = re.compile(
-    r"^(\S+ \S+) WARNING (engine )?agent\.link\.mqtt_link: Cannot connect .*"
+    r"^(\S+ \S+) WARNING (engine )?agent\.link\.mqtt\.link: Cannot connect .*"
     r"broker refused the connection",
     re.MULTILINE,
 )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.link.sparkplug_link import BdSeq
+from agent.link.sparkplug.session import BdSeq
 from agent.protocol.sparkplug_schema import Payload
 from harness import Watcher, wait_until
 from tests.conftest import StartAgent

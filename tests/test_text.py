@@ -21,8 +21,8 @@ from agent.core.messages import Rejection, SpeakRequest
 from agent.formats.markup import is_ssml
 from agent.formats.ssml import SsmlError, parse_ssml, spoken_text
 from agent.formats.text import PIECE_CHARS, Cut, TextCutter, clean_text, pieces
-from agent.link.wyoming_framing import LINE_LIMIT, read_event
-from agent.link.wyoming_server import ClientError, Intake
+from agent.link.wyoming.framing import LINE_LIMIT, read_event
+from agent.link.wyoming.server import ClientError, Intake
 from agent.protocol.hermes import parse_say as hermes_say
 from agent.protocol.payloads import SpeakLimits, parse_say, parse_speak
 from agent.speech.voice import TooManyPhonemesError, Voice

@@ -17,7 +17,7 @@ from wyoming.event import Event, async_read_event
 from wyoming.info import Describe
 
 from agent.core.reasons import Reason
-from agent.link.wyoming_framing import LINE_LIMIT, UnreadableError, read_event
+from agent.link.wyoming.framing import LINE_LIMIT, UnreadableError, read_event
 from agent.settings.declarations import AgentConfig
 from agent.speech.phrase_cache import PhraseCache
 from agent.speech.synthesizer import VoiceChoice

@@ -30,7 +30,7 @@ from zeroconf import (
 )
 from zeroconf._utils.name import service_type_name  # zeroconf's own check (not re-exported)
 
-from agent.link.wyoming_zeroconf import (
+from agent.link.wyoming.zeroconf import (
     LABEL_BYTES,
     SERVICE_TYPE,
     Advertised,
@@ -47,7 +47,7 @@ from tests.conftest import StartAgent
 
 DEADLINE = 30.0
 """Seconds a registration, a discovery or a removal may take on a busy machine."""
-LOGGER = "agent.link.wyoming_zeroconf"
+LOGGER = "agent.link.wyoming.zeroconf"
 
 HOSTILE = [
     "k" * 300,

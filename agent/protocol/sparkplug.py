@@ -1,5 +1,5 @@
 """The Sparkplug B 3.0 edge node's decisions: its topics, its metrics, the births, data and
-deaths it publishes, and what a command asks for. Pure: the edge (`link.sparkplug_link`) owns
+deaths it publishes, and what a command asks for. Pure: the edge (`link.sparkplug.session`) owns
 the MQTT session, the composition (`sparkplug_node`) carries out what this decides.
 
 One edge node (`sparkplug.edge_node_id`) with one device, the speaker (`sparkplug.device_id`).

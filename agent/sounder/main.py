@@ -54,7 +54,7 @@ from agent.core.messages import (
 )
 from agent.core.scheduler import SpeakCore
 from agent.guarded import nofollow
-from agent.link.mqtt_link import MqttLink
+from agent.link.mqtt.link import MqttLink
 from agent.loop.inbox import Inbox
 from agent.protocol.lanes import in_alarm_lane, may_be_alarm
 from agent.protocol.payloads import SpeakLimits, encode_event, parse_ack, parse_speak, parse_stop

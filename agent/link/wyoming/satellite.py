@@ -42,7 +42,7 @@ from wyoming.snd import Played
 
 from agent.core.messages import AudioClip, Notify, Priority, SpeakRequest
 from agent.core.reasons import Reason
-from agent.link.wyoming_server import UNREADABLE, ClientError, Incoming, peer_address
+from agent.link.wyoming.server import UNREADABLE, ClientError, Incoming, peer_address
 from agent.settings.declarations import WyomingConfig
 
 _LOGGER = logging.getLogger(__name__)

@@ -48,8 +48,8 @@ from agent.core.messages import Delivery
 
 if TYPE_CHECKING:  # tenacity loads only once a connect failed
     from tenacity import RetryCallState
-from agent.link.bounded_socket import BoundedClient
-from agent.link.servers import (
+from agent.link.mqtt.bounded_socket import BoundedClient
+from agent.link.mqtt.servers import (
     UNSUPPORTED_PROTOCOL,
     V5,
     Ring,

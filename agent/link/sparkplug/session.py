@@ -38,8 +38,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_when_event_set
 
 from agent.guarded import nofollow
-from agent.link.bounded_socket import BoundedClient
-from agent.link.servers import V311, Ring, Step, credentials, delay, passwords, tls_contexts
+from agent.link.mqtt.bounded_socket import BoundedClient
+from agent.link.mqtt.servers import V311, Ring, Step, credentials, delay, passwords, tls_contexts
 from agent.protocol.inputs import (
     SparkplugCommand,
     SparkplugConnected,

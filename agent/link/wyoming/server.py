@@ -3,7 +3,7 @@ for Home Assistant's Assist pipelines.
 
 `describe` is answered with `info` (one TTS program, every voice and speaker of the node);
 `synthesize`, and its streaming form `synthesize-start` / `-chunk` / `-stop`, with audio from
-the render desk (`wyoming_render`): a second synthesizer over the node's own voices and phrase
+the render desk (`render`): a second synthesizer over the node's own voices and phrase
 cache, one request at a time, never the player's.
 
 A Wyoming text becomes a request as a speak message's text does (`Intake`): the same typed
@@ -16,7 +16,7 @@ text front end's linear cutter (`text.TextCutter`), each sentence said as soon a
 
 Every connection is bounded: its peer must be in `wyoming.allow`; each port serves at most
 `wyoming.max_clients` connections, and at most `wyoming.max_clients_per_peer` from one address;
-an event is read with its bounds checked from its header (`wyoming_framing`); a silent
+an event is read with its bounds checked from its header (`framing`); a silent
 connection is closed after `wyoming.idle_seconds`, and a client that stops reading is dropped
 after `wyoming.write_seconds`, its synthesis cut (the render worker is never held by it).
 """
@@ -52,8 +52,8 @@ from agent.core.messages import Rejection, SpeakRequest
 from agent.core.reasons import Reason
 from agent.formats.chunk import Chunk
 from agent.formats.text import TextCutter
-from agent.link.wyoming_framing import LINE_LIMIT, UnreadableError, read_event
-from agent.link.wyoming_render import DeskFullError, RenderDesk
+from agent.link.wyoming.framing import LINE_LIMIT, UnreadableError, read_event
+from agent.link.wyoming.render import DeskFullError, RenderDesk
 from agent.protocol.payloads import SPEAK_FIELDS, SpeakLimits, finish_request
 from agent.settings.declarations import WyomingConfig
 

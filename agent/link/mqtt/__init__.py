@@ -1,0 +1,1 @@
+"""The MQTT link: the session of the node, the ring of servers, packets bounded at the socket."""

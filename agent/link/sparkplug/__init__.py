@@ -1,0 +1,1 @@
+"""The Sparkplug B session of the edge node."""

@@ -1,0 +1,1 @@
+"""The Wyoming servers: text to speech, the announce target, their discovery."""
