@@ -5,7 +5,18 @@ captured audio. No mocks. `tests/` and `bench/` both import it."""
 from __future__ import annotations
 
 from .agent import AgentProcess, agent_config, write_config
-from .audio import FaultyPcm, PulseNullSink, located, onsets, read_pcm, same_speech, speech_stats
+from .audio import (
+    FaultyPcm,
+    PulseNullSink,
+    TimedRecording,
+    correlation_track,
+    first_match,
+    located,
+    onsets,
+    read_pcm,
+    same_speech,
+    speech_stats,
+)
 from .broker import Broker, Pki, free_port, make_pki
 from .cgroup import CgroupError, MemoryCgroup, MemoryReading, drop_page_cache
 from .mqtt import Received, Watcher, publish
@@ -24,9 +35,12 @@ __all__ = [
     "Pki",
     "PulseNullSink",
     "Received",
+    "TimedRecording",
     "Watcher",
     "agent_config",
+    "correlation_track",
     "drop_page_cache",
+    "first_match",
     "free_port",
     "located",
     "make_pki",

@@ -6,7 +6,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +71,17 @@ class AgentProcess:
 
     def start(self) -> None:
         """Start it (returns at once; wait for `online` to know it is ready)."""
+        self.start_command(
+            [sys.executable, "-m", "agent", "run", "--config", str(self.config)]
+            + (["--debug"] if self.debug else [])
+        )
+
+    def start_command(self, command: Sequence[str]) -> None:
+        """Start it with this command line (an installed node's `voice-agent run --config
+        FILE`, say), as `start` does."""
         with self.log.open("ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "agent", "run", "--config", str(self.config)]
-                + (["--debug"] if self.debug else []),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=ROOT,
+                list(command), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT
             )
 
     def signal(self, sig: int) -> int:

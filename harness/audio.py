@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -192,3 +194,126 @@ class FaultyPcm:
 
     def close(self) -> None:
         self._pcm.close()
+
+
+class TimedRecording:
+    """A sink's monitor recorded through a pipe, with the sound server's timeline: where each
+    sample lies in `time.perf_counter()` seconds, so that a publish and the first sample of
+    what it made heard can be subtracted.
+
+    `parec` hands over samples in small pieces as the sink renders them (`latency_ms`); each
+    piece is timed as it arrives. The sink renders in real time, so sample `i` was rendered at
+    `origin + i / rate` at the latest, where `origin` is the least of (arrival - samples so far /
+    rate) over every piece: the earliest any piece could have been delivered. A time read this
+    way is late by the recording's own delivery delay (a few milliseconds; never early), so a
+    latency measured with it is a little pessimistic."""
+
+    def __init__(
+        self, sink: PulseNullSink, rate: int, sink_name: str = "nullsink", latency_ms: int = 5
+    ) -> None:
+        self.rate = rate
+        self._command = ["parec", "-d", f"{sink_name}.monitor", "--raw", "--format=s16le"]
+        self._command += [f"--rate={rate}", "--channels=1", f"--latency-msec={latency_ms}"]
+        self._env = {**os.environ, **sink.env(sink.socket.parent / "unused.raw")}
+        self._data = bytearray()
+        self._origin = float("inf")
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> TimedRecording:
+        """Start recording; returns once samples arrive."""
+        self._process = subprocess.Popen(
+            self._command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self._env
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        wait_until(lambda: self.samples_so_far() > 0, 15, "the monitor recording")
+        return self
+
+    def _read(self) -> None:
+        assert self._process is not None
+        assert self._process.stdout is not None
+        fd = self._process.stdout.fileno()
+        while piece := os.read(fd, 65536):
+            now = time.perf_counter()
+            with self._lock:
+                self._data += piece
+                self._origin = min(self._origin, now - len(self._data) // 2 / self.rate)
+
+    def samples_so_far(self) -> int:
+        """How many samples arrived."""
+        with self._lock:
+            return len(self._data) // 2
+
+    def samples(self, start: int = 0, stop: int | None = None) -> npt.NDArray[np.int16]:
+        """The samples recorded from index `start` to `stop` (the end so far)."""
+        with self._lock:
+            end = len(self._data) // 2 if stop is None else min(stop, len(self._data) // 2)
+            return np.frombuffer(bytes(self._data[2 * start : 2 * end]), dtype="<i2").astype(
+                np.int16
+            )
+
+    def index_at(self, when: float) -> int:
+        """The sample the sink rendered at perf_counter time `when` (may lie ahead of what
+        arrived)."""
+        with self._lock:
+            return max(0, round((when - self._origin) * self.rate))
+
+    def time_of(self, index: int) -> float:
+        """The perf_counter time the sink rendered sample `index` (at the latest)."""
+        with self._lock:
+            return self._origin + index / self.rate
+
+    def save(self, path: Path) -> None:
+        """Write what was recorded as raw S16_LE mono (for a look after a failure)."""
+        with self._lock:
+            path.write_bytes(bytes(self._data))
+
+    def stop(self) -> None:
+        """Stop recording (the samples stay)."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            self._process.wait(10)
+        if self._reader is not None:
+            self._reader.join(10)
+
+
+def correlation_track(
+    haystack: npt.NDArray[np.int16], needle: npt.NDArray[np.int16]
+) -> npt.NDArray[np.float64]:
+    """The Pearson correlation of `needle` with `haystack` at every lag where it fits whole
+    (by FFT; a flat stretch of `haystack` correlates 0)."""
+    a, b = haystack.astype(np.float64), needle.astype(np.float64)
+    n = len(b)
+    if len(a) < n or n < 2:
+        return np.zeros(0)
+    b = b - b.mean()
+    size = 1 << int(np.ceil(np.log2(len(a) + n)))
+    dots = np.fft.irfft(np.fft.rfft(a, size) * np.conj(np.fft.rfft(b, size)), size)
+    dots = dots[: len(a) - n + 1]
+    sums = np.concatenate(([0.0], np.cumsum(a)))
+    squares = np.concatenate(([0.0], np.cumsum(a * a)))
+    window_sum = sums[n:] - sums[:-n]
+    spread = (squares[n:] - squares[:-n]) - window_sum**2 / n
+    scale = np.sqrt(np.maximum(spread, 0.0)) * np.sqrt(float(b @ b))
+    track = np.zeros(len(dots))
+    ok = scale > 1e-6 * max(1.0, float(scale.max(initial=0.0)))
+    track[ok] = dots[ok] / scale[ok]
+    return track
+
+
+def first_match(
+    haystack: npt.NDArray[np.int16], needle: npt.NDArray[np.int16], threshold: float
+) -> tuple[int, float] | None:
+    """The first place `needle` is heard in `haystack` (its first lag with a Pearson
+    correlation above `threshold`, refined to the best lag within half a needle after it), and
+    the correlation there; None if nowhere."""
+    track = correlation_track(haystack, needle)
+    above = np.flatnonzero(track > threshold)
+    if not len(above):
+        return None
+    start = int(above[0])
+    stop = min(len(track), start + max(1, len(needle) // 2))
+    best = start + int(np.argmax(track[start:stop]))
+    return best, float(track[best])

@@ -384,8 +384,10 @@ class ScadaHost(_Child):
         keepalive: int = 10,
         log: Path | None = None,
         debug: bool = False,
+        watch: bool = True,
     ) -> None:
         """`host_id` is the primary host application id (the STATE topic's last level);
+        `watch=False` reads only its own STATE (a host that only commands, at full rate);
         `keepalive` in seconds (the broker sends the will this much after the host goes quiet,
         at once when its process dies); `log` receives the child's stderr (`debug`: paho's
         log too)."""
@@ -397,7 +399,10 @@ class ScadaHost(_Child):
             keepalive=keepalive,
             debug=debug,
         )
-        super().__init__(["host", *connection, "--host-id", host_id], log, password)
+        arguments = ["host", *connection, "--host-id", host_id]
+        if not watch:  # its own STATE only: nothing else decoded, reported or kept
+            arguments += ["--subscribe", f"spBv1.0/STATE/{host_id}"]
+        super().__init__(arguments, log, password)
         self.host_id = host_id
         self.state_topic = f"spBv1.0/STATE/{host_id}"
 

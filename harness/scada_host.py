@@ -9,6 +9,7 @@ the project has 2.x), so it imports only the standard library, pysparkplug, paho
 protobuf. Nothing of the agent.
 
     python scada_host.py host --broker-host H --broker-port P --host-id ID [--keepalive S]
+        [--subscribe FILTER]
     python scada_host.py edge --broker-host H --broker-port P --group G --edge E --device D
 
 A password, if any, comes in the environment variable SCADA_PASSWORD (not on the command line).
@@ -430,12 +431,12 @@ class Host:
     def _on_connect(self, client: mqtt.Client, _userdata: Any, flags: Any, rc: int) -> None:
         self.out.emit("connected", rc=rc, session_present=bool(flags.get("session present")))
         if rc == 0:
-            _, self._subscribe_mid = client.subscribe(f"{NAMESPACE}/#", qos=1)
+            _, self._subscribe_mid = client.subscribe(self.args.subscribe, qos=1)
 
     def _on_subscribe(self, _client: mqtt.Client, _userdata: Any, mid: int, granted: Any) -> None:
         if mid != self._subscribe_mid:
             return
-        self.out.emit("subscribed", topic=f"{NAMESPACE}/#", granted=list(granted))
+        self.out.emit("subscribed", topic=self.args.subscribe, granted=list(granted))
         payload = self._state_payload(True, self._will_timestamp)
         self.client.publish(self.state_topic, payload, qos=1, retain=True)
         self.out.emit("state_published", online=True, timestamp=self._will_timestamp, birth=True)
@@ -699,6 +700,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--client-id")
     parser.add_argument("--keepalive", type=int, default=10)
     parser.add_argument("--host-id", help="host: the primary host application id")
+    parser.add_argument(
+        "--subscribe",
+        default=f"{NAMESPACE}/#",
+        help="host: the topic filter it reads (default: every Sparkplug message)",
+    )
     parser.add_argument("--group", help="edge: the group id")
     parser.add_argument("--edge", help="edge: the edge node id")
     parser.add_argument("--device", help="edge: the device id")

@@ -21,8 +21,10 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as seed_hypothesis
 from hypothesis import strategies as st
 
 from agent.protocol.payloads import SPEAK_FIELDS
@@ -625,3 +627,179 @@ state_payloads = st.one_of(
 )
 """STATE messages a forger (or a broken host) publishes: any timestamp (far ahead, negative,
 past 2^63, the TCK's 'old' one), any type, any JSON, Sparkplug 2.2's plain text, deep nesting."""
+# ---- issue 33: what each edge's attacker sends at full rate (harness/attacks.py drives them) ---
+
+WYOMING_RUN: Final = 30_000
+"""The issue's run of punctuation: 30,000 full stops and then a letter (31 KB)."""
+
+PUNCTUATION_RUNS: Final = tuple(
+    mark * WYOMING_RUN + "x" for mark in (".", "!", "?", "\u2026", "\u3002", ". ", ".\n", "?!")
+)
+"""Runs of each sentence end a splitter may look for, then a letter: a splitter that backtracks
+on a run of punctuation takes seconds (the issue: `sentences_ready("." * 16000 + "x ")` alone
+took 7 s). The first is the issue's Wyoming `synthesize`."""
+
+LONG_TEXT_CHARS: Final = 99_990
+"""The issue's long Wyoming text: just under `wyoming.max_text_chars` (100,000)."""
+
+_WORDS: Final = [
+    "pump",
+    "valve",
+    "boiler",
+    "tank",
+    "line",
+    "feeder",
+    "conveyor",
+    "press",
+    "furnace",
+    "chiller",
+    "hall",
+    "bay",
+    "dock",
+    "gate",
+    "north",
+    "south",
+    "east",
+    "west",
+    "upper",
+    "lower",
+    "first",
+    "second",
+    "third",
+    "inner",
+    "outer",
+    "spare",
+    "main",
+    "backup",
+]
+
+
+def long_unended_text(chars: int = LONG_TEXT_CHARS, seed: int = 0) -> str:
+    """Words and no sentence end, exactly `chars` characters, different for every `seed` (no
+    phrase cache serves it): one sentence that a splitter cannot cut, so the whole of it goes
+    to phonemizing unless a bound comes first."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    size = 0
+    while size < chars:
+        word = f"{rng.choice(_WORDS)}{rng.randrange(1000)}"
+        words.append(word)
+        size += len(word) + 1
+    text = " ".join(words)[:chars]
+    return text[:-1] + "x" if text.endswith(" ") else text
+
+
+def chunks_of(text: str, size: int) -> list[str]:
+    """`text` in pieces of `size` characters (a streaming client's `synthesize-chunk`s)."""
+    return [text[start : start + size] for start in range(0, len(text), size)]
+
+
+def amplified_dcmd(
+    writes: int = 32, seed: int = 0, priority: str = "chat"
+) -> list[tuple[str, str, str]]:
+    """One Sparkplug DCMD of the issue's amplification, as (metric name, datatype, value):
+    `Priority` = `priority`, then `writes - 1` writes of `Speak`, each a different sentence of
+    about 30 characters (about 1.3 KB on the wire with names and datatypes). Each write is a
+    whole speak to a node that does not bound the work of one command."""
+    rng = random.Random(seed)
+    metrics = [("Priority", "String", priority)]
+    for write in range(writes - 1):
+        word = rng.choice(_WORDS)
+        metrics.append(
+            ("Speak", "String", f"Tag {seed}-{write} {word} reads {rng.randrange(999)}.")
+        )
+    return metrics
+
+
+def flood_speak(number: int, priority: str = "info") -> bytes:
+    """One speak of a plain flood on the node's own topic: a new text each time (the phrase
+    cache does not serve it), of a class below the alarms."""
+    word = _WORDS[number % len(_WORDS)]
+    text = f"Notice {number}: the {word} in bay {number % 97} is idle."
+    return json.dumps({"id": f"flood-{number}", "text": text, "priority": priority}).encode()
+
+
+ALARM_CLASSES: Final = frozenset({"alarm", "critical"})
+
+
+def below_alarms(payload: bytes) -> bool:
+    """Whether a hostile speak payload, if the agent read it as a speak, would not be of an
+    alarm class (hostile text includes the word "critical"): a flood of it must never be
+    judged as alarms."""
+    text = payload.decode("utf-8", "replace").lstrip("\ufeff \t\r\n")  # as a lenient parser
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return b"critical" not in payload.lower() and b"alarm" not in payload.lower()
+    if not isinstance(value, dict):
+        return True
+    priority = value.get("priority")
+    return not (isinstance(priority, str) and priority.strip().lower() in ALARM_CLASSES)
+
+
+def examples(strategy: st.SearchStrategy[Any], count: int, seed: int = 0) -> list[Any]:
+    """`count` examples of a strategy, drawn once and reproducibly (no shrinking, no database):
+    what an attacker's pool of payloads is made of."""
+    drawn: list[Any] = []
+
+    @settings(
+        max_examples=count,
+        database=None,
+        phases=[Phase.generate],
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(value: Any) -> None:
+        drawn.append(value)
+
+    collect = seed_hypothesis(seed)(collect)
+    collect()
+    return drawn
+
+
+def hostile_speak_pool(count: int = 400, seed: int = 0) -> list[bytes]:
+    """Hostile speak payloads (`speak_payloads`) of no alarm class, for a flood to mix in."""
+    return [p for p in examples(speak_payloads, count, seed) if below_alarms(p)]
+
+
+def connack(level: int) -> bytes:
+    """An MQTT CONNACK accepting a CONNECT of protocol `level` (5: MQTT 5, with an empty
+    property list; else 3.1.1)."""
+    return b"\x20\x03\x00\x00\x00" if level == 5 else b"\x20\x02\x00\x00"
+
+
+def remaining_length(length: int) -> bytes:
+    """MQTT's variable byte integer (up to 268,435,455)."""
+    out = bytearray()
+    while True:
+        byte, length = length % 128, length // 128
+        out.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes(out)
+
+
+def huge_publish_head(topic: str, length: int = 268_435_455, level: int = 5) -> bytes:
+    """The start of a QoS 0 PUBLISH announcing `length` bytes (MQTT's largest by default): its
+    fixed header, topic and (MQTT 5) empty properties; the payload is whatever follows."""
+    name = topic.encode()
+    head = len(name).to_bytes(2, "big") + name + (b"\x00" if level == 5 else b"")
+    return b"\x30" + remaining_length(length) + head
+
+
+def garbage(size: int, seed: int = 0) -> bytes:
+    """Random bytes: no MQTT packet."""
+    return random.Random(seed).randbytes(size)
+
+
+def padded_flac(data: bytes, padding: int) -> bytes:
+    """A FLAC file with a PADDING metadata block of `padding` bytes after its STREAMINFO: the
+    same samples and the same decoding work, but other bytes (a cache keyed by the file's
+    digest decodes it again)."""
+    if data[:4] != b"fLaC":
+        raise ValueError("not a FLAC file")
+    info_end = 4 + 4 + 34
+    header = data[4]
+    last = header & 0x80
+    block = bytes([0x01 | last]) + padding.to_bytes(3, "big") + bytes(padding)
+    return data[:4] + bytes([header & 0x7F]) + data[5:info_end] + block + data[info_end:]
