@@ -39,6 +39,7 @@ Usage: `python -m bench.alarms [--out-dir bench] [--quick] [--before] [--only NA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -59,7 +60,7 @@ from piper import PiperVoice, SynthesisConfig
 
 from bench.report import write_json
 from bench.run import Progress, machine_info
-from harness import ROOT, AgentProcess, Watcher, agent_config, write_config
+from harness import ROOT, AgentProcess, Watcher, agent_config, first_match, write_config
 from harness.attacks import (
     ONSET_SAMPLES,
     RATE,
@@ -201,29 +202,47 @@ def publish_alarm(fire: FiringRange, request_id: str, text: str) -> float:
 def alarm_heard(
     fire: FiringRange, request_id: str, sent: float, deadline: float
 ) -> tuple[float, bool, float | None] | None:
-    """Wait up to `deadline` s for the alarm's end; seconds from its publication (`sent`) to
-    its chime's first sample at the sound server, whether the chime was heard whole, and
-    `started`'s own time less that sample's; None if it did not end in time or was not heard."""
+    """Wait up to `deadline` s for the alarm's chime at the sound server; seconds from its
+    publication (`sent`) to the chime's first sample, whether the chime was heard whole, and
+    `started`'s own time less that sample's; None if it was not heard in time. Then waits (up
+    to `deadline` again) for its end, so that alarms never overlap."""
     watcher = _watcher(fire)
     chime = alarm_chime("critical")
     wall_offset = time.time() - time.perf_counter()
-    try:
-        end = watcher.wait_end(request_id, deadline)
-    except AssertionError:
-        return None
-    if end["event"] != "finished":
-        return None
-    time.sleep(0.2)  # the last samples reach the recording
-    onset = first_heard(fire.recording, chime[:ONSET_SAMPLES], sent)
+    onset = listen(fire, chime[:ONSET_SAMPLES], sent, deadline)
     if onset is None:
         return None
+    with contextlib.suppress(AssertionError):  # late events are not a lost alarm
+        watcher.wait_end(request_id, deadline)
+    time.sleep(0.2)  # the last samples reach the recording
     whole = first_heard(fire.recording, chime, sent, 0.8) is not None
     started = [e for e in watcher.events(request_id) if e["event"] == "started"]
     gap = None
     if started:
         stamp = datetime.fromisoformat(str(started[0]["ts"]).replace("Z", "+00:00"))
-        gap = stamp.timestamp() - wall_offset - onset[0]
-    return onset[0] - sent, whole, gap
+        gap = stamp.timestamp() - wall_offset - onset
+    return onset - sent, whole, gap
+
+
+def listen(
+    fire: FiringRange, needle: npt.NDArray[np.int16], since: float, deadline: float
+) -> float | None:
+    """When `needle` is first heard after perf_counter time `since` (the sound server's
+    timeline), waiting for it up to `deadline` s; only new samples are searched each time."""
+    recording = fire.recording
+    start = max(0, recording.index_at(since) - RATE // 10)
+    checked = start
+    give_up = time.perf_counter() + deadline
+    while True:
+        end = recording.samples_so_far()
+        window = max(start, checked - len(needle))
+        found = first_match(recording.samples(window, end), needle, 0.9)
+        if found is not None:
+            return recording.time_of(window + found[0])
+        checked = end
+        if time.perf_counter() > give_up:
+            return None
+        time.sleep(0.25)
 
 
 # ---- (b) spawn -> first sample of a pinned alarm ---------------------------------------------
@@ -283,12 +302,11 @@ def power_on(work: Path, starts: int, venv: Path, say: Progress) -> dict[str, An
             fire.agent = AgentProcess(path, work / f"power-on-{trial}.log", env)
             spawned = time.perf_counter()
             fire.agent.start_command([*command, "--config", str(path)])
-            watcher.wait_end(request_id, 120)
-            time.sleep(0.2)
-            onset = first_heard(fire.recording, alarm_chime("critical")[:ONSET_SAMPLES], spawned)
+            onset = listen(fire, alarm_chime("critical")[:ONSET_SAMPLES], spawned, 120)
             if onset is None:
                 raise RuntimeError(f"the pinned alarm of start {trial + 1} was not heard")
-            agent_samples.append(round((onset[0] - spawned) * 1000, 1))
+            watcher.wait_end(request_id, 120)
+            agent_samples.append(round((onset - spawned) * 1000, 1))
             online_s.append(round(_online_at(fire, since) - spawned, 3))
             fire.stop_agent()
             piper_ms.append(round(piper_start(fire, reference) * 1000, 1))

@@ -317,3 +317,32 @@ def first_match(
     stop = min(len(track), start + max(1, len(needle) // 2))
     best = start + int(np.argmax(track[start:stop]))
     return best, float(track[best])
+
+
+def heard_in_order(
+    haystack: npt.NDArray[np.int16],
+    needle: npt.NDArray[np.int16],
+    piece: int,
+    threshold: float = 0.8,
+) -> tuple[int, int, int | None]:
+    """Whether every piece of `needle` (`piece` samples each; the near-silent ones skipped)
+    reached `haystack`, each after the one before: (pieces found in order, pieces, where the
+    first was found). A sound cut by underruns (silence inserted between its pieces) is still
+    heard whole; a sound cut short, or another one, is not."""
+    level = np.abs(needle.astype(np.int32))
+    floor = 0.05 * float(level.max(initial=0))
+    pieces = [
+        needle[start : start + piece]
+        for start in range(0, len(needle) - piece // 2, piece)
+        if float(level[start : start + piece].max(initial=0)) > floor
+    ]
+    found, position, first = 0, 0, None
+    for part in pieces:
+        match = first_match(haystack[position:], part, threshold)
+        if match is None:
+            break
+        found += 1
+        if first is None:
+            first = position + match[0]
+        position += match[0] + len(part) // 2
+    return found, len(pieces), first

@@ -32,6 +32,7 @@ isolated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -44,8 +45,8 @@ import numpy.typing as npt
 import pytest
 from piper import PiperVoice, SynthesisConfig
 
-from harness import TimedRecording, Watcher, first_match, located, wait_until
-from harness.attacks import RATE, Barrage, FiringRange, alarm_chime
+from harness import TimedRecording, Watcher, heard_in_order, wait_until
+from harness.attacks import ONSET_SAMPLES, RATE, Barrage, FiringRange, alarm_chime, first_heard
 
 pytestmark = [pytest.mark.slow]
 
@@ -53,10 +54,12 @@ FIRE_SECONDS = 60.0
 """How long every attack runs at once."""
 ROUND_SECONDS = 4.0
 """Alarms are published every this many seconds while the fire lasts."""
-ALARM_DEADLINE = 600.0
+ALARM_DEADLINE = 300.0
 """How long after the fire every alarm may take to end (generous: behaviour, not speed)."""
 RANK = {"critical": 2, "alarm": 1}
+ENDS = frozenset({"finished", "failed", "rejected", "stopped", "expired", "acknowledged"})
 PLACES = ("boiler room", "north stairwell", "loading dock", "server hall", "paint shop")
+NUMBERS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 CONTROL_TEXT = "This is the control message after the test"
 
 
@@ -75,8 +78,10 @@ class Alarm:
 
 
 def alarm_text(number: int) -> str:
-    """One sentence without a comma (so the node makes it in one piece, as piper-tts does)."""
-    return f"Alarm {number} fire in the {PLACES[number % len(PLACES)]} leave the building now."
+    """One sentence without a comma or a digit (so the node makes it in one piece from the same
+    phonemes as piper-tts), different for each alarm."""
+    place = PLACES[number % len(PLACES)]
+    return f"Alarm {NUMBERS[number // len(PLACES)]} fire in the {place} leave the building now."
 
 
 @pytest.fixture
@@ -145,19 +150,37 @@ def order_violations(alarms: Sequence[Alarm], log: Sequence[dict[str, object]]) 
     return found
 
 
-def heard(
-    recording: TimedRecording, alarm: Alarm, until: float
-) -> tuple[float | None, float | None]:
-    """The correlation of the alarm's chime (whole) and of its words, each at its first place
-    in the recording from the alarm's publication to `until` (perf_counter); None: not found."""
+def heard(recording: TimedRecording, alarm: Alarm, until: float) -> str | None:
+    """Whether the alarm was heard whole between its publication and `until` (perf_counter):
+    every quarter second of its class's chime, then every quarter second of its words, each
+    after the one before (silence between them, as an underrun leaves, is allowed). None if
+    heard, else what was missing."""
     start = max(0, recording.index_at(alarm.published) - RATE // 10)
-    heard_samples = recording.samples(start, recording.index_at(until))
-    chime = first_match(heard_samples, alarm_chime(alarm.priority), 0.8)
-    spoken = words(alarm.text)
-    if len(heard_samples) < len(spoken):
-        return (chime[1] if chime else None), None
-    _, correlation = located(heard_samples, spoken)
-    return (chime[1] if chime else None), (correlation if correlation > 0.9 else None)
+    window = recording.samples(start, recording.index_at(until))
+    found, pieces, at = heard_in_order(window, alarm_chime(alarm.priority), RATE // 4)
+    if found < pieces or at is None:
+        return f"{found} of the {pieces} quarter seconds of its chime"
+    found, pieces, _ = heard_in_order(window[at:], words(alarm.text), RATE // 4)
+    if found < pieces:
+        return f"the chime, then {found} of the {pieces} quarter seconds of its words"
+    return None
+
+
+def last_event(watcher: Watcher, request_id: str) -> str | None:
+    """The name of the last event of a request, if any."""
+    mine = watcher.events(request_id)
+    return str(mine[-1]["event"]) if mine else None
+
+
+def ended_at(watcher: Watcher, request_id: str) -> float:
+    """The perf_counter time its last event arrived."""
+    offset = time.time() - time.perf_counter()
+    mine = [
+        m
+        for m in watcher.snapshot()
+        if m.topic.endswith("/events") and m.json().get("id") == request_id
+    ]
+    return mine[-1].at - offset if mine else time.perf_counter()
 
 
 def test_alarms_are_heard_in_order_under_every_attack_at_once(
@@ -194,10 +217,7 @@ def test_alarms_are_heard_in_order_under_every_attack_at_once(
     print("hostile server:", fire.hostile.report())
 
     def ended() -> bool:
-        return all(watcher.events(a.request_id)[-1:] for a in alarms) and all(
-            watcher.events(a.request_id)[-1]["event"] in {"finished", "failed", "rejected"}
-            for a in alarms
-        )
+        return all(last_event(watcher, a.request_id) in ENDS for a in alarms)
 
     deadline_hit = ""
     try:
@@ -216,28 +236,39 @@ def test_alarms_are_heard_in_order_under_every_attack_at_once(
     ]
     unheard = []
     for alarm in alarms:
-        chime, spoken = heard(fire.recording, alarm, settled)
-        if chime is None or spoken is None:
-            unheard.append(f"{alarm.request_id} ({alarm.priority}): chime {chime}, words {spoken}")
+        until = min(settled, ended_at(watcher, alarm.request_id) + 1.0)
+        missing = heard(fire.recording, alarm, until)
+        if missing is not None:
+            unheard.append(f"{alarm.request_id} ({alarm.priority}): heard only {missing}")
     disorder = order_violations(alarms, event_log(watcher))
 
     alive = agent.alive()
-    control_heard: float | None = None
+    control_missing: str | None = "not spoken: the node died"
     if alive:
         watcher.publish(f"voice/{fire.node_id}/stop", b'{"clear": true}')
         control = Alarm("control", "info", CONTROL_TEXT, len(alarms))
         publish(watcher, topic, control)
-        end = watcher.wait_end(control.request_id, 300)
+        with contextlib.suppress(AssertionError):
+            watcher.wait_end(control.request_id, 300)
         time.sleep(1.0)
-        if end["event"] == "finished":
+        control_missing = f"its events: {[e['event'] for e in watcher.events('control')]}"
+        if last_event(watcher, control.request_id) == "finished":
             start = fire.recording.index_at(control.published)
-            _, control_heard = located(fire.recording.samples(start), words(CONTROL_TEXT))
+            found, pieces, _ = heard_in_order(
+                fire.recording.samples(start), words(CONTROL_TEXT), RATE // 4
+            )
+            control_missing = None if found == pieces else f"{found} of {pieces} quarter seconds"
 
+    for alarm in alarms:  # how late each was heard, for the record (not judged)
+        onset = first_heard(
+            fire.recording, alarm_chime(alarm.priority)[:ONSET_SAMPLES], alarm.published
+        )
+        late = "never" if onset is None else f"{onset[0] - alarm.published:.2f} s"
+        print(f"{alarm.request_id} {alarm.priority}: chime's first sample {late}; {alarm.events}")
     print(f"{len(alarms)} alarms; lost {len(lost)}, unheard {len(unheard)}")
     assert alive, f"the node died under fire; its log ends:\n{agent.output()[-3000:]}"
     assert not deadline_hit, f"{deadline_hit}; alarms not ended: {lost}"
     assert not lost, f"alarms lost: {lost}"
     assert not unheard, f"alarms not heard whole: {unheard}"
     assert not disorder, f"alarms out of order: {disorder}"
-    assert control_heard is not None, "the control message did not finish"
-    assert control_heard > 0.9, f"the control message was not heard ({control_heard})"
+    assert control_missing is None, f"the control message was not heard: {control_missing}"
