@@ -48,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
@@ -62,20 +62,13 @@ from bench.report import write_json
 from bench.run import Progress, machine_info
 from harness import ROOT, AgentProcess, Watcher, agent_config, first_match, write_config
 from harness.attacks import (
+    DRIVERS,
     ONSET_SAMPLES,
     RATE,
-    Attack,
-    Barrage,
     FiringRange,
-    MediaFlood,
-    SparkplugAmplification,
-    SpeakFlood,
     alarm_chime,
     first_heard,
-    wyoming_long,
-    wyoming_pathological,
 )
-from harness.scada import ScadaHost
 
 GOAL_MS: Final = 150.0
 """Issue 33: p99 publish -> first alarm sample under fire, and spawn -> first pinned alarm
@@ -89,26 +82,15 @@ AFTER_FIRE: Final = 120.0
 WARM_UP: Final = 3.0
 _PLACES: Final = ("hall two", "the boiler room", "bay seven", "the north stairs", "the lab")
 
-AttackMaker = Callable[[FiringRange], list[Attack]]
-SCENARIOS: Final[dict[str, AttackMaker]] = {
-    "quiet": lambda _fire: [],
-    "wyoming pathological texts": lambda fire: [wyoming_pathological(fire.target)],
-    "wyoming long texts": lambda fire: [wyoming_long(fire.target)],
-    "sparkplug amplification": lambda fire: [SparkplugAmplification(fire.target, _host(fire))],
-    "QoS 0 flood": lambda fire: [SpeakFlood(fire.target, qos=0)],
-    "QoS 1 flood": lambda fire: [SpeakFlood(fire.target, qos=1)],
-    "media decoding": lambda fire: [MediaFlood(fire.target, fire.media)],
-    "hostile server in mqtt.hosts": lambda _fire: [],
-    "all at once": lambda fire: fire.attacks(),
+SCENARIOS: Final[dict[str, tuple[str, ...]]] = {
+    "quiet": (),
+    **{name: (name,) for name in DRIVERS},
+    "hostile server in mqtt.hosts": (),
+    "all at once": tuple(DRIVERS),
 }
-"""Each scenario's attacks (the hostile server is in the node's config where named)."""
+"""Each scenario's attacks by name (`harness.attacks.DRIVERS`; the hostile server is in the
+node's config where named)."""
 HOSTILE: Final = frozenset({"hostile server in mqtt.hosts", "all at once"})
-
-
-def _host(fire: FiringRange) -> ScadaHost:
-    if fire.host is None:
-        raise RuntimeError("the range is not started")
-    return fire.host
 
 
 def _watcher(fire: FiringRange) -> Watcher:
@@ -144,7 +126,9 @@ def scenario(work: Path, name: str, trials: int, cache_dir: Path, say: Progress)
         fire.start_agent(fire.config(hostile=name in HOSTILE))
         result["spawn_to_online_s"] = round(time.perf_counter() - spawned, 2)
         speak(fire, "warm-up", "alarm", "The node is ready.", ALARM_DEADLINE * 3)
-        attacks = Barrage(SCENARIOS[name](fire)).start()
+        attacks = fire.salvo(SCENARIOS[name]) if SCENARIOS[name] else None
+        if attacks is not None:
+            attacks.start()
         try:
             time.sleep(WARM_UP)
             rng = random.Random(33)  # noqa: S311 - pauses, not secrets
@@ -155,7 +139,8 @@ def scenario(work: Path, name: str, trials: int, cache_dir: Path, say: Progress)
                 if measured is None:
                     result["lost"] = trial + 1
                     say(f"{name}: alarm {trial + 1} not heard within {ALARM_DEADLINE:g} s")
-                    attacks.stop()
+                    if attacks is not None:
+                        attacks.stop()
                     late = alarm_heard(fire, f"a{trial}", sent, AFTER_FIRE)
                     result["lost_heard_after_s"] = None if late is None else round(late[0], 1)
                     say(f"{name}: once the attack stopped, heard after {late and late[0]} s")
@@ -167,8 +152,8 @@ def scenario(work: Path, name: str, trials: int, cache_dir: Path, say: Progress)
                     result["started_minus_heard_ms"].append(round(started_gap * 1000, 1))
                 time.sleep(rng.uniform(0.3, 1.0))
         finally:
-            attacks.stop()
-        result["attacks"] = attacks.report()
+            result["attacks"] = attacks.stop() if attacks is not None else {}
+        result["fetched"] = dict(fire.media.served)
         if fire.hostile is not None:
             result["hostile_server"] = fire.hostile.report()
         result["alive"] = fire.agent is not None and fire.agent.alive()
@@ -351,7 +336,10 @@ def piper_start(fire: FiringRange, reference: npt.NDArray[np.int16]) -> float:
     env = {**os.environ, **fire.sink.env(fire.work / "piper-written.raw")}
     player = ["aplay", "-q", "-D", "pulse", "-t", "raw", "-f", "S16_LE", "-r", str(RATE)]
     aplay = subprocess.Popen(
-        [*player, "-c", "1", "-B", "80000", "-"], stdin=subprocess.PIPE, env=env
+        [*player, "-c", "1", "-B", "80000", "-"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
     )
     piper = [str(Path(sys.executable).with_name("piper")), "-m", str(_model()), "--output-raw"]
     piper += ["--noise-scale", "0", "--noise-w-scale", "0"]

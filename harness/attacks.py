@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import http.server
+import multiprocessing
+import queue
 import signal
 import socket
 import threading
@@ -53,7 +55,7 @@ from .agent import AgentProcess, agent_config, write_config
 from .audio import PulseNullSink, TimedRecording, first_match
 from .broker import Broker, free_port
 from .mqtt import Watcher
-from .scada import ScadaHost, metric
+from .scada import ScadaError, ScadaHost, metric
 from .wait import wait_until
 
 PEERS: Final = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
@@ -325,12 +327,20 @@ class SparkplugAmplification(Attack):
                     metric(name, kind, value)
                     for name, kind, value in amplified_dcmd(self.writes, seed=number)
                 ]
-                sent = self.host.dcmd(
-                    self.target.sparkplug_group,
-                    self.target.node_id,
-                    self.target.sparkplug_device,
-                    metrics,
-                )
+                try:
+                    sent = self.host.dcmd(
+                        self.target.sparkplug_group,
+                        self.target.node_id,
+                        self.target.sparkplug_device,
+                        metrics,
+                        datatypes=False,  # Sparkplug 3.0: commands by name, no datatypes
+                    )
+                except ScadaError as err:  # the host's session dropped: it reconnects
+                    self.count("refused_by_host")
+                    if self.counts["refused_by_host"] <= 3:
+                        self.failed(str(err))
+                    time.sleep(0.5)
+                    continue
                 self.count("dcmds")
                 self.count("writes", len(metrics))
                 self.count("payload_bytes", len(str(sent.get("payload_hex", ""))) // 2)
@@ -502,9 +512,9 @@ class MediaFlood(Attack):
 
     name = "media decoding"
 
-    def __init__(self, target: Target, server: MediaServer) -> None:
+    def __init__(self, target: Target, media_url: str) -> None:
         super().__init__()
-        self.target, self.server = target, server
+        self.target, self.media_url = target, media_url
 
     def workers(self) -> Sequence[Callable[[], None]]:
         return [self._run]
@@ -516,7 +526,7 @@ class MediaFlood(Attack):
         try:
             while not self.stopping.is_set():
                 kind = kinds[number % len(kinds)]
-                sound = f"{self.server.url}{kind}-{number}.{'wav' if kind == 'garbage' else 'flac'}"
+                sound = f"{self.media_url}{kind}-{number}.{'wav' if kind == 'garbage' else 'flac'}"
                 field = "sound_after" if number % 3 == 1 else "sound"
                 body = {"id": f"media-{number}", "text": f"Sound {number}.", field: sound}
                 body["priority"] = ("chat", "info", "warning")[number % 3]
@@ -532,9 +542,6 @@ class MediaFlood(Attack):
         finally:
             client.loop_stop()
             client.disconnect()
-
-    def report(self) -> dict[str, Any]:
-        return {**super().report(), "fetched": dict(self.server.served)}
 
 
 def _json(value: Mapping[str, Any]) -> bytes:
@@ -719,17 +726,104 @@ def edge_sections(
     return sections
 
 
-def every_attack(target: Target, host: ScadaHost, media: MediaServer) -> list[Attack]:
-    """One of each attack of the issue that drives traffic, ready to start (the hostile server
-    is passive: it is put in the node's `mqtt.hosts` and started before the node)."""
-    return [
-        wyoming_pathological(target),
-        wyoming_long(target),
-        SparkplugAmplification(target, host),
-        SpeakFlood(target, qos=0),
-        SpeakFlood(target, qos=1),
-        MediaFlood(target, media),
-    ]
+@dataclass
+class Arsenal:
+    """What the drivers need besides the target: the media server's URL, and a Sparkplug host
+    (a SCADA stand-in that only commands: `ScadaHost(watch=False)`), started on first use."""
+
+    target: Target
+    media_url: str
+    work: Path
+    host: ScadaHost | None = None
+
+    def scada(self) -> ScadaHost:
+        if self.host is None:
+            self.host = ScadaHost(
+                self.target.broker_host,
+                self.target.broker_port,
+                f"attacker-{self.target.node_id}",
+                log=self.work / "scada-attacker.log",
+                watch=False,
+            ).start()
+        return self.host
+
+    def close(self) -> None:
+        if self.host is not None:
+            self.host.stop()
+
+
+DRIVERS: Final[dict[str, Callable[[Arsenal], Attack]]] = {
+    "wyoming pathological texts": lambda arms: wyoming_pathological(arms.target),
+    "wyoming long texts": lambda arms: wyoming_long(arms.target),
+    "sparkplug amplification": lambda arms: SparkplugAmplification(arms.target, arms.scada()),
+    "QoS 0 flood": lambda arms: SpeakFlood(arms.target, qos=0),
+    "QoS 1 flood": lambda arms: SpeakFlood(arms.target, qos=1),
+    "media decoding": lambda arms: MediaFlood(arms.target, arms.media_url),
+}
+"""Every attack of the issue that drives traffic, by name (the hostile server is passive: it
+is put in the node's `mqtt.hosts` and started before the node)."""
+
+
+class Salvo:
+    """Attacks by name (`DRIVERS`), run in a child process of their own: the attackers' Python
+    (floods at full rate, Wyoming clients) never holds this process's interpreter lock, so the
+    clocks of a test or a benchmark (publish times, the recording's timeline) stay true."""
+
+    def __init__(self, target: Target, names: Sequence[str], media_url: str, work: Path):
+        unknown = set(names) - set(DRIVERS)
+        if unknown:
+            raise ValueError(f"no such attacks: {sorted(unknown)}")
+        self.args = (target, tuple(names), media_url, work)
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._answers: multiprocessing.Queue[tuple[str, Any]] = context.Queue()
+        self._process = context.Process(
+            target=_salvo_child, args=(self.args, self._stop, self._answers), daemon=True
+        )
+        self.reported: dict[str, Any] = {}
+
+    def start(self, timeout: float = 120.0) -> Self:
+        """Start the child and wait until every attack runs."""
+        self._process.start()
+        kind, value = self._answers.get(timeout=timeout)
+        if kind != "started":
+            raise RuntimeError(f"the attacks did not start: {value}")
+        return self
+
+    def stop(self, timeout: float = 120.0) -> dict[str, Any]:
+        """Stop every attack; what each sent and saw."""
+        if self.reported or not self._process.is_alive():
+            return self.reported
+        self._stop.set()
+        try:
+            kind, value = self._answers.get(timeout=timeout)
+            self.reported = value if kind == "report" else {"error": value}
+        except queue.Empty:
+            self.reported = {"error": "no report from the attacks"}
+        self._process.join(30)
+        if self._process.is_alive():
+            self._process.kill()
+        return self.reported
+
+
+def _salvo_child(
+    spec: tuple[Target, tuple[str, ...], str, Path],
+    stop: threading.Event,
+    answers: multiprocessing.Queue[tuple[str, Any]],
+) -> None:
+    target, names, media_url, work = spec
+    arsenal = Arsenal(target, media_url, work)
+    try:
+        barrage = Barrage(DRIVERS[name](arsenal) for name in names).start()
+    except Exception as err:  # noqa: BLE001 - the parent says what failed
+        answers.put(("failed", f"{type(err).__name__}: {err}"))
+        arsenal.close()
+        return
+    answers.put(("started", None))
+    stop.wait()
+    barrage.stop()
+    answers.put(("report", barrage.report()))
+    arsenal.close()
 
 
 # ---- the range: a node with every edge open, its attackers, what reaches its sound server -----
@@ -753,9 +847,11 @@ def alarm_chime(priority: str) -> npt.NDArray[np.int16]:
 class FiringRange:
     """Everything around a node under attack: a real Mosquitto, a PulseAudio null sink at RATE
     (mono) behind ALSA's `pulse` device with a timed recording of its monitor (what reaches the
-    sound server, on its own timeline), the media server, a Sparkplug host, and (with
-    `hostile`) the hostile server first in `mqtt.hosts`. `start_agent` starts the node (the
-    bundled voice unless `voice`) with every edge open, playing to `paced_capture`."""
+    sound server, on its own timeline), the media server, and (with `hostile`) the hostile
+    server first in `mqtt.hosts`. `start_agent` starts the node (the bundled voice unless
+    `voice`) with every edge open, playing to `paced_capture`; `salvo` makes the attacks, run
+    from a process of their own. The watcher sees the node's events and status only (not its
+    speak topic, which the floods fill)."""
 
     def __init__(
         self,
@@ -766,23 +862,24 @@ class FiringRange:
         node_id: str = "fire",
     ) -> None:
         self.work = work
+        work.mkdir(parents=True, exist_ok=True)
         self.cache_dir = cache_dir or work / "cache"
         self.voice = voice
         self.node_id = node_id
         self._stack = contextlib.ExitStack()
         self.broker = Broker(work / "broker")
         self.sink = PulseNullSink(work / "pulse", f"rate={RATE} channels=1")
-        self.recording = TimedRecording(self.sink, RATE)
+        self.recording = TimedRecording(self.sink, RATE, work / "monitor.raw")
         self.media = MediaServer()
         self.target = Target(node_id, self.broker.host, self.broker.port, wyoming_port=free_port())
-        self.host: ScadaHost | None = None
         self.watcher: Watcher | None = None
         self.agent: AgentProcess | None = None
         self.hostile: HostileMqttServer | None = None
         self._starts = 0
 
     def start(self) -> Self:
-        """Start the broker, the sound server and its recording, the media server, the host."""
+        """Start the broker, the sound server and its recording, the media server, the
+        watcher."""
         self.broker.start()
         self._stack.callback(self.broker.stop)
         self.sink.start()
@@ -791,23 +888,16 @@ class FiringRange:
         self._stack.callback(self.recording.stop)
         self.media.start()
         self._stack.callback(self.media.stop)
-        self.host = ScadaHost(
-            self.broker.host,
-            self.broker.port,
-            "fire-host",
-            log=self.work / "scada.log",
-            watch=False,
-        )
-        self.host.start()
-        self._stack.callback(self.host.stop)
-        self.watcher = Watcher(self.broker, f"voice/{self.node_id}/#")
+        topics = [f"{self.target.prefix}/{self.node_id}/{leaf}" for leaf in ("events", "status")]
+        self.watcher = Watcher(self.broker, *topics)
         self._stack.callback(self.watcher.close)
         return self
 
-    def attacks(self) -> list[Attack]:
-        """One of each attack that drives traffic (`every_attack`), new."""
-        assert self.host is not None, "start() first"
-        return every_attack(self.target, self.host, self.media)
+    def salvo(self, names: Sequence[str] = tuple(DRIVERS)) -> Salvo:
+        """The attacks named (default: every one that drives traffic), not started."""
+        salvo = Salvo(self.target, names, self.media.url, self.work)
+        self._stack.callback(salvo.stop)
+        return salvo
 
     def config(self, *, hostile: bool, **sections: Mapping[str, Any]) -> dict[str, Any]:
         """The node's config: every edge open (`edge_sections`), the hostile server first in
@@ -860,7 +950,10 @@ class FiringRange:
             later = self.watcher.snapshot()[seen:] if self.watcher else []
             return any(m.topic == status and m.payload == b"online" for m in later)
 
-        wait_until(lambda: online() or not agent.alive(), timeout, "the node online")
+        try:
+            wait_until(lambda: online() or not agent.alive(), timeout, "the node online")
+        except AssertionError as err:
+            raise AssertionError(f"{err}; its log ends:\n{agent.output()[-3000:]}") from None
         if not agent.alive():
             raise RuntimeError(f"the node exited; its log ends:\n{agent.output()[-3000:]}")
 

@@ -197,62 +197,73 @@ class FaultyPcm:
 
 
 class TimedRecording:
-    """A sink's monitor recorded through a pipe, with the sound server's timeline: where each
-    sample lies in `time.perf_counter()` seconds, so that a publish and the first sample of
-    what it made heard can be subtracted.
+    """A sink's monitor recorded to a file, with the sound server's timeline: where each sample
+    lies in `time.perf_counter()` seconds, so that a publish and the first sample of what it
+    made heard can be subtracted.
 
-    `parec` hands over samples in small pieces as the sink renders them (`latency_ms`); each
-    piece is timed as it arrives. The sink renders in real time, so sample `i` was rendered at
-    `origin + i / rate` at the latest, where `origin` is the least of (arrival - samples so far /
-    rate) over every piece: the earliest any piece could have been delivered. A time read this
-    way is late by the recording's own delivery delay (a few milliseconds; never early), so a
-    latency measured with it is a little pessimistic."""
+    `parec` writes samples to the file in small pieces as the sink renders them (`latency_ms`);
+    a thread looks at the file's size every 2 ms and times each growth. The sink renders in
+    real time, so sample `i` was rendered at `origin + i / rate` at the latest, where `origin`
+    is the least of (time seen - samples so far / rate) over every look: the earliest any
+    piece could have been there. A time read this way is late by the recording's own delivery
+    delay (a few milliseconds; never early), so a latency measured with it is a little
+    pessimistic; a look delayed by a busy machine only leaves `origin` as it was. parec writes
+    to the file itself: nothing in this process can hold the recording back."""
 
     def __init__(
-        self, sink: PulseNullSink, rate: int, sink_name: str = "nullsink", latency_ms: int = 5
+        self,
+        sink: PulseNullSink,
+        rate: int,
+        path: Path,
+        sink_name: str = "nullsink",
+        latency_ms: int = 5,
     ) -> None:
         self.rate = rate
+        self.path = path
         self._command = ["parec", "-d", f"{sink_name}.monitor", "--raw", "--format=s16le"]
         self._command += [f"--rate={rate}", "--channels=1", f"--latency-msec={latency_ms}"]
         self._env = {**os.environ, **sink.env(sink.socket.parent / "unused.raw")}
-        self._data = bytearray()
         self._origin = float("inf")
+        self._size = 0
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         self._process: subprocess.Popen[bytes] | None = None
-        self._reader: threading.Thread | None = None
+        self._watch: threading.Thread | None = None
 
     def start(self) -> TimedRecording:
         """Start recording; returns once samples arrive."""
-        self._process = subprocess.Popen(
-            self._command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self._env
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        with self.path.open("wb") as out:
+            self._process = subprocess.Popen(
+                self._command, stdout=out, stderr=subprocess.DEVNULL, env=self._env
+            )
+        self._watch = threading.Thread(target=self._look, daemon=True)
+        self._watch.start()
         wait_until(lambda: self.samples_so_far() > 0, 15, "the monitor recording")
         return self
 
-    def _read(self) -> None:
-        assert self._process is not None
-        assert self._process.stdout is not None
-        fd = self._process.stdout.fileno()
-        while piece := os.read(fd, 65536):
+    def _look(self) -> None:
+        while not self._stopping.wait(0.002):
+            size = self.path.stat().st_size // 2
             now = time.perf_counter()
             with self._lock:
-                self._data += piece
-                self._origin = min(self._origin, now - len(self._data) // 2 / self.rate)
+                if size > self._size:
+                    self._size = size
+                    self._origin = min(self._origin, now - size / self.rate)
 
     def samples_so_far(self) -> int:
         """How many samples arrived."""
         with self._lock:
-            return len(self._data) // 2
+            return self._size
 
     def samples(self, start: int = 0, stop: int | None = None) -> npt.NDArray[np.int16]:
         """The samples recorded from index `start` to `stop` (the end so far)."""
-        with self._lock:
-            end = len(self._data) // 2 if stop is None else min(stop, len(self._data) // 2)
-            return np.frombuffer(bytes(self._data[2 * start : 2 * end]), dtype="<i2").astype(
-                np.int16
-            )
+        end = self.samples_so_far() if stop is None else min(stop, self.samples_so_far())
+        if end <= start:
+            return np.zeros(0, dtype=np.int16)
+        with self.path.open("rb") as file:
+            file.seek(2 * start)
+            data = file.read(2 * (end - start))
+        return np.frombuffer(data[: len(data) // 2 * 2], dtype="<i2").astype(np.int16)
 
     def index_at(self, when: float) -> int:
         """The sample the sink rendered at perf_counter time `when` (may lie ahead of what
@@ -265,18 +276,14 @@ class TimedRecording:
         with self._lock:
             return self._origin + index / self.rate
 
-    def save(self, path: Path) -> None:
-        """Write what was recorded as raw S16_LE mono (for a look after a failure)."""
-        with self._lock:
-            path.write_bytes(bytes(self._data))
-
     def stop(self) -> None:
-        """Stop recording (the samples stay)."""
+        """Stop recording (the file stays)."""
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
             self._process.wait(10)
-        if self._reader is not None:
-            self._reader.join(10)
+        self._stopping.set()
+        if self._watch is not None:
+            self._watch.join(10)
 
 
 def correlation_track(

@@ -46,7 +46,7 @@ import pytest
 from piper import PiperVoice, SynthesisConfig
 
 from harness import TimedRecording, Watcher, heard_in_order, wait_until
-from harness.attacks import ONSET_SAMPLES, RATE, Barrage, FiringRange, alarm_chime, first_heard
+from harness.attacks import ONSET_SAMPLES, RATE, FiringRange, alarm_chime, first_heard
 
 pytestmark = [pytest.mark.slow]
 
@@ -91,7 +91,6 @@ def firing_range(tmp_path: Path, cache_dir: Path) -> Iterator[FiringRange]:
     try:
         yield fire
     finally:
-        fire.recording.save(tmp_path / "monitor.raw")  # for a look after a failure
         fire.close()
 
 
@@ -195,7 +194,7 @@ def test_alarms_are_heard_in_order_under_every_attack_at_once(
     publish(watcher, topic, warm)  # the voice loaded and the device open before the fire
     watcher.wait_end(warm.request_id, 300)
 
-    attacks = Barrage(fire.attacks()).start()
+    attacks = fire.salvo().start()
     alarms: list[Alarm] = []
     try:
         time.sleep(ROUND_SECONDS)  # every attacker at work
@@ -211,8 +210,8 @@ def test_alarms_are_heard_in_order_under_every_attack_at_once(
                 alarms.append(alarm)
             time.sleep(ROUND_SECONDS)
     finally:
-        attacks.stop()
-    print(json.dumps(attacks.report(), indent=1, default=str))
+        report = attacks.stop()
+    print(json.dumps(report, indent=1, default=str), "fetched:", dict(fire.media.served))
     assert fire.hostile is not None
     print("hostile server:", fire.hostile.report())
 
