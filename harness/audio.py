@@ -332,10 +332,11 @@ def heard_in_order(
     piece: int,
     threshold: float = 0.8,
 ) -> tuple[int, int, int | None]:
-    """Whether every piece of `needle` (`piece` samples each; the near-silent ones skipped)
-    reached `haystack`, each after the one before: (pieces found in order, pieces, where the
-    first was found). A sound cut by underruns (silence inserted between its pieces) is still
-    heard whole; a sound cut short, or another one, is not."""
+    """How much of `needle` reached `haystack`, piece by piece (`piece` samples each; the
+    near-silent ones skipped), each found after the last one found: (pieces found, pieces,
+    where the first found lies). Silence between pieces (an underrun's) does not matter; a
+    piece that is not found (cut short, lost samples in it) is counted out and the next one is
+    looked for from the same place."""
     level = np.abs(needle.astype(np.int32))
     floor = 0.05 * float(level.max(initial=0))
     pieces = [
@@ -347,7 +348,7 @@ def heard_in_order(
     for part in pieces:
         match = first_match(haystack[position:], part, threshold)
         if match is None:
-            break
+            continue
         found += 1
         if first is None:
             first = position + match[0]

@@ -699,15 +699,13 @@ def amplified_dcmd(
 ) -> list[tuple[str, str, str]]:
     """One Sparkplug DCMD of the issue's amplification, as (metric name, datatype, value):
     `Priority` = `priority`, then `writes - 1` writes of `Speak`, each a different sentence of
-    about 30 characters (about 1.3 KB on the wire with names and datatypes). Each write is a
+    about 25 characters (about 1.3 KB on the wire by name, without datatypes). Each write is a
     whole speak to a node that does not bound the work of one command."""
     rng = random.Random(seed)
     metrics = [("Priority", "String", priority)]
     for write in range(writes - 1):
         word = rng.choice(_WORDS)
-        metrics.append(
-            ("Speak", "String", f"Tag {seed}-{write} {word} reads {rng.randrange(999)}.")
-        )
+        metrics.append(("Speak", "String", f"Tag {write} {word} reads {rng.randrange(999)}."))
     return metrics
 
 
