@@ -275,7 +275,7 @@ def power_on(work: Path, starts: int, venv: Path, say: Progress) -> dict[str, An
         config["state"] = {"interval": 1}
         fire.start_agent(config, command=command)
         speak(fire, "first", "critical", PINNED, 300)  # rendered (and pinned) by now
-        _wait_log(fire.agent, "Phrase cache ready", 120)
+        _wait_log(fire.agent, PINNED_LOGGED, 120)
         fire.stop_agent()
         path = write_config(work / "power-on.yaml", config)
         env = fire.sink.env(work / "power-on-written.raw")
@@ -312,9 +312,13 @@ def power_on(work: Path, starts: int, venv: Path, say: Progress) -> dict[str, An
     }
 
 
-def _wait_log(agent: AgentProcess | None, line: str, timeout: float) -> bool:
+PINNED_LOGGED: Final = ("Pinned phrase kept by the sounder", "Phrase cache ready")
+"""What the node logs once its pinned phrases are ready (two processes; one process)."""
+
+
+def _wait_log(agent: AgentProcess | None, lines: Sequence[str], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while agent is not None and line not in agent.output():
+    while agent is not None and not any(line in agent.output() for line in lines):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)

@@ -48,6 +48,7 @@ from tests.hostile import (
     huge_publish_head,
     long_unended_text,
     padded_flac,
+    pathological_texts,
 )
 from tests.media_files import decode_bomb, flac_silence, work_bomb
 
@@ -267,14 +268,22 @@ class WyomingAttack(Attack):
         self.count("answer_abandoned" if not self.stopping.is_set() else "stopped_mid_answer")
 
 
+SHORT_PATHOLOGICAL: Final = tuple(t for t in pathological_texts(4_990).values() if len(t) < 5000)
+"""`tests/hostile.py`'s pathological texts cut to just under `speak.max_text_chars` (5,000):
+what passes every length bound and reaches the splitters and the phonemizer whole."""
+
+
 def pathological_request(number: int) -> list[Event]:
-    """Request n of the issue's pathological text: even ones the `synthesize` of 30,000 `.`
-    then `x` (and the other runs of punctuation in turn), odd ones the same as a stream, chunk
-    by chunk (1,000 characters each)."""
-    text = PUNCTUATION_RUNS[(number // 2) % len(PUNCTUATION_RUNS)]
-    if number % 2 == 0:
+    """Request n of the pathological texts, in turn: the issue's `synthesize` of 30,000 `.`
+    then `x` (and the runs of other marks), the same as a stream chunk by chunk (1,000
+    characters each), and one of `tests/hostile.py`'s pathological texts under the length
+    bound."""
+    text = PUNCTUATION_RUNS[(number // 3) % len(PUNCTUATION_RUNS)]
+    if number % 3 == 0:
         return [Synthesize(text=text).event()]
-    return _stream(text, 1000)
+    if number % 3 == 1:
+        return _stream(text, 1000)
+    return [Synthesize(text=SHORT_PATHOLOGICAL[(number // 3) % len(SHORT_PATHOLOGICAL)]).event()]
 
 
 def long_request(number: int) -> list[Event]:
@@ -838,9 +847,10 @@ ALARM_CHIMES: Final = {"critical": "alert", "alarm": "alarm"}
 
 def alarm_chime(priority: str) -> npt.NDArray[np.int16]:
     """The samples of an alarm class's default chime at RATE, as the node renders it."""
-    from agent.speech.chimes import BUILTIN, render_notes  # noqa: PLC0415 - the one place
+    from agent.formats.chimes import BUILTIN, render_notes  # noqa: PLC0415 - the one place
 
-    chime = render_notes(BUILTIN[ALARM_CHIMES[priority]], RATE)
+    chime = np.frombuffer(render_notes(BUILTIN[ALARM_CHIMES[priority]], RATE), "<i2")
+    chime = chime.astype(np.int16)
     return chime[: int(np.flatnonzero(chime)[-1]) + 1]  # without the breath before speech
 
 
