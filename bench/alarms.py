@@ -401,7 +401,10 @@ def write_markdown(path: Path, runs: dict[str, Any]) -> None:
         "",
         f"Measured {machine['date']} on {machine['cpu_model']} ({machine['cores']} cores, load "
         f"average at start {machine['load_average_at_start']}) by `make bench` "
-        f"(`python -m bench.alarms{' --quick' if latest.get('quick') else ''}`). How: "
+        f"(`python -m bench.alarms{' --quick' if latest.get('quick') else ''}`) at commit "
+        f"{latest.get('commit', 'unknown')}"
+        + (f" (before: {before.get('commit', '6139142')})" if before else "")
+        + ". How: "
         "`bench/alarms.py`'s docstring. Raw numbers: `alarms.json`.",
         "",
         "## Publish -> first alarm sample at the sound server",
@@ -494,6 +497,18 @@ def _latency_table(latest: dict[str, Any], before: dict[str, Any] | None, this: 
     return lines
 
 
+def _commit() -> str:
+    """The tree's commit (what was measured), or "unknown"."""
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or "unknown"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.alarms", description=__doc__)
     parser.add_argument("--out-dir", type=Path, default=Path("bench"))
@@ -524,7 +539,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info()
     with tempfile.TemporaryDirectory(prefix="voice-agent-alarms-") as tmp:
         results = measure(Path(tmp), names, trials=trials, starts=starts, venv=args.venv, say=say)
-    run = {"machine": machine, "quick": args.quick, "trials": trials, **results}
+    run = {
+        "machine": machine,
+        "quick": args.quick,
+        "trials": trials,
+        "commit": _commit(),
+        **results,
+    }
     run["duration_s"] = round(say.elapsed(), 1)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     runs = json.loads(stored.read_text(encoding="utf-8")) if stored.exists() else {}
