@@ -33,7 +33,7 @@ placed by the same correlation against piper-tts's own samples.
 Writes `alarms.json` (this run as `latest`; `--before` stores it as `before` too, the figures
 of the agent before issue 33) and `ALARMS.md`.
 Usage: `python -m bench.alarms [--out-dir bench] [--quick] [--before] [--only NAME ...]
-[--venv DIR] [--render]`.
+[--venv DIR] [--render] [--keep DIR]`.
 """
 
 from __future__ import annotations
@@ -528,6 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--render", action="store_true", help="only write ALARMS.md again from alarms.json"
     )
+    parser.add_argument(
+        "--keep", type=Path, help="work in this folder and keep it (logs, recordings, configs)"
+    )
     args = parser.parse_args(argv)
     stored = args.out_dir / "alarms.json"
     if args.render:
@@ -537,7 +540,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = args.only or [*SCENARIOS, "power-on"]
     say = Progress()
     machine = machine_info()
-    with tempfile.TemporaryDirectory(prefix="voice-agent-alarms-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.keep)
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="voice-agent-alarms-"))
         results = measure(Path(tmp), names, trials=trials, starts=starts, venv=args.venv, say=say)
     run = {
         "machine": machine,
