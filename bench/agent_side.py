@@ -194,6 +194,11 @@ class AgentUnderTest:
         """The agent process's VmHWM, VmRSS and Pss now."""
         return read_memory(self._process.pid)
 
+    @property
+    def pid(self) -> int:
+        """The process `voice-agent run` started (the root of the node's processes)."""
+        return int(self._process.pid)
+
     def _wait_event(
         self, request_id: str, name: str, since: int, timeout: float = TIMEOUT
     ) -> Arrival:

@@ -55,6 +55,67 @@ print(
 `BENCH-DONE <VmHWM kB> <VmRSS kB> <Pss kB>`."""
 
 
+PIPER_SERVER: Final = """
+import json, sys
+from piper import PiperVoice
+voice = PiperVoice.load(sys.argv[1])
+print("READY", flush=True)
+for line in sys.stdin:
+    samples, rate = 0, 1
+    for chunk in voice.synthesize(json.loads(line)):
+        samples += len(chunk.audio_float_array)
+        rate = chunk.sample_rate
+    print("DONE", samples / rate, flush=True)
+"""
+"""Run as `python -c PIPER_SERVER MODEL`: one long-lived piper-tts process; each line of stdin
+a JSON text, synthesized whole (every chunk consumed), answered `DONE <seconds of audio>`."""
+
+
+class PiperServer:
+    """A long-lived piper-tts process on the voice (as a node that keeps piper loaded has it):
+    its CPU time per text is read from /proc (`process_tree`), like the agent's."""
+
+    def __init__(self, model: Path, stderr_log: Path) -> None:
+        self._errors = stderr_log.open("ab")
+        self._child = subprocess.Popen(
+            [sys.executable, "-c", PIPER_SERVER, str(model)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._errors,
+            text=True,
+        )
+        self._line("READY")
+
+    @property
+    def pid(self) -> int:
+        return self._child.pid
+
+    def speak(self, text: str) -> float:
+        """Synthesize a text; seconds of audio."""
+        assert self._child.stdin is not None  # noqa: S101 - made with a pipe
+        self._child.stdin.write(json.dumps(text) + "\n")
+        self._child.stdin.flush()
+        return float(self._line("DONE").split()[1])
+
+    def _line(self, marker: str) -> str:
+        watchdog = threading.Timer(TIMEOUT, self._child.kill)  # a hung child ends the read
+        watchdog.start()
+        try:
+            assert self._child.stdout is not None  # noqa: S101 - made with a pipe
+            for line in self._child.stdout:
+                if line.startswith(marker):
+                    return line
+        finally:
+            watchdog.cancel()
+        raise RuntimeError(f"the piper-tts server exited with {self._child.wait()} before {marker}")
+
+    def stop(self) -> None:
+        if self._child.poll() is None:
+            self._child.kill()
+        self._child.wait()
+        self._errors.close()
+
+
 @dataclass(frozen=True)
 class StreamTiming:
     """One synthesis: seconds to the first chunk, to the last, and seconds of audio."""

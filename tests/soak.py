@@ -1,11 +1,12 @@
 """The soak: the real agent under a steady mix of cached and uncached announcements, measured.
 
 Usage: .venv/bin/python -m tests.soak [--minutes 30] [--interval 60] [--out bench]
-Every interval it records the agent's RSS (its whole process tree), the sounder's open file
-descriptors and threads, and the latency (publish -> `started`) percentiles of cached and
-uncached announcements; it writes `<out>/soak.json` and `<out>/SOAK.md` and judges the goals:
-RSS growth under 5 % after warm-up, no descriptor or thread growth, a stable p99. `make soak`
-runs 30 minutes; a test runs ~90 s.
+Every interval it records the memory of every process of the node together (the process it
+starts and all below it: RSS and Pss added), their open file descriptors and threads, and the
+latency (publish -> `started`) percentiles of cached and uncached announcements; it writes
+`<out>/soak.json` and `<out>/SOAK.md` and judges the goals: RSS growth under 5 % after warm-up,
+no descriptor or thread growth, a stable p99, and at most 200 MB steady (issue 35: the RSS of
+every process added). `make soak` runs 30 minutes.
 
 Warm-up ends with the first interval, or later when the phrase cache in memory is still filling:
 it holds every uncached sentence up to `cache.memory_bytes` (8 MB by default, full after ~3
@@ -29,11 +30,14 @@ from pathlib import Path
 from typing import Final
 
 from agent.settings.declarations import CacheConfig
-from harness import AgentProcess, Broker, Watcher, agent_config, process_tree_rss, write_config
+from bench import process_tree
+from harness import AgentProcess, Broker, Watcher, agent_config, write_config
 
 CACHED = ("The front door is open.", "The laundry is done.", "Dinner is ready.")
 CACHE_BOUND_MB: float = CacheConfig().memory_bytes / 2**20
 """The default `cache.memory_bytes` (the soak's agent runs with it)."""
+STEADY_BOUND_MB: Final = 200.0
+"""The most the node's processes may hold together at the end of the soak (RSS added)."""
 
 
 @dataclass
@@ -42,9 +46,13 @@ class Interval:
 
     end_s: float
     rss_mb: float
+    """Every process of the node: RSS added (shared pages counted once per process), MB."""
     fds: int
     threads: int
     announcements: int
+    pss_mb: float = 0.0
+    """Every process of the node: Pss added (shared pages divided among users), MB."""
+    processes: int = 1
     cached_p50_ms: float = 0.0
     cached_p99_ms: float = 0.0
     uncached_p50_ms: float = 0.0
@@ -63,11 +71,16 @@ class Soak:
     notes: dict[str, float] = field(default_factory=dict)
 
 
-def _proc(pid: int) -> tuple[float, int, int]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    rss = process_tree_rss(pid) / 2**20  # the agent: the sounder, the engine, the decoder child
-    return rss, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
+def _proc(pid: int) -> tuple[int, int, int]:
+    """Open descriptors and threads of the process and every one below it; and their count."""
+    fds = threads = 0
+    pids = process_tree.descendants(pid)
+    for each in pids:
+        status = Path(f"/proc/{each}/status").read_text()
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        fds += len(os.listdir(f"/proc/{each}/fd"))
+        threads += int(fields["Threads"])
+    return fds, threads, len(pids)
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -136,14 +149,17 @@ def _arrival(watcher: Watcher, request_id: str, event: str) -> float:
 
 
 def _interval(pid: int, elapsed: float, latencies: dict[str, list[float]]) -> Interval:
-    rss, fds, threads = _proc(pid)
+    fds, threads, processes = _proc(pid)
+    memory = process_tree.memory(pid)
     cached, uncached = latencies["cached"], latencies["uncached"]
     return Interval(
         round(elapsed, 1),
-        round(rss, 1),
+        round(memory.rss_mb, 1),
         fds,
         threads,
         len(cached) + len(uncached),
+        round(memory.pss_mb, 1),
+        processes,
         round(_percentile(cached, 0.5), 2),
         round(_percentile(cached, 0.99), 2),
         round(_percentile(uncached, 0.5), 2),
@@ -178,6 +194,7 @@ def _judge(soak: Soak, cache_bound_mb: float = CACHE_BOUND_MB) -> None:
         "no_descriptor_growth": last.fds <= first.fds,
         "no_thread_growth": last.threads <= first.threads,
         "stable_p99": p99_last <= max(2 * p99_first, p99_first + 5),
+        "steady_at_most_200_mb": last.rss_mb <= STEADY_BOUND_MB,
     }
 
 
@@ -189,19 +206,23 @@ def write_report(soak: Soak, out: Path) -> None:
         f"# Soak: {soak.minutes:g} minutes",
         "",
         "The real agent (bundled voice, ALSA `null`), one announcement every 0.25 s after the",
-        "previous one finished, two cached for each uncached; measured at each interval.",
+        "previous one finished, two cached for each uncached; measured at each interval. Memory,",
+        "descriptors and threads are those of every process of the node together (the process",
+        "started and all below it): RSS added (each process's shared pages counted in full) and",
+        "Pss added (shared pages divided among the processes sharing them).",
         "",
         "The phrase cache in memory holds every uncached sentence up to its bound",
         f"({CACHE_BOUND_MB:g} MB): RSS grows with it by design; growth is measured from the",
         "first interval at which it was full (`warm_until_s`).",
         "",
-        "| end s | RSS MB | phrase cache MB | fds | threads | announcements "
-        "| cached p50/p99 ms | uncached p50/p99 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| end s | processes | RSS MB | Pss MB | phrase cache MB | fds | threads "
+        "| announcements | cached p50/p99 ms | uncached p50/p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {i.end_s} | {i.rss_mb} | {i.cache_mb} | {i.fds} | {i.threads} | {i.announcements} | "
-        f"{i.cached_p50_ms} / {i.cached_p99_ms} | {i.uncached_p50_ms} / {i.uncached_p99_ms} |"
+        f"| {i.end_s} | {i.processes} | {i.rss_mb} | {i.pss_mb} | {i.cache_mb} | {i.fds} "
+        f"| {i.threads} | {i.announcements} | {i.cached_p50_ms} / {i.cached_p99_ms} "
+        f"| {i.uncached_p50_ms} / {i.uncached_p99_ms} |"
         for i in soak.intervals
     ]
     lines += ["", f"Figures: {soak.notes}", "", "| goal | met |", "|---|---|"]

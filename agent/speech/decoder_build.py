@@ -382,7 +382,6 @@ def _streaming(  # noqa: PLR0917 - the verify step's state
     known = dict(cut["stream"])
     if int(known["hop"]) != parts.shape.hop:
         return {"stream_reason": f"it gives {known['hop']} samples a frame, not {parts.shape.hop}"}
-    known["first"] = int(known["lag"]) // parts.shape.hop + 2
     path = part_path(work / plan["stem"], STREAM_PART)
     session = load_optimized(path, int(plan["threads"]), True)
     streaming = replace(parts, decoder=session, stream=StreamSpec.from_record(known))

@@ -15,6 +15,7 @@ whole decoding exactly: the same sums in the same layers, nothing computed twice
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -100,12 +101,25 @@ class _Rewrite:
         self.states[state]["next"] = output
 
 
+STREAMED_UPSAMPLINGS: Final = 1
+"""Transposed convolutions (upsamplings) the stateful rewrite goes through; the layers after
+them (the tail: short reach, but many samples a frame, where the states' copies would cost
+more than they save) run on the chunk with a few samples of context instead
+(docs/measurements.md, "Streaming decoder")."""
+_REACH_MARGIN: Final = 1
+"""Samples of the tail's input added to its measured reach on each side."""
+
+
 def stream_decoder(
-    decoder: onnx.ModelProto, z: str, output: str
+    decoder: onnx.ModelProto, z: str, output: str, upsamplings: int = STREAMED_UPSAMPLINGS
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """The streaming rewrite of a decoder part (its weights left where they are), and what
-    running it needs: `{"z", "output", "end", "lag", "states": {input: {"lead", "initial",
-    "next"}}}` (a state starts as zeros of lead + [initial]). Raises NotStreamableError."""
+    running it needs: `{"z", "output", "end", "lag", "hop", "first", "states": {input:
+    {"lead", "initial", "next"}}}` (a state starts as zeros of lead + [initial]; `first`: the
+    fewest frames of a first chunk that is not also the last). The layers up to and through
+    the `upsamplings`-th transposed convolution carry their context in states; the rest (the
+    tail) run on the chunk with `reach` samples of its input before and after it, kept in a
+    state too, and their output cropped. Raises NotStreamableError."""
     graph = decoder.graph
     weights = {tensor.name: tuple(tensor.dims) for tensor in graph.initializer}
     rewrite = _Rewrite(graph, weights)
@@ -115,17 +129,32 @@ def stream_decoder(
     end_flag = helper.make_tensor_value_info(STREAM_END, TensorProto.FLOAT, ["stream_end_n"])
     rewrite.inputs.extend([z_info, end_flag])
     last = rewrite.node("Shape", [STREAM_END])
+    upsampling = [node for node in graph.node if node.op_type == "ConvTranspose"]
+    cut = upsampling[upsamplings].input[0] if len(upsampling) > upsamplings else None
+    tail = _Tail(cut) if cut is not None else None
     for node in graph.node:
+        if tail is not None and tail.takes(node):
+            tail.add(rewrite, node)
+            continue
         timed = [name for name in node.input if name in rewrite.time]
         if not timed:
             rewrite.nodes.append(node)
             continue
         _rewrite_node(rewrite, node, timed, last)
-    if output not in rewrite.time:
+    if tail is not None:
+        timing = tail.close(rewrite, output, last)
+    elif output in rewrite.time:
+        timing = rewrite.time[output]
+    else:
         raise NotStreamableError(f"the output {output} does not come from {z}")
-    timing = rewrite.time[output]
     if timing.rate.denominator != 1:
         raise NotStreamableError(f"the output has {timing.rate} samples a frame")
+    hop = int(timing.rate)
+    first = -(-timing.lag // hop) + 1
+    if tail is not None:
+        entry = rewrite.time[tail.cut]
+        needed = entry.lag + tail.reach[0] + tail.reach[1]
+        first = max(first, -(-needed // int(entry.rate)) + 1)
     out_info = next(o for o in graph.output if o.name == output)
     others = [i for i in graph.input if i.name != z and i.name not in weights]
     streamed = helper.make_graph(
@@ -142,10 +171,115 @@ def stream_decoder(
         "output": output,
         "end": STREAM_END,
         "lag": timing.lag,
-        "hop": int(timing.rate),
+        "hop": hop,
+        "first": first,
         "states": rewrite.states,
     }
     return model, spec
+
+
+@dataclass(slots=True)
+class _Tail:
+    """The layers after the cut: run as they are on the cut tensor's chunk with its context
+    before and after it; their reach (in samples of the cut tensor) found as they are added."""
+
+    cut: str
+    reach_of: dict[str, tuple[Fraction, Fraction, Fraction]] = field(default_factory=dict)
+    """Tensor -> (its samples per cut sample, how far back and ahead it reaches, in cut
+    samples)."""
+    start: str = ""
+    """The tail's input: the context kept from before, then the chunk."""
+    state: str = ""
+    reach: tuple[int, int] = (0, 0)
+    """Context samples before and after a chunk that the output needs (with a margin): set
+    by `close`."""
+
+    def takes(self, node: onnx.NodeProto) -> bool:
+        return any(name == self.cut or name in self.reach_of for name in node.input)
+
+    def add(self, rewrite: _Rewrite, node: onnx.NodeProto) -> None:
+        if not self.start:
+            self._begin(rewrite)
+        origin = (Fraction(1), Fraction(0), Fraction(0))
+        timed = [
+            origin if name == self.cut else self.reach_of[name]
+            for name in node.input
+            if name == self.cut or name in self.reach_of
+        ]
+        rate, back, ahead = timed[0]
+        op = node.op_type
+        attributes = _attributes(node)
+        if op == "Conv":
+            left, right = (int(p) for p in attributes.get("pads", [0, 0]))
+            if list(attributes.get("strides", [1])) != [1] or "auto_pad" in attributes:
+                raise NotStreamableError(f"{node.name} has a stride or pads automatically")
+            back, ahead = back + Fraction(left) / rate, ahead + Fraction(right) / rate
+        elif op == "ConvTranspose":
+            kernel = rewrite.weights.get(node.input[1])
+            (stride,) = (int(s) for s in attributes.get("strides", [1]))
+            left = int(next(iter(attributes.get("pads", [0]))))
+            if kernel is None or len(kernel) != 3:
+                raise NotStreamableError(f"{node.name} is not a 1-D transposed convolution")
+            back += Fraction(kernel[2] - 1 - left, stride) / rate
+            ahead += Fraction(left, stride) / rate
+            rate *= stride
+        elif op in _BINARY and len(timed) > 1:  # both operands streamed
+            if timed[0][0] != timed[1][0]:
+                raise NotStreamableError(f"{node.name} joins tensors of different rates")
+            back, ahead = max(t[1] for t in timed), max(t[2] for t in timed)
+        elif not (op in _UNARY or op in _BINARY or op == "Unsqueeze"):
+            raise NotStreamableError(f"its decoder has {op} ({node.name}) on the frames")
+        changed = onnx.NodeProto()
+        changed.CopyFrom(node)
+        for index, name in enumerate(changed.input):
+            if name == self.cut:
+                changed.input[index] = self.start
+        rewrite.nodes.append(changed)
+        for name in node.output:
+            self.reach_of[name] = (rate, back, ahead)
+
+    def _begin(self, rewrite: _Rewrite) -> None:
+        entry = rewrite.time.get(self.cut)
+        if entry is None:
+            raise NotStreamableError(f"the tail's input {self.cut} is not streamed")
+        self.state = rewrite.state(entry.lead, 0)
+        self.start = rewrite.node("Concat", [self.state, self.cut], axis=-1)
+
+    def close(self, rewrite: _Rewrite, output: str, last: str) -> _Time:
+        """Crop the tail's output to what its input determines; the output's timing."""
+        if output not in self.reach_of:
+            raise NotStreamableError(f"the output {output} does not come from the tail")
+        rate, back, ahead = self.reach_of[output]
+        if rate.denominator != 1:
+            raise NotStreamableError(f"the tail gives {rate} samples per input sample")
+        before, after = (math.ceil(x) + _REACH_MARGIN for x in (back, ahead))
+        self.reach = (before, after)
+        kept = rewrite.node(
+            "Slice",
+            [self.start, rewrite.ints(-(before + after)), rewrite.ints(_LAST), rewrite.ints(-1)],
+        )
+        entry = rewrite.time[self.cut]
+        rewrite.carry(self.state, kept, entry.lead)
+        per = int(rate)
+        # The first chunk starts at the true start (the tail's own padding is right there);
+        # after it, the first `before` samples of context are cropped. The last chunk ends at
+        # the true end; before it, the last `after` samples wait for the next chunk.
+        held = rewrite.node("Div", [rewrite.length(self.state), rewrite.ints(before + after)])
+        start = rewrite.node("Mul", [held, rewrite.ints(before * per)])
+        whole = rewrite.name("tail_output")
+        for node in rewrite.nodes:
+            for index, name in enumerate(node.output):
+                if name == output:
+                    node.output[index] = whole
+        waiting = rewrite.node("Mul", [last, rewrite.ints(after * per)])
+        trimmed = rewrite.node("Sub", [rewrite.length(whole), rewrite.ints(after * per)])
+        end = rewrite.node("Add", [trimmed, waiting])
+        rewrite.nodes.append(
+            helper.make_node(
+                "Slice", [whole, start, end, rewrite.ints(-1)], [output], rewrite.name("crop")
+            )
+        )
+        return _Time(entry.rate * per, (entry.lag + after) * per, entry.lead)
 
 
 def _lead(info: onnx.ValueInfoProto) -> tuple[int, ...]:
