@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.formats.chunking import frame_chunks
+from agent.formats.chunking import decoder_runs, frame_chunks
 from agent.speech.decoder_parts import SPLIT_FORMAT
 from agent.speech.sessions import cache_stem, model_digest
 from agent.speech.voice import FramePlan, SynthesisParams, Voice, to_pcm16
@@ -253,6 +253,17 @@ def test_chunks_of_any_size_join_into_the_whole_decoding(vits_voice: Path, size:
     assert [len(p) for p in pieces] == lengths
     assert np.abs(np.concatenate(pieces) - reference).max() <= 1e-6
     assert voice.inferences == 2  # one prior run for each stream, however many chunks
+
+
+def test_a_decoder_chunk_is_decoded_in_runs_of_cache_size() -> None:
+    assert decoder_runs(range(128)) == [range(32), range(32, 64), range(64, 96), range(96, 128)]
+    assert decoder_runs(range(128, 166)) == [range(128, 166)]  # a 6-frame tail joins
+    assert decoder_runs(range(10)) == [range(10)]
+    assert decoder_runs(range(100), 32, first=40) == [range(40), range(40, 72), range(72, 100)]
+    assert decoder_runs(range(40, 100), 32, first=50) == [range(40, 72), range(72, 100)]
+    for frames in (range(0, 1), range(3, 77), range(0, 1000)):
+        runs = decoder_runs(frames)
+        assert [f for run in runs for f in run] == list(frames)
 
 
 @pytest.mark.parametrize("size", [1, 5, 64])

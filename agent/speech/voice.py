@@ -36,7 +36,13 @@ from piper.config import PhonemeType, PiperConfig
 from piper.phoneme_ids import phonemes_to_ids
 from piper.phonemize_espeak import ESPEAK_DATA_DIR, _merge_known_vowel_clusters
 
-from agent.formats.chunking import FIRST_FRAMES, FRAME_GROWTH, MAX_FRAMES, frame_chunks
+from agent.formats.chunking import (
+    FIRST_FRAMES,
+    FRAME_GROWTH,
+    MAX_FRAMES,
+    decoder_runs,
+    frame_chunks,
+)
 from agent.formats.pcm import PCM16
 from agent.formats.text import pieces
 from agent.speech.decoder_build import split_parts
@@ -437,7 +443,15 @@ class Voice:
             for frames in chunks:
                 if cancel is not None:
                     cancel.check()
-                yield decode_frames(self._parts, latent, frames, options, release)
+                if stream is None:
+                    yield decode_frames(self._parts, latent, frames, options, release)
+                    continue
+                pieces = []
+                for run in decoder_runs(frames, first=stream.first):  # cache-sized runs
+                    if cancel is not None:
+                        cancel.check()
+                    pieces.append(decode_frames(self._parts, latent, run, options, release))
+                yield pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         except StreamCancelledError:
             raise
         except Exception:
