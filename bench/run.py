@@ -52,6 +52,20 @@ from harness import Broker, PulseNullSink
 _THREADS = 2
 
 
+class Results(list[Measured]):
+    """The measured blocks, each one's rows printed as it is added (a run cut short, or one
+    that fails later, still shows what it measured)."""
+
+    def __init__(self, say: Progress) -> None:
+        super().__init__()
+        self._say = say
+
+    def append(self, measured: Measured) -> None:
+        super().append(measured)
+        for entry in measured.entries:
+            self._say(" | ".join(entry.row()))
+
+
 class Progress:
     """Prints `[bench  12s] message` lines, flushed at once."""
 
@@ -105,7 +119,7 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
     tag = uuid.uuid4().hex[:8]
     model = bundled_voice()
     results = in_process(model, work, plan, say)
-    return results + through_the_node(model, work, plan, say, stack, tag)
+    return [*results, *through_the_node(model, work, plan, say, stack, tag)]
 
 
 def in_process(model: Path, work: Path, plan: Plan, say: Progress) -> list[Measured]:
@@ -116,7 +130,8 @@ def in_process(model: Path, work: Path, plan: Plan, say: Progress) -> list[Measu
     split = Voice.load(model, threads=_THREADS, cache_dir=cache_dir)
     whole = Voice.load(model, threads=_THREADS, cache_dir=cache_dir, split=False)
     piper = synth.piper(PiperVoice.load(model))
-    results = [metrics.warm_speed(synth.ours(split), piper, plan.speed_reps, say)]
+    results = Results(say)
+    results.append(metrics.warm_speed(synth.ours(split), piper, plan.speed_reps, say))
     int8 = int8_voice(model, work / "int8", cache_dir, say)
     if int8 is not None:
         results.append(
@@ -144,7 +159,7 @@ def through_the_node(  # noqa: PLR0917 - the run's context
     """The agent run as a node, through Mosquitto: starts, first audio, CPU per second of
     speech, cached latency, memory, underruns on a paced device."""
     cache_dir = work / "cache"
-    results: list[Measured] = []
+    results = Results(say)
     broker = Broker(work / "broker")
     stack.callback(broker.stop)
     broker.start()

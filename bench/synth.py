@@ -37,6 +37,9 @@ from harness import TIMEOUT
 T = TypeVar("T")
 
 MARKER: Final = "BENCH-DONE"
+CHILD_TIMEOUT: Final = 10 * TIMEOUT
+"""How long a piper-tts child may take for its texts before it counts as hung (a loaded
+machine slows a minute of synthesis several times)."""
 PIPER_CHILD: Final = """
 import json, sys
 from piper import PiperVoice
@@ -98,7 +101,7 @@ class PiperServer:
         return float(self._line("DONE").split()[1])
 
     def _line(self, marker: str) -> str:
-        watchdog = threading.Timer(TIMEOUT, self._child.kill)  # a hung child ends the read
+        watchdog = threading.Timer(CHILD_TIMEOUT, self._child.kill)  # a hung child ends it
         watchdog.start()
         try:
             assert self._child.stdout is not None  # noqa: S101 - made with a pipe
@@ -216,7 +219,7 @@ def run_piper_child(model: Path, texts: Sequence[str], stderr_log: Path) -> Chil
     with stderr_log.open("ab") as errors:
         spawned = time.perf_counter()
         child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors, text=True)
-        watchdog = threading.Timer(TIMEOUT, child.kill)  # a hung child ends the read
+        watchdog = threading.Timer(CHILD_TIMEOUT, child.kill)  # a hung child ends the read
         watchdog.start()
         try:
             line = _marker_line(child)
