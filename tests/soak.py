@@ -31,7 +31,7 @@ from typing import Final
 
 from agent.settings.declarations import CacheConfig
 from bench import process_tree
-from harness import AgentProcess, Broker, Watcher, agent_config, write_config
+from harness import AgentProcess, Broker, Watcher, agent_config, wait_until, write_config
 
 CACHED = ("The front door is open.", "The laundry is done.", "Dinner is ready.")
 CACHE_BOUND_MB: float = CacheConfig().memory_bytes / 2**20
@@ -100,7 +100,8 @@ def run(minutes: float, interval_s: float, voice: Path | None, workdir: Path) ->
     soak = Soak(minutes)
     agent.start()
     try:
-        watcher.wait_payload("voice/soak/status", b"online")
+        watcher.wait_payload("voice/soak/status", b"online", timeout=VOICE_LOAD_S)
+        _wait_voice(watcher)
         began = time.monotonic()
         counter = itertools.count()
         latencies: dict[str, list[float]] = {"cached": [], "uncached": []}
@@ -112,7 +113,7 @@ def run(minutes: float, interval_s: float, voice: Path | None, workdir: Path) ->
             request_id = f"s{n}"
             payload = json.dumps({"id": request_id, "text": text}).encode()
             sent = watcher.publish("voice/soak/speak", payload)
-            watcher.wait_event(request_id, "finished", timeout=30)
+            watcher.wait_event(request_id, "finished", timeout=ANNOUNCEMENT_S)
             latencies[kind].append((_arrival(watcher, request_id, "started") - sent) * 1000)
             time.sleep(0.25)
             if time.monotonic() >= next_mark:
@@ -128,6 +129,27 @@ def run(minutes: float, interval_s: float, voice: Path | None, workdir: Path) ->
         broker.stop()
     _judge(soak)
     return soak
+
+
+ANNOUNCEMENT_S: Final = 180.0
+"""How long one announcement may take before the soak fails (a niced soak on a machine shared
+with other runs is slow, not broken)."""
+VOICE_LOAD_S: Final = 600.0
+"""How long the voice may take to load (`online` is the sounder's: the engine's voice loads
+after it, and a first start builds its parts: minutes on a busy machine)."""
+
+
+def _wait_voice(watcher: Watcher) -> None:
+    """Wait until a state says the voice is loaded, so the first interval times announcements,
+    not the voice's first build."""
+
+    def ready() -> bool:
+        return any(
+            message.topic.endswith("/state") and message.json().get("voice_ready") is True
+            for message in watcher.snapshot()
+        )
+
+    wait_until(ready, VOICE_LOAD_S, "the voice loaded (a state with voice_ready true)")
 
 
 def _cache_mb(watcher: Watcher) -> float:

@@ -1,16 +1,21 @@
 """Graph surgery of the streaming decoder: a VITS decoder (HiFi-GAN: convolutions, transposed
 convolutions, residual sums) rewritten to decode a latent chunk by chunk carrying every layer's
 context forward, so each layer's activations are computed once however many chunks there are
-(docs/measurements.md, "Streaming decoder"). Imported only by `split_graph` (a build process).
+(docs/measurements.md, "Streaming decoder"). Imported only by `split_graph` (a build process)
+and the measurements (`bench/split.py`).
 
-Each convolution keeps the last inputs it needs from the chunk before (a state: an input of the
-graph and an output of it), runs unpadded on them and the new chunk, and gives the outputs its
-inputs so far determine; a transposed convolution keeps its overlapping input frame; where two
-branches of different lags are summed, the less late one waits in a delay line. So a chunk's
-audio ends `lag` samples before the end of its frames, and the last chunk (`STREAM_END` of
-length 1) pads every layer as the whole decoder does and gives the rest. The first chunk starts
-from the states' initial lengths (a convolution's left padding, zeros), so chunks join into the
-whole decoding exactly: the same sums in the same layers, nothing computed twice.
+Up to and through the first `STREAMED_UPSAMPLINGS` transposed convolutions, each convolution
+keeps the last inputs it needs from the chunk before (a state: an input of the graph and an
+output of it), runs unpadded on them and the new chunk, and gives the outputs its inputs so far
+determine; a transposed convolution keeps its overlapping input frame; where two branches of
+different lags are summed, the less late one waits in a delay line. The layers after them (the
+tail) run as they are on the chunk with their reach of context before and after it (kept in a
+state too) and their output is cropped: there, copying states would cost more than the few
+samples of context. So a chunk's audio ends `lag` samples before the end of its frames, and the
+last chunk (`STREAM_END` of length 1) pads every layer as the whole decoder does and gives the
+rest. The first chunk starts from the states' initial lengths (a convolution's left padding,
+zeros), so chunks join into the whole decoding: the same sums in the same layers (to rounding),
+nothing computed twice but the tail's context.
 """
 
 from __future__ import annotations
