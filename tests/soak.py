@@ -8,6 +8,10 @@ latency (publish -> `started`) percentiles of cached and uncached announcements;
 no descriptor or thread growth, a stable p99, and at most 200 MB steady (issue 35: the RSS of
 every process added). `make soak` runs 30 minutes.
 
+The voice is the FP32 one (`tts.tier: fp32`): with `auto` a busy machine builds the INT8
+variant in a child process in the middle of the soak (seen: 760 MB and over ten minutes), and
+the soak measures the node's steady work, not the tier's choice (`tiers/`, docs/quantization.md).
+
 Warm-up ends with the first interval, or later when the phrase cache in memory is still filling:
 it holds every uncached sentence up to `cache.memory_bytes` (8 MB by default, full after ~3
 minutes of this mix), which is growth by design, not a leak. The report shows the cache's bytes
@@ -94,7 +98,8 @@ def run(minutes: float, interval_s: float, voice: Path | None, workdir: Path) ->
     """Drive the agent for `minutes`; one announcement every 0.25 s, every third uncached."""
     broker = Broker(workdir / "broker")
     broker.start()
-    write_config(workdir / "agent.yaml", agent_config(broker, workdir, "soak", voice=voice))
+    config = agent_config(broker, workdir, "soak", voice=voice, tts={"tier": "fp32"})
+    write_config(workdir / "agent.yaml", config)
     agent = AgentProcess(workdir / "agent.yaml", workdir / "agent.log")
     watcher = Watcher(broker, "voice/soak/events", "voice/soak/status", "voice/soak/state")
     soak = Soak(minutes)
