@@ -19,26 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from harness import process_tree
+
 _KIB: Final = 1024
 _MB: Final = 1e6
 
 
 def descendants(root: int) -> list[int]:
     """`root` and every process below it (those alive now)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = Path(entry.path, "stat").read_text(encoding="ascii", errors="replace")
-            parent = int(stat.rpartition(")")[2].split()[1])
-            children.setdefault(parent, []).append(int(entry.name))
-    found, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, []))
-    return found
+    return process_tree(root)
 
 
 def cpu_seconds(root: int) -> float:
