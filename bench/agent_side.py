@@ -42,7 +42,9 @@ def write_config(
     phrases: tuple[str, ...] = (),
 ) -> Path:
     """The agent's config: the given broker, an ALSA PCM (`null` unless given), a cache in
-    cache_dir, the state published every second, sounds by name (`audio.media`)."""
+    cache_dir, the state published every second, sounds by name (`audio.media`), the FP32
+    voice (`tts.tier: fp32`: the bench compares FP32 with piper-tts, and `auto` would build
+    the INT8 variant in a child process on a busy machine, in the middle of the figures)."""
     config = {
         "node_id": NODE_ID,
         "mqtt": {
@@ -52,6 +54,7 @@ def write_config(
             "reconnect_max": 2.0,
         },
         "audio": {"device": device, "media": media or {}},
+        "tts": {"tier": "fp32"},
         "cache": {"dir": str(cache_dir), "phrases": list(phrases)},
         "state": {"interval": 1},
     }
@@ -193,6 +196,11 @@ class AgentUnderTest:
     def memory(self) -> Memory:
         """The agent process's VmHWM, VmRSS and Pss now."""
         return read_memory(self._process.pid)
+
+    @property
+    def pid(self) -> int:
+        """The process `voice-agent run` started (the root of the node's processes)."""
+        return int(self._process.pid)
 
     def _wait_event(
         self, request_id: str, name: str, since: int, timeout: float = TIMEOUT

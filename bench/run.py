@@ -52,6 +52,20 @@ from harness import Broker, PulseNullSink
 _THREADS = 2
 
 
+class Results(list[Measured]):
+    """The measured blocks, each one's rows printed as it is added (a run cut short, or one
+    that fails later, still shows what it measured)."""
+
+    def __init__(self, say: Progress) -> None:
+        super().__init__()
+        self._say = say
+
+    def append(self, measured: Measured) -> None:
+        super().append(measured)
+        for entry in measured.entries:
+            self._say(" | ".join(entry.row()))
+
+
 class Progress:
     """Prints `[bench  12s] message` lines, flushed at once."""
 
@@ -104,12 +118,20 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
     """Every measurement, in an order where nothing else runs beside the timed work."""
     tag = uuid.uuid4().hex[:8]
     model = bundled_voice()
+    results = in_process(model, work, plan, say)
+    return [*results, *through_the_node(model, work, plan, say, stack, tag)]
+
+
+def in_process(model: Path, work: Path, plan: Plan, say: Progress) -> list[Measured]:
+    """Our voice against piper-tts's in this process: warm speed, the INT8 tier, the cost of
+    decoding in chunks."""
     cache_dir = work / "cache"
     say("loading our voice (split, and whole) and piper-tts's in this process")
     split = Voice.load(model, threads=_THREADS, cache_dir=cache_dir)
     whole = Voice.load(model, threads=_THREADS, cache_dir=cache_dir, split=False)
     piper = synth.piper(PiperVoice.load(model))
-    results = [metrics.warm_speed(synth.ours(split), piper, plan.speed_reps, say)]
+    results = Results(say)
+    results.append(metrics.warm_speed(synth.ours(split), piper, plan.speed_reps, say))
     int8 = int8_voice(model, work / "int8", cache_dir, say)
     if int8 is not None:
         results.append(
@@ -128,7 +150,16 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
         )
     )
     del whole
+    return results
 
+
+def through_the_node(  # noqa: PLR0917 - the run's context
+    model: Path, work: Path, plan: Plan, say: Progress, stack: ExitStack, tag: str
+) -> list[Measured]:
+    """The agent run as a node, through Mosquitto: starts, first audio, CPU per second of
+    speech, cached latency, memory, underruns on a paced device."""
+    cache_dir = work / "cache"
+    results = Results(say)
     broker = Broker(work / "broker")
     stack.callback(broker.stop)
     broker.start()
@@ -163,8 +194,14 @@ def measure(work: Path, plan: Plan, say: Progress, stack: ExitStack) -> list[Mea
     )
     agent = new_agent()
     say(f"agent online after {agent.start():.2f} s; measuring time to first audio")
+    piper = synth.piper(PiperVoice.load(model))
     first = metrics.first_audio(agent, piper, plan.ttfa_trials, tag, say)
     results.append(first)
+    server = synth.PiperServer(model, work / "piper-server.log")
+    stack.callback(server.stop)
+    say("CPU per second of speech: the agent's processes against a long-lived piper-tts")
+    results.append(metrics.cpu_per_speech(agent, server, plan.speed_reps, tag, say))
+    server.stop()
     results.append(metrics.cached_latency(agent, plan.cached_messages, tag, say))
     results.append(metrics.cached_media_latency(agent, plan.cached_messages, tag, say))
     say("memory: the agent speaks the short, medium and long texts; piper-tts does the same")

@@ -1,12 +1,15 @@
-"""Measurements behind the split decoder (docs/measurements.md, "Split decoder").
+"""Measurements behind the split and the streaming decoder (docs/measurements.md, "Split
+decoder", "Streaming decoder").
 
 1. The split parts run whole against the whole model (noise 0): largest sample difference.
-2. Chunked decoding against whole decoding for decoder and flow contexts around the measured
-   reach: largest difference and SNR.
-3. Chunk plans (first chunk, growth, largest chunk): total compute against decoding each clause
-   group whole, and first audio, in process (medians and minima of interleaved runs).
+2. Streamed decoding against whole decoding, in runs of several sizes: largest difference, SNR.
+3. The decoder's levers: CPU time and wall time of decoding the long text's clause groups
+   (their latents computed once), whole, in chunks with context (the decoder before), and
+   streamed in runs of 32 and 128 frames by rewrites that carry 1, 2 or all 3 upsampling stages
+   in states; each with the pool's threads spinning (ONNX Runtime's default) or blocking (the
+   agent's). Runs interleaved, alternating order; medians and minima.
 
-Usage: `python -m bench.split [--reps 9]` (about two minutes).
+Usage: `python -m bench.split [--reps 7] [--threads 2]` (several minutes: it builds the rewrites).
 """
 
 from __future__ import annotations
@@ -16,14 +19,21 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 
+from agent.formats.chunking import decoder_runs
+from agent.speech import split_graph
+from agent.speech.decoder_parts import StreamSpec, decode_frames, encode, flow_until
+from agent.speech.sessions import NO_SPINNING, save_optimized
+from agent.speech.stream_graph import stream_decoder
 from agent.speech.voice import FramePlan, SynthesisParams, Voice, bundled_voice
-from bench import synth
-from bench.texts import SPEED_TEXTS, uncached_text, uncached_unpunctuated
+from bench.texts import SPEED_TEXTS, uncached_unpunctuated
 
 NOISELESS = SynthesisParams(0.0, 1.0, 0.0)
 SENTENCES = (
@@ -33,17 +43,13 @@ SENTENCES = (
     SPEED_TEXTS["long"],
     uncached_unpunctuated(random.Random(1), 0),  # noqa: S311 - varied words, not secrets
 )
-CONTEXTS: tuple[tuple[int, int], ...] = ((8, 33), (9, 33), (10, 33), (11, 33), (12, 33))
-CONTEXTS += ((16, 33), (12, 16), (12, 24), (12, 28), (12, 32))
-"""(decoder, flow) context frames tried."""
-PLANS = {  # first frames, growth, largest chunk
-    "32, x4, 256 (chosen)": (32, 4, 256),
-    "32, x4, 512": (32, 4, 512),
-    "32, x2, 256": (32, 2, 256),
-    "16, x4, 256": (16, 4, 256),
-    "48, x4, 256": (48, 4, 256),
-    "32, x4, 128": (32, 4, 128),
-}
+RUN_SIZES = (13, 1, 32, 128)
+"""Runs of the streamed decoding compared with whole decoding (the first run is at least the
+voice's `first`)."""
+CONTEXT_FRAMES = 12
+"""The decoder's context frames on each side when chunks are decoded with context."""
+
+Decode = Callable[[np.ndarray], None]
 
 
 def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
@@ -63,73 +69,165 @@ def equivalence(split: Voice, whole: Voice) -> None:
             print(f"{len(ours) / 22050:5.2f} s: max |difference| {np.abs(ours - theirs).max():.3g}")
 
 
-def contexts(split: Voice) -> None:
-    """2. Chunked against whole decoding, by context."""
-    print("## 2. chunked decoding (every 32 frames, flow head) against whole, by context")
-    ids = split.sentence_ids(SENTENCES[-1])[0]
-    reference = split.render(ids, NOISELESS, FramePlan.whole())
-    for decoder, flow in CONTEXTS:
-        shaped = split.with_context(decoder, flow)
-        audio = shaped.render(ids, NOISELESS, FramePlan(32, 32, 1))
+def streamed(split: Voice) -> None:
+    """2. Streamed decoding in runs of each size against whole decoding."""
+    print("## 2. streamed decoding, in runs of n frames, against whole decoding (noise 0)")
+    parts = split._parts
+    assert parts is not None  # noqa: S101 - the bundled voice splits
+    for size in RUN_SIZES:
+        worst, snrs = 0.0, []
+        for text in SENTENCES:
+            for ids in split.sentence_ids(text):
+                reference = split.render(ids, NOISELESS, FramePlan.whole())
+                latent = encode(parts, ids, (0.0, 1.0, 0.0), None, None)
+                pieces = [
+                    decode_frames(parts, latent, run, None)
+                    for run in _runs(latent.frames, size, parts.stream)
+                ]
+                audio = np.concatenate(pieces)
+                worst = max(worst, float(np.abs(audio - reference).max()))
+                snrs.append(snr_db(reference, audio))
+        print(f"runs of {size:3d}: max |difference| {worst:.2g}, SNR >= {min(snrs):.0f} dB")
+
+
+def _runs(frames: int, size: int, spec: StreamSpec | None) -> list[range]:
+    first = 0 if spec is None else spec.first
+    return decoder_runs(range(frames), size, first=first)
+
+
+def _session(path: Path, threads: int, spinning: bool) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if not spinning:
+        options.add_session_config_entry(*NO_SPINNING)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def rewrites(work: Path, threads: int) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """The decoder part and its streaming rewrites with 1, 2 and 3 stateful upsampling stages,
+    each optimized as the build optimizes it: {name: (model, spec)}."""
+    whole = work / "model.onnx"
+    split_graph.externalize(bundled_voice(), whole)
+    split_graph.split_model(whole)
+    decoder = onnx.load(str(work / "decoder.onnx"), load_external_data=False)
+    z = decoder.graph.input[0].name
+    built: dict[str, tuple[Path, dict[str, Any]]] = {}
+    optimized = work / "decoder-opt.onnx"
+    save_optimized(str(work / "decoder.onnx"), optimized, threads)
+    built["decoder"] = (optimized, {})
+    for stages in (1, 2, 3):
+        model, spec = stream_decoder(decoder, z, "output", stages)
+        plain = work / f"stream{stages}.onnx"
+        onnx.save_model(model, str(plain))
+        target = work / f"stream{stages}-opt.onnx"
+        save_optimized(str(plain), target, threads)
+        built[f"u{stages}"] = (target, spec)
+    return built
+
+
+def levers(split: Voice, work: Path, reps: int, threads: int) -> None:
+    """3. The decoder's CPU and wall time, by way of decoding."""
+    print(f"## 3. decoding the long text's clause groups, {threads} threads: CPU and wall ms")
+    parts = split._parts
+    assert parts is not None  # noqa: S101 - the bundled voice splits
+    latents = []
+    for ids in split.sentence_ids(SPEED_TEXTS["long"]):
+        latent = encode(parts, ids, (0.667, 1.0, 0.8), None, None)
+        latents.append(np.ascontiguousarray(flow_until(parts, latent, latent.frames, None)))
+    built = rewrites(work, threads)
+    ways: dict[str, Decode] = {}
+    for spinning in (True, False):
+        threads_wait = "spinning" if spinning else "blocking"
+        decoder = _session(built["decoder"][0], threads, spinning)
+        ways[f"whole, {threads_wait}"] = _whole(decoder)
+        ways[f"context, 128-frame chunks, {threads_wait}"] = _with_context(decoder, 128)
+        for name in ("u1", "u2", "u3"):
+            path, spec = built[name]
+            session = _session(path, threads, spinning)
+            for size in (32, 128):
+                label = f"streamed {name}, {size}-frame runs, {threads_wait}"
+                ways[label] = _streamed(session, spec, size)
+    for way in ways.values():  # warm-up: first runs on new shapes are slower
+        for z in latents:
+            way(z)
+    cpu: dict[str, list[float]] = {name: [] for name in ways}
+    wall: dict[str, list[float]] = {name: [] for name in ways}
+    for rep in range(reps):
+        order = list(ways) if rep % 2 else list(ways)[::-1]
+        for name in order:
+            time.sleep(0.05)
+            began, used = time.perf_counter(), time.process_time()
+            for z in latents:
+                ways[name](z)
+            cpu[name].append(time.process_time() - used)
+            wall[name].append(time.perf_counter() - began)
+    base = statistics.median(cpu["whole, spinning"])
+    for name in ways:
+        median, seconds = statistics.median(cpu[name]), statistics.median(wall[name])
         print(
-            f"decoder context {decoder:2d}, flow {flow:2d}: max |difference| "
-            f"{np.abs(audio - reference).max():.2g}, SNR {snr_db(reference, audio):.0f} dB"
+            f"{name:44s} CPU {median * 1000:5.0f} (min {min(cpu[name]) * 1000:5.0f}, "
+            f"{(median / base - 1) * 100:+5.1f} %), wall {seconds * 1000:5.0f}"
         )
 
 
-def plans(split: Voice, whole: Voice, reps: int) -> None:
-    """3. Chunk plans: compute overhead and first audio."""
-    print("## 3. chunk plans: total compute against whole clause groups, first audio (ms)")
-    rng = random.Random(8)  # noqa: S311 - varied words, not secrets
-    kinds = {
-        "3 sentences": [uncached_text(rng, n) for n in range(3)],
-        "long text": [SPEED_TEXTS["long"]],
-        "unpunctuated": [uncached_unpunctuated(rng, n) for n in range(2)],
-    }
-    for kind, texts in kinds.items():
-        runs: dict[str, tuple[list[float], list[float]]] = {n: ([], []) for n in ["whole", *PLANS]}
-        for rep in range(reps + 1):
-            names = list(runs) if rep % 2 else list(runs)[::-1]
-            for name in names:
-                totals = [_timed(whole if name == "whole" else split, t, name) for t in texts]
-                if rep:  # the first round warms up
-                    runs[name][0].append(sum(total for total, _ in totals))
-                    runs[name][1].append(statistics.mean(first for _, first in totals))
-        base, base_min = statistics.median(runs["whole"][0]), min(runs["whole"][0])
-        first = statistics.median(runs["whole"][1]) * 1000
-        print(
-            f"### {kind}: whole groups {base * 1000:.0f} ms "
-            f"(min {base_min * 1000:.0f}), first {first:.0f}"
-        )
-        for name in PLANS:
-            total, first_audio = runs[name]
-            print(
-                f"{name:22s} total {(statistics.median(total) / base - 1) * 100:+5.1f} % "
-                f"(min {(min(total) / base_min - 1) * 100:+5.1f} %), "
-                f"first {statistics.median(first_audio) * 1000:.0f}"
-            )
+def _whole(session: ort.InferenceSession) -> Decode:
+    name = session.get_inputs()[0].name
+
+    def decode(z: np.ndarray) -> None:
+        session.run(None, {name: z})
+
+    return decode
 
 
-def _timed(voice: Voice, text: str, plan: str) -> tuple[float, float]:
-    began = time.perf_counter()
-    first = None
-    chunks = synth.agent_chunks(voice, text, voice.default_params, PLANS.get(plan, synth.PLAN))
-    for _ in chunks:
-        first = first or time.perf_counter() - began
-    return time.perf_counter() - began, first or 0.0
+def _with_context(session: ort.InferenceSession, size: int) -> Decode:
+    name = session.get_inputs()[0].name
+
+    def decode(z: np.ndarray) -> None:
+        frames = z.shape[-1]
+        for run in decoder_runs(range(frames), size, first=32):
+            begin, end = max(0, run.start - CONTEXT_FRAMES), min(frames, run.stop + CONTEXT_FRAMES)
+            session.run(None, {name: np.ascontiguousarray(z[:, :, begin:end])})
+
+    return decode
+
+
+def _streamed(session: ort.InferenceSession, spec: dict[str, Any], size: int) -> Decode:
+    states = spec["states"]
+    names = [spec["output"], *(state["next"] for state in states.values())]
+
+    def decode(z: np.ndarray) -> None:
+        frames = z.shape[-1]
+        carried = {n: np.zeros((*s["lead"], s["initial"]), np.float32) for n, s in states.items()}
+        for run in decoder_runs(range(frames), size, first=spec["first"]):
+            last = run.stop == frames
+            feed = {
+                spec["z"]: np.ascontiguousarray(z[:, :, run.start : run.stop]),
+                spec["end"]: np.zeros(1 if last else 0, np.float32),
+                **carried,
+            }
+            outputs = session.run(names, feed)
+            carried = dict(zip(states, outputs[1:], strict=True))
+
+    return decode
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the three measurements and print them."""
     parser = argparse.ArgumentParser(prog="python -m bench.split", description=__doc__)
-    parser.add_argument("--reps", type=int, default=9, help="interleaved repetitions")
+    parser.add_argument("--reps", type=int, default=7, help="interleaved repetitions")
+    parser.add_argument("--threads", type=int, default=2, help="intra-op threads")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="voice-agent-split-") as tmp:
-        split = Voice.load(bundled_voice(), threads=2, cache_dir=Path(tmp))
-        whole = Voice.load(bundled_voice(), threads=2, cache_dir=Path(tmp), split=False)
+        split = Voice.load(bundled_voice(), threads=args.threads, cache_dir=Path(tmp))
+        whole = Voice.load(bundled_voice(), threads=args.threads, cache_dir=Path(tmp), split=False)
         equivalence(split, whole)
-        contexts(split)
-        plans(split, whole, args.reps)
+        streamed(split)
+        del whole
+        work = Path(tmp) / "rewrites"
+        work.mkdir()
+        levers(split, work, args.reps, args.threads)
     return 0
 
 

@@ -37,6 +37,9 @@ from harness import TIMEOUT
 T = TypeVar("T")
 
 MARKER: Final = "BENCH-DONE"
+CHILD_TIMEOUT: Final = 10 * TIMEOUT
+"""How long a piper-tts child may take for its texts before it counts as hung (a loaded
+machine slows a minute of synthesis several times)."""
 PIPER_CHILD: Final = """
 import json, sys
 from piper import PiperVoice
@@ -53,6 +56,67 @@ print(
 """
 """Run as `python -c PIPER_CHILD MODEL TEXTS_JSON`; prints
 `BENCH-DONE <VmHWM kB> <VmRSS kB> <Pss kB>`."""
+
+
+PIPER_SERVER: Final = """
+import json, sys
+from piper import PiperVoice
+voice = PiperVoice.load(sys.argv[1])
+print("READY", flush=True)
+for line in sys.stdin:
+    samples, rate = 0, 1
+    for chunk in voice.synthesize(json.loads(line)):
+        samples += len(chunk.audio_float_array)
+        rate = chunk.sample_rate
+    print("DONE", samples / rate, flush=True)
+"""
+"""Run as `python -c PIPER_SERVER MODEL`: one long-lived piper-tts process; each line of stdin
+a JSON text, synthesized whole (every chunk consumed), answered `DONE <seconds of audio>`."""
+
+
+class PiperServer:
+    """A long-lived piper-tts process on the voice (as a node that keeps piper loaded has it):
+    its CPU time per text is read from /proc (`process_tree`), like the agent's."""
+
+    def __init__(self, model: Path, stderr_log: Path) -> None:
+        self._errors = stderr_log.open("ab")
+        self._child = subprocess.Popen(
+            [sys.executable, "-c", PIPER_SERVER, str(model)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._errors,
+            text=True,
+        )
+        self._line("READY")
+
+    @property
+    def pid(self) -> int:
+        return self._child.pid
+
+    def speak(self, text: str) -> float:
+        """Synthesize a text; seconds of audio."""
+        assert self._child.stdin is not None  # noqa: S101 - made with a pipe
+        self._child.stdin.write(json.dumps(text) + "\n")
+        self._child.stdin.flush()
+        return float(self._line("DONE").split()[1])
+
+    def _line(self, marker: str) -> str:
+        watchdog = threading.Timer(CHILD_TIMEOUT, self._child.kill)  # a hung child ends it
+        watchdog.start()
+        try:
+            assert self._child.stdout is not None  # noqa: S101 - made with a pipe
+            for line in self._child.stdout:
+                if line.startswith(marker):
+                    return line
+        finally:
+            watchdog.cancel()
+        raise RuntimeError(f"the piper-tts server exited with {self._child.wait()} before {marker}")
+
+    def stop(self) -> None:
+        if self._child.poll() is None:
+            self._child.kill()
+        self._child.wait()
+        self._errors.close()
 
 
 @dataclass(frozen=True)
@@ -155,7 +219,7 @@ def run_piper_child(model: Path, texts: Sequence[str], stderr_log: Path) -> Chil
     with stderr_log.open("ab") as errors:
         spawned = time.perf_counter()
         child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=errors, text=True)
-        watchdog = threading.Timer(TIMEOUT, child.kill)  # a hung child ends the read
+        watchdog = threading.Timer(CHILD_TIMEOUT, child.kill)  # a hung child ends the read
         watchdog.start()
         try:
             line = _marker_line(child)

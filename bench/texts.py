@@ -91,3 +91,24 @@ STORY: Final = (
     "That is all for tonight; sleep well, and I will wake you with the news in the morning."
 )
 """About a minute of speech, streamed to a paced device to count underruns."""
+
+
+def uncached_speed_text(name: str, trial: int) -> str:
+    """A text as long as `SPEED_TEXTS[name]` (its words, in its sentences), every sentence
+    carrying the trial's number, so that no phrase cache holds any of it."""
+    number = trial + 101
+    if name == "short":
+        return f"The kitchen light {number} is still on."
+    if name == "medium":
+        return (
+            f"The washing machine {number} has finished its cycle, "
+            "and the laundry is ready to be hung up in the garden."
+        )
+    return (
+        f"Good morning, it is {number} past seven on a cloudy Tuesday, and the outside "
+        "temperature is eleven degrees with a light wind from the west. "
+        f"Rain is expected from the early afternoon until {number} in the evening, so take an "
+        "umbrella if you are going out, and bring the garden cushions inside before noon. "
+        f"The recycling bins are collected today, and your meeting {number} starts at nine "
+        "thirty."
+    )

@@ -65,8 +65,9 @@ it runs)."""
 ENGINE_ONLY = {"numpy", "onnxruntime", "onnx", "piper", "soundfile", "soxr", "zeroconf"}
 """What the sounder's process never loads: the engine's libraries (its start and its alarm
 lane owe nothing to them)."""
-RUN_AS_PROCESSES = {"speech.healthcheck", "speech.split_graph"}
-"""Edge modules the agent starts as processes of their own, never imports."""
+RUN_AS_PROCESSES = {"speech.healthcheck", "speech.split_graph", "speech.stream_graph"}
+"""Edge modules the agent starts as processes of their own (or that only they import: the
+streaming decoder's graph surgery, part of the build's `split_graph` process), never imports."""
 
 OTA_ALLOWED = {
     "__init__": set(),

@@ -104,10 +104,10 @@ def test_frame_chunks_cover_the_frames_in_order_growing_to_the_cap(
     assert 1 <= following <= max(budget, cap)
 
 
-def test_frame_chunks_start_small_then_grow_fourfold_up_to_the_cap() -> None:
+def test_frame_chunks_start_small_then_grow_twofold_up_to_the_cap() -> None:
     chunks, following = frame_chunks(653, FIRST_FRAMES, MAX_FRAMES)
-    assert [len(chunk) for chunk in chunks] == [32, 128, 128, 128, 128, 109]
+    assert [len(chunk) for chunk in chunks] == [32, 64, 128, 128, 128, 128, 45]
     assert following == MAX_FRAMES
-    assert frame_chunks(40, 32, 256) == ([range(40)], 128)  # an 8-frame tail joins
+    assert frame_chunks(40, 32, 256) == ([range(40)], 64)  # an 8-frame tail joins
     assert [len(c) for c in frame_chunks(780, 256, 256)[0]] == [256, 256, 268]  # 12 joined
     assert frame_chunks(2000, 512, 512)[0][-1] == range(1536, 2000)

@@ -18,7 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from agent.formats.chunking import frame_chunks
+from agent.formats.chunking import decoder_runs, frame_chunks
+from agent.speech.decoder_parts import SPLIT_FORMAT
 from agent.speech.sessions import cache_stem, model_digest
 from agent.speech.voice import FramePlan, SynthesisParams, Voice, to_pcm16
 from harness import TIMEOUT
@@ -107,11 +108,17 @@ def test_model_digest_is_remembered_until_the_file_changes(tmp_path: Path) -> No
 
 HOP = 16
 """Samples per latent frame of the VITS-shaped test voice."""
+SPLIT = f".split{SPLIT_FORMAT}."
+"""In the names of the split's cache entries."""
 CONV_PRE = "/dec/conv_pre/Conv"
 
 
 def write_vits_like_voice(
-    directory: Path, name: str = "vits.onnx", local: bool = True, hop: int = HOP
+    directory: Path,
+    name: str = "vits.onnx",
+    local: bool = True,
+    hop: int = HOP,
+    decoder_op: str | None = None,
 ) -> Path:
     """A Piper-format voice shaped like a VITS graph, small enough to build in milliseconds.
 
@@ -119,7 +126,9 @@ def write_vits_like_voice(
     flow (nodes named /flow/): a kernel-5 convolution added to `z_p`, masked (`/Mul_7`, as in
     Piper's graphs); decoder: `/dec/conv_pre/Conv` (kernel 3), a transposed convolution to
     `hop` samples a frame, tanh. Reaches: flow 2 frames, decoder 1. With `local=False` the
-    decoder also adds its input's mean over all frames, so it cannot be run in chunks. (With
+    decoder also adds its input's mean over all frames, so it cannot be run in chunks; with
+    `decoder_op` that operator follows conv_pre (one the streaming rewrite lacks: the voice
+    decodes with context). (With
     `hop` 256 its speech is as long as a real voice's, for the update's health check.)
     """
     rng = np.random.default_rng(7)
@@ -161,6 +170,9 @@ def write_vits_like_voice(
             node("Add", ["/dec/pre", "/dec/avg"], ["/dec/global"], name="/dec/Global"),
         ]
         decoded = "/dec/global"
+    if decoder_op is not None:  # an operator on each sample that the streaming rewrite lacks
+        nodes.append(node(decoder_op, [decoded], ["/dec/extra"], name="/dec/Extra"))
+        decoded = "/dec/extra"
     nodes += [
         node("ConvTranspose", [decoded, "up_w"], ["/dec/up"], strides=[hop], name="/dec/ups/0"),
         node("Tanh", ["/dec/up"], ["/dec/tanh"], name="/dec/Tanh"),
@@ -224,35 +236,87 @@ def test_a_vits_shaped_voice_is_split_and_its_parts_give_the_whole_models_sample
 
 @pytest.mark.parametrize("size", [1, 2, 5, 13, 64])
 def test_chunks_of_any_size_join_into_the_whole_decoding(vits_voice: Path, size: int) -> None:
+    """The streaming decoder: a chunk's audio ends `lag` samples before its frames (the last
+    chunk gives them), its first chunk is at least `first` frames; the chunks join into the
+    whole decoding."""
     voice = Voice.load(vits_voice, threads=1, cache_dir=None)
+    spec = voice.stream_spec
+    assert spec is not None
+    assert (spec.lag, spec.first) == (HOP, 2)  # conv_pre's kernel of 3: one frame behind
     (ids,) = voice.sentence_ids(TEXT)
     reference = voice.render(ids, PARAMS, FramePlan.whole())
-    plan = FramePlan(size, size, 1)
-    pieces = list(voice.stream(ids, PARAMS, plan))
+    pieces = list(voice.stream(ids, PARAMS, FramePlan(size, size, 1)))
+    expected, _ = frame_chunks(len(reference) // HOP, max(size, spec.first), size, 1)
+    lengths = [len(frames) * HOP for frames in expected]
+    lengths[0] -= spec.lag
+    lengths[-1] += spec.lag
+    assert [len(p) for p in pieces] == lengths
+    assert np.abs(np.concatenate(pieces) - reference).max() <= 1e-6
+    assert voice.inferences == 2  # one prior run for each stream, however many chunks
+
+
+def test_a_decoder_chunk_is_decoded_in_runs_of_cache_size() -> None:
+    assert decoder_runs(range(128)) == [range(32), range(32, 64), range(64, 96), range(96, 128)]
+    assert decoder_runs(range(128, 166)) == [range(128, 166)]  # a 6-frame tail joins
+    assert decoder_runs(range(10)) == [range(10)]
+    assert decoder_runs(range(100), 32, first=40) == [range(40), range(40, 72), range(72, 100)]
+    assert decoder_runs(range(40, 100), 32, first=50) == [range(40, 72), range(72, 100)]
+    for frames in (range(0, 1), range(3, 77), range(0, 1000)):
+        runs = decoder_runs(frames)
+        assert [f for run in runs for f in run] == list(frames)
+
+
+@pytest.mark.parametrize("size", [1, 5, 64])
+def test_chunks_decoded_with_context_join_into_the_whole_decoding(
+    vits_voice: Path, size: int
+) -> None:
+    """Without the streaming decoder (a voice whose decoder it cannot carry), each chunk is
+    decoded with the decoder's context frames on each side and cropped."""
+    voice = Voice.load(vits_voice, threads=1, cache_dir=None, stream=False)
+    assert voice.stream_spec is None
+    (ids,) = voice.sentence_ids(TEXT)
+    reference = voice.render(ids, PARAMS, FramePlan.whole())
+    pieces = list(voice.stream(ids, PARAMS, FramePlan(size, size, 1)))
     expected, _ = frame_chunks(len(reference) // HOP, size, size, 1)
     assert [len(p) for p in pieces] == [len(frames) * HOP for frames in expected]
     assert np.abs(np.concatenate(pieces) - reference).max() <= 1e-6
-    assert voice.inferences == 2  # one prior run for each stream, however many chunks
+
+
+def test_a_decoder_the_streaming_rewrite_cannot_carry_decodes_with_context(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = write_vits_like_voice(tmp_path, "cosine.onnx", decoder_op="Cos")
+    with caplog.at_level(logging.INFO, logger="agent"):
+        voice = Voice.load(model, threads=1, cache_dir=tmp_path / "cache")
+    assert voice.chunked
+    assert voice.stream_spec is None
+    assert "decodes its chunks with context (no streaming decoder: its decoder has Cos" in (
+        caplog.text
+    )
+    (ids,) = voice.sentence_ids(TEXT)
+    reference = voice.render(ids, PARAMS, FramePlan.whole())
+    joined = np.concatenate(list(voice.stream(ids, PARAMS, FramePlan(4, 4, 1))))
+    assert np.abs(joined - reference).max() <= 1e-6
 
 
 def test_the_split_parts_are_cached_sealed_and_rebuilt_when_damaged(
     vits_voice: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     stem = cache_stem(tmp_path, model_digest(vits_voice, None))
-    older = [Path(f"{stem}.split1.{suffix}") for suffix in ("json", "prior.onnx")]
+    older = [Path(f"{stem}.split{n}.{suffix}") for n in (1, 2) for suffix in ("json", "prior.onnx")]
     for path in older:  # what the previous format left: never used again
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"older format")
     Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
     models = tmp_path / "models"
-    names = {p.name.split(".split2.")[1] for p in models.glob("*.split2.*")}
-    parts = {"prior.onnx", "flow.onnx", "decoder.onnx"}
+    names = {p.name.split(SPLIT)[1] for p in models.glob(f"*.split{SPLIT_FORMAT}.*")}
+    parts = {"prior.onnx", "flow.onnx", "decoder.onnx", "stream.onnx"}
     assert names >= {"json", *parts, *(f"{part}.seal" for part in parts)}
     assert "prior.onnx.data" in names  # its weights (the embedding) apart, mapped at load
-    assert not [p for p in models.glob("*.onnx") if ".split2." not in p.name]  # no whole copy
+    assert not [p for p in models.glob("*.onnx") if SPLIT not in p.name]  # no whole copy
     assert not any(path.exists() for path in older)
     assert not list(models.glob(".build-*"))  # the work directory is gone
-    (decoder,) = models.glob("*.decoder.onnx")
+    (decoder,) = models.glob("*.stream.onnx")
     stamp = decoder.stat().st_mtime_ns
     assert Voice.load(vits_voice, threads=1, cache_dir=tmp_path).chunked
     assert decoder.stat().st_mtime_ns == stamp  # reused, not rebuilt
@@ -287,7 +351,7 @@ def test_a_damaged_weights_file_is_detected_and_the_parts_rebuilt(
     first = Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
     (ids,) = first.sentence_ids(TEXT)
     reference = first.render(ids, PARAMS)
-    (data,) = (tmp_path / "models").glob("*.split2.prior.onnx.data")
+    (data,) = (tmp_path / "models").glob(f"*.split{SPLIT_FORMAT}.prior.onnx.data")
     damage(data)
     with caplog.at_level(logging.INFO, logger="agent"):
         again = Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
@@ -303,7 +367,10 @@ def test_a_part_copied_back_unchanged_is_used_without_a_rebuild(
     """A restored backup: new inode and times, the same bytes: hashed once, then trusted."""
     Voice.load(vits_voice, threads=1, cache_dir=tmp_path)
     models = tmp_path / "models"
-    for path in [*models.glob("*.split2.*.onnx"), *models.glob("*.split2.*.data")]:
+    for path in [
+        *models.glob(f"*.split{SPLIT_FORMAT}.*.onnx"),
+        *models.glob(f"*.split{SPLIT_FORMAT}.*.data"),
+    ]:
         copy = path.with_name(f"{path.name}.copy")
         shutil.copyfile(path, copy)
         os.replace(copy, path)
@@ -355,7 +422,7 @@ def test_a_build_process_killed_leaves_the_voice_whole_and_it_is_tried_again(
     )
     assert sum(len(pcm) for pcm in voice.synthesize(TEXT)) > 0
     models = tmp_path / "models"
-    assert not list(models.glob("*.split2.json"))
+    assert not list(models.glob(f"*.split{SPLIT_FORMAT}.json"))
     assert not list(models.glob(".build-*"))
     assert Voice.load(vits_voice, threads=1, cache_dir=tmp_path).chunked
 
@@ -370,7 +437,7 @@ def test_a_voice_without_the_decoder_node_runs_whole_logged_once_and_speaks(
     assert len(notes) == 1
     assert notes[0].levelno == logging.INFO
     assert "no decoder convolution like /dec/conv_pre/Conv" in notes[0].getMessage()
-    (record,) = (tmp_path / "models").glob("*.split2.json")
+    (record,) = (tmp_path / "models").glob(f"*.split{SPLIT_FORMAT}.json")
     assert json.loads(record.read_text())["parts"] == []  # not analysed again at the next start
     assert sum(len(pcm) for pcm in voice.synthesize("The door is open.")) > 0
     (ids,) = voice.sentence_ids("The door is open.")
@@ -386,6 +453,6 @@ def test_a_decoder_that_cannot_run_in_chunks_runs_whole(
     assert not voice.chunked
     assert "is not local" in caplog.text
     models = tmp_path / "cache" / "models"
-    assert not list(models.glob("*.split2.*.onnx"))  # the parts were never installed
+    assert not list(models.glob(f"*.split{SPLIT_FORMAT}.*.onnx"))  # the parts were never installed
     assert not list(models.glob(".build-*"))
     assert sum(len(pcm) for pcm in voice.synthesize(TEXT)) > 0

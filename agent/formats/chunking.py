@@ -78,19 +78,17 @@ def grow(budget: int, cap: int | None, chunks: int = 1) -> int:
 
 
 FIRST_FRAMES: Final = 32
-"""Latent frames in the first decoder chunk of a request: 32 x 256 samples, 0.37 s of audio at
-22050 Hz, decoded in ~15 ms with its context on 2 cores (docs/measurements.md)."""
+"""Latent frames in the first decoder chunk of a request: 32 x 256 samples, of which the
+streaming decoder gives all but its lag (~0.1 s) at once: ~0.25 s of audio at 22050 Hz,
+decoded in one run (docs/measurements.md, "Streaming decoder")."""
 MAX_FRAMES: Final = 128
-"""Most latent frames in one decoder chunk (~1.5 s of audio, ~50 ms to decode): bounds a
-chunk's time and the memory of the decoder's activations. Measured with ONNX Runtime's arena off
-(docs/memory.md): the long text's peak RSS 204.5 MB, against 227 MB with 256 frames, for 1.144
-decoder frames per audio frame instead of 1.072 (each join decodes twice the decoder's context
-again: ~4.5 % more compute); 64 frames: 194 MB at +24 %."""
-FRAME_GROWTH: Final = 4
-"""Each decoder chunk may be this many times the one before: the next is decoded (~0.5 ms a
-frame on 2 cores, ~12 ms of audio a frame) long before the current one has played, even on a
-loaded machine, and few joins (each decodes twice the context frames again) keep the overhead
-small."""
+"""Most latent frames in one decoder chunk handed to the player (~1.5 s of audio): how far ahead
+the player's buffer of two chunks holds audio. The streaming decoder decodes it in runs of
+RUN_FRAMES, so its size no longer sets the decoder's memory or what a join costs (nothing)."""
+FRAME_GROWTH: Final = 2
+"""Each decoder chunk may be this many times the one before: the second chunk (64 frames, two
+runs) is decoded in a fraction of the ~0.25 s the first one plays, even on a board several
+times slower than this machine, and the chunks reach MAX_FRAMES by the third."""
 MIN_FRAMES: Final = 32
 """Fewest frames in a decoder chunk after the first: a shorter tail joins the chunk before."""
 
@@ -115,3 +113,28 @@ def frame_chunks(
         start = stop
         budget = max(1, min(budget * growth, cap))
     return chunks, budget
+
+
+RUN_FRAMES: Final = 32
+"""Most latent frames the streaming decoder takes in one run: a decoder chunk of the plan above
+is decoded in runs of this many frames and yielded whole. Every layer's activations then stay
+in the CPU's caches (32 frames: 1 MB per tensor at the last layers), which made decoding 10-17 %
+cheaper in CPU time than decoding a clause group whole, and 128-frame runs 6-8 %
+(docs/measurements.md, "Streaming decoder"); the decoder carries its context from run to run,
+so smaller runs cost only their calls."""
+MIN_RUN_FRAMES: Final = 8
+"""Fewest frames in a run after the first: a shorter tail joins the run before it."""
+
+
+def decoder_runs(frames: range, size: int = RUN_FRAMES, first: int = 0) -> list[range]:
+    """A decoder chunk's frames cut into runs of `size` (a tail shorter than MIN_RUN_FRAMES
+    joins the run before it); a run from frame 0 has at least `first` frames."""
+    runs: list[range] = []
+    start = frames.start
+    while start < frames.stop:
+        stop = min(start + (max(size, first) if start == 0 else size), frames.stop)
+        if frames.stop - stop < MIN_RUN_FRAMES:
+            stop = frames.stop
+        runs.append(range(start, stop))
+        start = stop
+    return runs

@@ -34,10 +34,12 @@ from agent.speech.decoder_parts import (
     CONTEXT_MARGIN_FRAMES,
     SPLIT_FORMAT,
     SPLIT_TOLERANCE,
+    STREAM_PART,
     Audio,
     Geometry,
     Latent,
     Parts,
+    StreamSpec,
     decode_frames,
     flow_until,
     joined,
@@ -79,9 +81,12 @@ def split_parts(  # noqa: PLR0917 - what a voice's split depends on
     digest: str,
     threads: int,
     cache_dir: Path | None,
+    *,
+    stream: bool = True,
 ) -> Parts | None:
     """The voice's parts: cached, or built and checked now in child processes (never in this
-    one); None when it must run whole.
+    one); None when it must run whole. With `stream` the streaming decoder is used where the
+    voice has one (`stream_graph`); else chunks are decoded with context frames.
 
     The verdict is kept in cache_dir beside the parts (a JSON record), so a voice that cannot
     be split is not analysed again at every start. Without a cache the parts are built in a
@@ -94,7 +99,7 @@ def split_parts(  # noqa: PLR0917 - what a voice's split depends on
         if not known.get("parts"):
             _LOGGER.info("Voice %s runs whole: %s", model_path.name, known.get("reason"))
             return None
-        cached = load_parts(stem, known, threads)
+        cached = load_parts(stem, known, threads, stream=stream)
         if cached is not None:
             return cached
     if importlib.util.find_spec("onnx") is None:
@@ -106,7 +111,7 @@ def split_parts(  # noqa: PLR0917 - what a voice's split depends on
         return None
     probe = phonemes_to_ids(list(_PROBE_PHONEMES), phoneme_id_map)
     try:
-        verdict, built = _built(model_path, probe, speaker_id, threads, stem)
+        verdict, built = _built(model_path, probe, speaker_id, threads, stem, stream=stream)
     except (BuildError, OSError) as err:  # a build process failed, or the cache is not writable
         _LOGGER.warning("Voice %s runs whole: splitting it failed: %s", model_path.name, err)
         return None
@@ -127,6 +132,20 @@ def split_parts(  # noqa: PLR0917 - what a voice's split depends on
             built.shape.decoder_context,
             built.shape.flow_context,
         )
+        if built.stream is not None:
+            _LOGGER.info(
+                "Voice %s decodes in streamed chunks (each layer's context carried forward): "
+                "%d samples behind a chunk's frames, first chunk at least %d frames",
+                model_path.name,
+                built.stream.lag,
+                built.stream.first,
+            )
+        elif "stream_reason" in verdict:
+            _LOGGER.info(
+                "Voice %s decodes its chunks with context (no streaming decoder: %s)",
+                model_path.name,
+                verdict["stream_reason"],
+            )
     if record is not None:
         with contextlib.suppress(OSError):
             write_atomic(record, json.dumps(verdict).encode())
@@ -134,7 +153,13 @@ def split_parts(  # noqa: PLR0917 - what a voice's split depends on
 
 
 def _built(
-    model_path: Path, probe: list[int], speaker_id: int | None, threads: int, stem: Path | None
+    model_path: Path,
+    probe: list[int],
+    speaker_id: int | None,
+    threads: int,
+    stem: Path | None,
+    *,
+    stream: bool = True,
 ) -> tuple[dict[str, Any], Parts | None]:
     """Build the parts in child processes, install them under `stem` (when a cache is given)
     and load them; the verdict and the parts (None when the voice does not split)."""
@@ -152,11 +177,11 @@ def _built(
         if not verdict["parts"]:
             built = None
         elif stem is None:
-            built = load_parts(work_stem, verdict, threads, sealed=False)
+            built = load_parts(work_stem, verdict, threads, sealed=False, stream=stream)
         else:
-            for name in verdict["parts"]:
+            for name in [*verdict["parts"], *([STREAM_PART] if "stream" in verdict else [])]:
                 install_optimized(part_path(work_stem, name), part_path(stem, name))
-            built = load_parts(stem, verdict, threads)
+            built = load_parts(stem, verdict, threads, stream=stream)
     if stem is not None:
         _remove_older_formats(stem)
     return verdict, built
@@ -295,7 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _optimize(work: Path, plan: dict[str, Any]) -> None:
     """Optimize each part (ENABLE_ALL) and save it, weights apart, as the cache will hold it."""
-    for name in json.loads((work / _CUT).read_text(encoding="utf-8"))["parts"]:
+    cut = json.loads((work / _CUT).read_text(encoding="utf-8"))
+    for name in [*cut["parts"], *([STREAM_PART] if "stream" in cut else [])]:
         target = part_path(work / plan["stem"], name)
         save_optimized(str(work / f"{name}.onnx"), target, int(plan["threads"]))
 
@@ -319,10 +345,11 @@ def _reference(work: Path, plan: dict[str, Any]) -> None:
 def _verify(work: Path, plan: dict[str, Any]) -> None:
     """Load the optimized parts as the agent loads them, measure their geometry and check them
     against the whole model's samples; the verdict."""
-    names = json.loads((work / _CUT).read_text(encoding="utf-8"))["parts"]
+    cut = json.loads((work / _CUT).read_text(encoding="utf-8"))
+    threads = int(plan["threads"])
     sessions = {
-        name: load_optimized(part_path(work / plan["stem"], name), int(plan["threads"]), True)
-        for name in names
+        name: load_optimized(part_path(work / plan["stem"], name), threads, True)
+        for name in cut["parts"]
     }
     parts = joined(sessions, Geometry(1, 0, 0))
     feed = _probe_feed(parts.prior, plan)
@@ -335,7 +362,58 @@ def _verify(work: Path, plan: dict[str, Any]) -> None:
         verdict = {"parts": [], "reason": str(err)}
     else:
         verdict = {"parts": parts.names, **asdict(parts.shape)}
+        verdict.update(_streaming(work, plan, cut, parts, feed, reference))
     write_atomic(work / _VERDICT, json.dumps(verdict).encode())
+
+
+def _streaming(  # noqa: PLR0917 - the verify step's state
+    work: Path,
+    plan: dict[str, Any],
+    cut: dict[str, Any],
+    parts: Parts,
+    feed: Feed,
+    reference: Audio,
+) -> dict[str, Any]:
+    """The verdict's `stream` (how to run the streaming decoder) when it gives the whole
+    model's samples, decoded whole and in chunks of every kind (the smallest first chunk, one
+    frame, a few, the rest); else `stream_reason`."""
+    if "stream" not in cut:
+        return {"stream_reason": str(cut.get("stream_reason", "not built"))}
+    known = dict(cut["stream"])
+    if int(known["hop"]) != parts.shape.hop:
+        return {"stream_reason": f"it gives {known['hop']} samples a frame, not {parts.shape.hop}"}
+    path = part_path(work / plan["stem"], STREAM_PART)
+    session = load_optimized(path, int(plan["threads"]), True)
+    streaming = replace(parts, decoder=session, stream=StreamSpec.from_record(known))
+    outputs = parts.prior.run(list(parts.frames), feed)
+    speaker = feed.get(SPEAKER_INPUT)
+    try:
+        for sizes in ((), (known["first"], 1, 2, 5, 13)):
+            latent = Latent(streaming, outputs, speaker)
+            _compare(_decoded_in(streaming, latent, sizes), reference, "streaming decoding")
+    except (_MismatchError, RuntimeError, ValueError) as err:
+        return {"stream_reason": str(err)}
+    return {"stream": known}
+
+
+def _decoded_in(parts: Parts, latent: Latent, sizes: Sequence[int]) -> Audio:
+    """A latent decoded in chunks of these sizes, then the rest in one."""
+    pieces, start = [], 0
+    for size in (*sizes, latent.frames):
+        stop = min(latent.frames, start + size)
+        pieces.append(decode_frames(parts, latent, range(start, stop), None))
+        start = stop
+        if stop == latent.frames:
+            break
+    return np.concatenate(pieces)
+
+
+def _compare(audio: Audio, reference: Audio, what: str) -> None:
+    if audio.shape != reference.shape:
+        raise _MismatchError(f"{what} gives {audio.size} samples, not {reference.size}")
+    worst = float(np.abs(audio - reference).max(initial=0.0))
+    if worst > SPLIT_TOLERANCE:
+        raise _MismatchError(f"{what} differs from the whole model by up to {worst:.2g}")
 
 
 def _measured(parts: Parts, feed: Feed, reference: Audio) -> Parts:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import onnx
 import onnx.shape_inference
@@ -28,6 +28,7 @@ from agent.speech.sessions import (
     WEIGHTS_SUFFIX,
     peak_rss_mb,
 )
+from agent.speech.stream_graph import NotStreamableError, stream_decoder
 
 _DECODER_CONV: Final = re.compile(r"(?:^|/)dec/conv_pre/Conv$")
 _FLOW_NODE: Final = re.compile(r"(?:^|/)flow/")
@@ -56,21 +57,31 @@ def externalize(model_path: Path, target: Path) -> None:
     )
 
 
-def split_model(model_path: Path) -> list[str] | str:
+def split_model(model_path: Path) -> dict[str, Any]:
     """Cut a Piper VITS graph saved by `externalize` into parts saved beside it as
-    `<part>.onnx`, their weights left in its data file; the parts in order (`prior`, `flow`
-    when it could be cut out, `decoder`), or a string saying why the graph does not split.
-    The weights are never loaded: shapes are inferred on the graph alone."""
+    `<part>.onnx`, their weights left in its data file, and rewrite its decoder for streaming
+    (`stream.onnx`, `stream_graph`) where it can. Returns `{"parts": [...]}` (in order:
+    `prior`, `flow` when it could be cut out, `decoder`) with `"stream"` (how to run the
+    streaming decoder) or `"stream_reason"`; or `{"reason": ...}` when the graph does not
+    split. The weights are never loaded: shapes are inferred on the graph alone."""
     graph_only = onnx.load(str(model_path), load_external_data=False)
     model = onnx.shape_inference.infer_shapes(graph_only)
     try:
         cut = _find_cut(model)
     except UnsplittableError as err:
-        return str(err)
+        return {"reason": str(err)}
     parts = _extract(model, cut)
     for name, part in parts.items():
         onnx.save_model(part, str(model_path.with_name(f"{name}.onnx")))
-    return list(parts)
+    result: dict[str, Any] = {"parts": list(parts)}
+    try:
+        streamed, spec = stream_decoder(parts["decoder"], cut.z, cut.output)
+    except NotStreamableError as err:
+        result["stream_reason"] = str(err)
+    else:
+        onnx.save_model(streamed, str(model_path.with_name("stream.onnx")))
+        result["stream"] = spec
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,9 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.externalize is not None:
         externalize(args.externalize, args.target)
     if args.split is not None:
-        parts = split_model(args.target)
-        result = {"reason": parts} if isinstance(parts, str) else {"parts": parts}
-        args.split.write_text(json.dumps(result), encoding="utf-8")
+        args.split.write_text(json.dumps(split_model(args.target)), encoding="utf-8")
     print(json.dumps({"peak_mb": peak_rss_mb()}))  # the last line: read by the build
     return 0
 

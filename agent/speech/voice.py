@@ -36,11 +36,24 @@ from piper.config import PhonemeType, PiperConfig
 from piper.phoneme_ids import phonemes_to_ids
 from piper.phonemize_espeak import ESPEAK_DATA_DIR, _merge_known_vowel_clusters
 
-from agent.formats.chunking import FIRST_FRAMES, FRAME_GROWTH, MAX_FRAMES, frame_chunks
+from agent.formats.chunking import (
+    FIRST_FRAMES,
+    FRAME_GROWTH,
+    MAX_FRAMES,
+    decoder_runs,
+    frame_chunks,
+)
 from agent.formats.pcm import PCM16
 from agent.formats.text import pieces
 from agent.speech.decoder_build import split_parts
-from agent.speech.decoder_parts import Latent, Parts, decode_frames, encode, with_context
+from agent.speech.decoder_parts import (
+    Latent,
+    Parts,
+    StreamSpec,
+    decode_frames,
+    encode,
+    with_context,
+)
 from agent.speech.sessions import (
     SPEAKER_INPUT,
     graph_feed,
@@ -246,9 +259,12 @@ class Voice:
         digest = model_digest(model_path, usable_cache_dir(cache_dir))
         return cls(None, config, digest, model_path, info)
 
-    def load_engine(self, threads: int, cache_dir: Path | None, *, split: bool = True) -> None:
+    def load_engine(
+        self, threads: int, cache_dir: Path | None, *, split: bool = True, stream: bool = True
+    ) -> None:
         """Load the sessions of a described voice (reusing or building the optimized model in
-        cache_dir); a failure is raised here and to everything waiting for audio."""
+        cache_dir); a failure is raised here and to everything waiting for audio. `stream`:
+        the streaming decoder where the voice has one, else chunks decoded with context."""
         try:
             cache_dir = usable_cache_dir(cache_dir)  # a cache that is a symbolic link: none
             parts = None
@@ -261,6 +277,7 @@ class Voice:
                     self.sha256,
                     threads,
                     cache_dir,
+                    stream=stream,
                 )
             self.attach(parts or whole_session(self.path, self.sha256, threads, cache_dir))
         except BaseException as err:
@@ -301,20 +318,32 @@ class Voice:
 
     @classmethod
     def load(
-        cls, model_path: Path, threads: int, cache_dir: Path | None, *, split: bool = True
+        cls,
+        model_path: Path,
+        threads: int,
+        cache_dir: Path | None,
+        *,
+        split: bool = True,
+        stream: bool = True,
     ) -> Voice:
         """Load a voice and its JSON config; reuse or build the optimized model in cache_dir.
 
-        With `split` (the default) the graph is split for chunked decoding where it can be.
+        With `split` (the default) the graph is split for chunked decoding where it can be,
+        with `stream` (the default) decoded by the streaming decoder where it has one.
         """
         voice = cls.describe(model_path, cache_dir)
-        voice.load_engine(threads, cache_dir, split=split)
+        voice.load_engine(threads, cache_dir, split=split, stream=stream)
         return voice
 
     @property
     def chunked(self) -> bool:
         """Whether the voice decodes in frame chunks (else each clause group comes whole)."""
         return self._parts is not None
+
+    @property
+    def stream_spec(self) -> StreamSpec | None:
+        """How the streaming decoder runs (None: chunks decoded with context, or whole)."""
+        return None if self._parts is None else self._parts.stream
 
     @property
     def hop(self) -> int:
@@ -405,13 +434,24 @@ class Voice:
                 self.inferences += 1
                 yield np.asarray(output, dtype=np.float32).reshape(-1)
                 return
-            latent = self._latent(ids, params, release or options)
+            head = plan.next < plan.largest  # a request's small first chunk: first audio first
+            latent = self._latent(ids, params, release or options, head=head)
             self.inferences += 1
-            chunks, plan.next = frame_chunks(latent.frames, plan.next, plan.largest, plan.growth)
+            stream = self._parts.stream
+            first = plan.next if stream is None else max(plan.next, stream.first)
+            chunks, plan.next = frame_chunks(latent.frames, first, plan.largest, plan.growth)
             for frames in chunks:
                 if cancel is not None:
                     cancel.check()
-                yield decode_frames(self._parts, latent, frames, options, release)
+                if stream is None:
+                    yield decode_frames(self._parts, latent, frames, options, release)
+                    continue
+                pieces = []
+                for run in decoder_runs(frames, first=stream.first):  # cache-sized runs
+                    if cancel is not None:
+                        cancel.check()
+                    pieces.append(decode_frames(self._parts, latent, run, options, release))
+                yield pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         except StreamCancelledError:
             raise
         except Exception:
@@ -472,18 +512,25 @@ class Voice:
         return replace(params, rate=rate)
 
     def _latent(
-        self, ids: list[int], params: SynthesisParams, options: ort.RunOptions | None
+        self,
+        ids: list[int],
+        params: SynthesisParams,
+        options: ort.RunOptions | None,
+        *,
+        head: bool = True,
     ) -> Latent:
-        """The prior over a clause group's ids, its frames resampled to `params.rate`."""
+        """The prior over a clause group's ids, its frames resampled to `params.rate`; `head`:
+        the flow may run a head for the first chunk first (`decoder_parts.Latent`)."""
         assert self._parts is not None  # noqa: S101 - only a split voice has a prior
         speaker = self._speaker(params)
         if params.rate == 1.0:
-            return encode(self._parts, ids, _scales(params), speaker, options)
+            return encode(self._parts, ids, _scales(params), speaker, options, head=head)
         feed = graph_feed(ids, _scales(params), speaker)
         outputs = self._parts.prior.run(list(self._parts.frames), feed, options)
         arrays = [np.asarray(output, dtype=np.float32) for output in outputs]
         keep = rate_frames(arrays[0].shape[-1], params.rate)
-        return Latent(self._parts, [np.ascontiguousarray(a[..., keep]) for a in arrays], speaker)
+        kept = [np.ascontiguousarray(a[..., keep]) for a in arrays]
+        return Latent(self._parts, kept, speaker, head=head)
 
     @property
     def speaker_count(self) -> int:
