@@ -5,8 +5,11 @@ past this machine's speed: x86 is fast enough for FP32 at the default)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import secrets
 import signal
 import uuid
 from pathlib import Path
@@ -16,13 +19,23 @@ import pytest
 
 from agent.core.tiers import (
     MAX_DISTANCE_DB,
+    MEASURED_BY,
     MIN_SPEEDUP,
     TierState,
+    best,
     passes,
     verdict,
     wants_int8,
 )
-from agent.speech.tier_build import RESULT, known
+from agent.speech.tier_build import (
+    KEY_FILE,
+    RESULT,
+    RESULT_MAX_BYTES,
+    SEAL,
+    known,
+    seal_key,
+    write_seal,
+)
 from harness import Broker, publish, wait_until
 from tests.conftest import RunningAgent, StartAgent
 
@@ -66,7 +79,9 @@ def test_the_gate_asks_speed_and_closeness_of_auto_and_closeness_of_a_forced_int
 
 
 def test_the_state_shows_the_choice_and_the_figures() -> None:
-    state = TierState("auto", "int8", 2.345, 3.0, "passed", 1.4567, 1.2345)
+    state = TierState(
+        "auto", "int8", 2.345, 3.0, "passed", 1.4567, 1.2345, "release:int8", 0.123, ("x: y",)
+    )
     assert state.as_json() == {
         "setting": "auto",
         "used": "int8",
@@ -75,26 +90,46 @@ def test_the_state_shows_the_choice_and_the_figures() -> None:
         "int8": "passed",
         "int8_speedup": 1.457,
         "int8_distance_db": 1.234,
+        "int8_source": "release:int8",
+        "busy_share": 0.12,
+        "measured_by": MEASURED_BY,
+        "notes": ["x: y"],
     }
+
+
+@pytest.mark.parametrize(
+    ("judged", "chosen"),
+    [
+        ([("a", 1.4, 1.0), ("b", 1.6, 1.9)], "b"),  # the fastest that passes
+        ([("a", 1.4, 1.0), ("b", 1.6, 2.1)], "a"),  # b is not close enough
+        ([("a", 1.2, 1.0)], None),  # not fast enough
+        ([("a", 1.5, 1.0), ("b", 1.5, 0.5)], "b"),  # as fast: the closer
+    ],
+)
+def test_the_fastest_variant_that_passes_is_chosen(
+    judged: list[tuple[str, float | None, float | None]], chosen: str | None
+) -> None:
+    found = best("auto", judged)
+    assert (found[0] if found else None) == chosen
 
 
 @pytest.mark.voice
 @pytest.mark.slow
 def test_a_variant_built_from_a_damaged_calibration_is_refused(tmp_path: Path) -> None:
-    """The child builds the variant; its calibration (the activation ranges it wrote into the
-    graph's QuantizeLinear scales) is then damaged, every range an eighth of what was measured,
-    as a calibration that saw a fraction of the real signal would leave it: the speech clips,
-    the distance to FP32 grows past the gate and the variant is refused, forced or not. The
-    undamaged build passes the closeness half (calibration noise does not reach it: sampling
-    the calibration latents at 3 times the noise still gave 1.5 dB)."""
+    """The child builds the default recipe's variant; its calibration (the activation ranges
+    it wrote into the graph's QuantizeLinear scales) is then damaged, every range an eighth of
+    what was measured, as a calibration that saw a fraction of the real signal would leave it:
+    the speech clips, the distance to FP32 grows past the gate and the variant is refused,
+    forced or not. The undamaged build passes the closeness half."""
     import onnx  # noqa: PLC0415
     from onnx import numpy_helper  # noqa: PLC0415
 
-    from agent.speech.voice import Voice, bundled_voice  # noqa: PLC0415
-    from tiers.auto import build_and_measure, measure  # noqa: PLC0415
+    from agent.speech.voice import bundled_voice  # noqa: PLC0415
+    from tiers import recipes  # noqa: PLC0415
+    from tiers.auto import build_here, judge  # noqa: PLC0415
 
     model = bundled_voice()
-    built = build_and_measure(model, tmp_path / "built", 1)
+    built = build_here(model, tmp_path / "built", recipes.DEFAULT, 1)
     assert "error" not in built, built
     assert built["distance_db"] <= MAX_DISTANCE_DB, built
     graph = onnx.load(built["file"])
@@ -110,8 +145,7 @@ def test_a_variant_built_from_a_damaged_calibration_is_refused(tmp_path: Path) -
         initializers[name].CopyFrom(numpy_helper.from_array(scale / 8, name))
     damaged = tmp_path / "damaged.onnx"
     onnx.save(graph, damaged)
-    fp32 = Voice.load(model, threads=2, cache_dir=None, split=False)
-    judged = measure(fp32, model, damaged, 1)
+    judged = judge(model, damaged, 1)
     assert "error" not in judged, judged
     assert judged["distance_db"] > MAX_DISTANCE_DB, (built, judged)
     assert not passes("auto", judged["speedup"], judged["distance_db"])
@@ -119,30 +153,124 @@ def test_a_variant_built_from_a_damaged_calibration_is_refused(tmp_path: Path) -
     assert verdict("int8", judged["speedup"], judged["distance_db"]).startswith("refused")
 
 
-def test_a_cached_result_is_used_only_while_its_files_are_whole(tmp_path: Path) -> None:
-    folder = tmp_path / "x.int8"
-    folder.mkdir()
-    variant = folder / "v.onnx"
-    variant.write_bytes(b"weights")
-    import hashlib  # noqa: PLC0415
+# ---- sealed results (issue 34: "tier variants verified as a whole") ----------------------------
 
-    digest = hashlib.sha256(b"weights").hexdigest()
+SOURCE = "a" * 64
+VOICE_JSON = {"audio": {"sample_rate": 22050}, "inference": {"length_scale": 1.0}}
+
+
+def _sealed_tier(folder: Path, key: bytes, distance: float = 2.31) -> Path:
+    """A tier folder as the agent leaves it: the variant, its JSON, the child's result (a
+    variant refused at 2.31 dB by default) and the node's seal over the three."""
+    folder.mkdir(parents=True, exist_ok=True)
+    variant = folder / "v.int8.onnx"
+    variant.write_bytes(b"int8 weights")
+    Path(f"{variant}.json").write_text(json.dumps(VOICE_JSON), encoding="utf-8")
     result = {
-        "source_sha256": "a" * 64,
+        "source_sha256": SOURCE,
         "file": str(variant),
-        "sha256": digest,
+        "sha256": hashlib.sha256(b"int8 weights").hexdigest(),
         "speedup": 1.4,
-        "distance_db": 1.3,
+        "distance_db": distance,
     }
     (folder / RESULT).write_text(json.dumps(result), encoding="utf-8")
-    found = known(folder, "a" * 64)
+    write_seal(
+        folder,
+        key,
+        {
+            RESULT: _digest(folder / RESULT),
+            "variant": _digest(variant),
+            "variant.json": _digest(Path(f"{variant}.json")),
+        },
+    )
+    return variant
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_sealed_result_is_used_while_it_and_its_files_are_whole(tmp_path: Path) -> None:
+    key = seal_key(tmp_path / "storage")
+    assert seal_key(tmp_path / "storage") == key  # made once, kept
+    assert (tmp_path / "storage" / KEY_FILE).stat().st_mode & 0o077 == 0
+    variant = _sealed_tier(tmp_path / "x.int8", key, distance=1.3)
+    found = known(tmp_path / "x.int8", SOURCE, key)
     assert found is not None
     assert (found.path, found.speedup, found.distance_db) == (variant, 1.4, 1.3)
-    assert known(folder, "b" * 64) is None  # built from another model
-    variant.write_bytes(b"weightz")  # damaged since
-    assert known(folder, "a" * 64) is None
-    (folder / RESULT).write_text("{not json", encoding="utf-8")
-    assert known(folder, "a" * 64) is None
+    assert known(tmp_path / "x.int8", "b" * 64, key) is None  # built from another model
+    assert known(tmp_path / "x.int8", SOURCE, secrets.token_bytes(32)) is None  # another key
+
+
+@pytest.mark.parametrize("changed", ["result", "variant", "json", "seal"])
+def test_a_byte_changed_in_any_sealed_file_means_the_work_is_done_again(
+    tmp_path: Path, changed: str
+) -> None:
+    key = seal_key(tmp_path / "storage")
+    folder = tmp_path / "x.int8"
+    variant = _sealed_tier(folder, key, distance=1.3)
+    target = {
+        "result": folder / RESULT,
+        "variant": variant,
+        "json": Path(f"{variant}.json"),
+        "seal": folder / SEAL,
+    }[changed]
+    _flip_last_byte(target)
+    assert known(folder, SOURCE, key) is None
+
+
+def test_the_forged_tier_of_issue_34_is_refused(tmp_path: Path) -> None:
+    """The forgery found from outside: after the variant was refused (2.31 dB), only
+    `result.json`'s `distance_db` and the variant's `.onnx.json` (`length_scale` x 3) edited,
+    the `.onnx` untouched. The seal no longer checks: the figures are not used (the worker
+    builds and judges again), never `passed`. Re-sealing needs the node's key, which is in the
+    storage directory, not beside the cache."""
+    key = seal_key(tmp_path / "storage")
+    folder = tmp_path / "x.int8"
+    variant = _sealed_tier(folder, key)
+    found = known(folder, SOURCE, key)
+    assert found is not None
+    assert verdict("auto", found.speedup, found.distance_db).startswith("refused")
+    result = json.loads((folder / RESULT).read_text(encoding="utf-8"))
+    result["distance_db"] = 1.0
+    (folder / RESULT).write_text(json.dumps(result), encoding="utf-8")
+    voice = json.loads(Path(f"{variant}.json").read_text(encoding="utf-8"))
+    voice["inference"]["length_scale"] *= 3
+    Path(f"{variant}.json").write_text(json.dumps(voice), encoding="utf-8")
+    assert known(folder, SOURCE, key) is None
+    # A seal recomputed by the forger (the format is no secret, the key is):
+    forged = {
+        RESULT: _digest(folder / RESULT),
+        "variant": _digest(variant),
+        "variant.json": _digest(Path(f"{variant}.json")),
+    }
+    write_seal(folder, secrets.token_bytes(32), forged)
+    assert known(folder, SOURCE, key) is None
+
+
+@pytest.mark.parametrize("planted", ["link", "fifo", "directory", "huge"])
+def test_a_planted_result_is_not_used_and_never_blocks(tmp_path: Path, planted: str) -> None:
+    key = seal_key(tmp_path / "storage")
+    folder = tmp_path / "x.int8"
+    _sealed_tier(folder, key, distance=1.3)
+    outside = tmp_path / "elsewhere.json"
+    outside.write_bytes((folder / RESULT).read_bytes())
+    (folder / RESULT).unlink()
+    if planted == "link":
+        (folder / RESULT).symlink_to(outside)
+    elif planted == "fifo":
+        os.mkfifo(folder / RESULT)
+    elif planted == "directory":
+        (folder / RESULT).mkdir()
+    else:
+        (folder / RESULT).write_bytes(b" " * (RESULT_MAX_BYTES + 10))
+    assert known(folder, SOURCE, key) is None  # returns at once (a FIFO is not waited on)
 
 
 def _tier(agent: RunningAgent) -> dict[str, Any] | None:

@@ -1,0 +1,467 @@
+"""Selective INT8: quantize a Piper voice layer by layer where the audio distance allows it.
+
+The recipe (docs/quantization.md, "Selective INT8"):
+
+1. **Units.** Every Conv, ConvTranspose and MatMul of the graph is quantizable. The decoder's
+   are units of their own (one layer each: they take nearly all the time, and their
+   sensitivity differs layer by layer); the text encoder, the duration predictor and the flow
+   are one unit each. Each unit's cost is its multiply-accumulates per input frame, read from
+   its weights and from the upsampling before it (deterministic, unlike a timing).
+2. **Calibration, once.** ONNX Runtime's MinMax calibrator (noise on, seeded) measures every
+   activation range of every unit on the calibration sentences; the ranges are kept
+   (`calibration.json`, ONNX Runtime's calibration cache) and every build below reuses them.
+3. **Sensitivity.** Each unit is quantized alone (`quantize_static`, QDQ, per-channel s8
+   weights, u8 activations) and its audio distance to FP32 measured on the selection
+   sentences (neither calibration nor evaluation sentences) at the voice's default noise,
+   FP32 and variant drawing the same noise (one seed).
+4. **Selection.** Units in order of distance per cost (the cheapest quality for the most work
+   first; ties by name). The longest prefix of that order whose variant stays within the
+   budget (`budget_db`, below the gate's 2 dB for a margin) is found by bisection, each step a
+   real build measured the same way. What is left out stays in float.
+
+Everything the selection used is deterministic (the distances repeat exactly on one CPU and
+runtime; the costs are arithmetic), so a second build from the same model picks the same
+units: the bench builds twice and compares. The result is a recipe (`recipe.json`: the units
+quantized, the options, the calibration) that `build_recipe` turns into the same variant
+without the search.
+
+`reduce_range` (7-bit weights) is for CPUs without VNNI: there x86's u8 x s8 kernels
+(vpmaddubsw) add pairs of products in 16 bits with saturation, so 8-bit weights clip; 7-bit
+weights never do, and the variant computes the same on every CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+import onnxruntime as ort
+from onnxruntime.quantization import (
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    create_calibrator,
+    quantize_static,
+)
+from onnxruntime.quantization.calibrate import save_tensors_data
+
+from tiers.audio_distance import log_mel_distance_db
+from tiers.variants import (
+    CALIBRATION_SEED,
+    CONV_OPS,
+    BuildInputs,
+    FeedReader,
+    Scales,
+    make_feed,
+    quiet_onnxruntime_tools,
+)
+
+_LOGGER = logging.getLogger(__name__)
+
+SELECTION_TEXTS: Final = (
+    "The garage door closed at a quarter past six, and the alarm is set.",
+    "Is anyone home?",
+    "Rain is expected after midnight; bring the chairs in from the garden.",
+    "Seven hundred and forty two messages are waiting.",
+)
+"""What the sensitivity and the selection are judged on: neither calibration nor evaluation
+sentences (those stay held out for the gate)."""
+BUDGET_DB: Final = 1.5
+"""The selection's limit on its own sentences: the gate's 2 dB less a margin for sentences it
+has not seen (the held-out evaluation measured 0.1-0.3 dB above the selection's figure)."""
+MEASURE_SEED: Final = 1234
+"""The seed FP32 and variant draw their noise from when distances are measured."""
+_DECODER: Final = re.compile(r"^/dec/(conv_pre|conv_post|ups\.\d+|resblocks\.\d+)/")
+_PART: Final = re.compile(r"^/([A-Za-z0-9_]+)/")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What is quantized or kept in float as one."""
+
+    name: str
+    nodes: tuple[str, ...]
+    cost: float
+    """Multiply-accumulates over the selection sentences."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """How the quantized units are quantized (QDQ, per-channel s8 weights, u8 activations)."""
+
+    reduce_range: bool = False
+    """7-bit weights: exact on CPUs without VNNI (see the module)."""
+
+
+def _last(shapes: Any) -> list[int]:
+    """The dimensions of the first tensor of a profiler's `*_type_shape` list."""
+    first = dict(shapes[0])
+    return [int(d) for d in next(iter(first.values()))]
+
+
+def units(
+    model: onnx.ModelProto, source: Path, sentences: Sequence[Sequence[int]], scales: Scales
+) -> list[Unit]:
+    """The quantizable units of a Piper (VITS) graph, decoder layers one by one, in graph
+    order, each with its multiply-accumulates over these sentences (see the module): read
+    from the shapes ONNX Runtime's profiler records for one unoptimized run of each sentence
+    at noise 0 (deterministic: the same at every build)."""
+    weights = {i.name: [int(d) for d in i.dims] for i in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node if n.op_type in CONV_OPS}
+    macs = dict.fromkeys(nodes, 0.0)
+    with tempfile.TemporaryDirectory(prefix="shapes-") as work:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(work) / "profile")
+        session = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+        for ids in sentences:
+            session.run(None, make_feed(ids, (0.0, scales[1], 0.0)))
+        events = json.loads(Path(session.end_profiling()).read_text(encoding="utf-8"))
+    for event in events:
+        name = str(event.get("name", "")).removesuffix("_kernel_time")
+        if event.get("cat") != "Node" or name not in nodes:
+            continue
+        node, args = nodes[name], event["args"]
+        if node.op_type == "MatMul":
+            rows = _last(args["input_type_shape"])
+            macs[name] += float(np.prod(rows)) * float(_last(args["output_type_shape"])[-1])
+        else:
+            length = _last(
+                args["input_type_shape" if node.op_type == "ConvTranspose" else "output_type_shape"]
+            )[-1]
+            macs[name] += float(np.prod(weights.get(node.input[1], [1]))) * length
+    grouped: dict[str, list[str]] = {}
+    for name in nodes:
+        decoder = _DECODER.match(name)
+        if decoder is not None:
+            key = name.rsplit("/", 1)[0].lstrip("/")  # one unit per decoder layer
+        else:
+            part = _PART.match(name)
+            key = part.group(1) if part is not None else "other"
+        grouped.setdefault(key, []).append(name)
+    return [Unit(key, tuple(found), sum(macs[n] for n in found)) for key, found in grouped.items()]
+
+
+def calibrate(inputs: BuildInputs, cache: Path) -> None:
+    """Measure every activation range of every unit once (MinMax, noise on, seeded) and keep
+    them in ONNX Runtime's calibration cache format at `cache`."""
+    feeds = [make_feed(ids, inputs.calibration_scales) for ids in inputs.calibration_ids]
+    with tempfile.TemporaryDirectory(prefix="calibrate-") as work, quiet_onnxruntime_tools():
+        ort.set_seed(CALIBRATION_SEED)
+        calibrator = create_calibrator(
+            inputs.source,
+            list(CONV_OPS),
+            augmented_model_path=str(Path(work) / "augmented.onnx"),
+            calibrate_method=CalibrationMethod.MinMax,
+        )
+        calibrator.collect_data(FeedReader(feeds))
+        ranges = calibrator.compute_data()
+        del calibrator
+    save_tensors_data(ranges, cache)
+
+
+def build(
+    source: Path, quantized: Sequence[Unit], cache: Path, destination: Path, options: Options
+) -> None:
+    """The variant with these units quantized and the rest in float, from the kept ranges."""
+    nodes = [name for unit in quantized for name in unit.nodes]
+    if not nodes:
+        raise ValueError("no unit to quantize")
+    with quiet_onnxruntime_tools():
+        quantize_static(
+            str(source),
+            str(destination),
+            None,
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            reduce_range=options.reduce_range,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=list(CONV_OPS),
+            nodes_to_quantize=nodes,
+            calibrate_method=CalibrationMethod.MinMax,
+            calibration_cache_path=str(cache),
+        )
+
+
+def _session_of(model: bytes, threads: int = 2) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def open_session(path: Path, threads: int = 2) -> ort.InferenceSession:
+    """A session like the agent's (sequential, ORT_ENABLE_ALL), `threads` intra-op threads."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+RANDOM_OPS: Final = ("RandomNormalLike", "RandomNormal", "RandomUniformLike", "RandomUniform")
+
+
+def fixed_noise(model: onnx.ModelProto, seed: int = MEASURE_SEED) -> onnx.ModelProto:
+    """The model with each noise node's own seed set (from `seed` and the node's name), so
+    FP32 and a variant draw the same noise whatever order ONNX Runtime makes their kernels in
+    (a global seed alone is not enough: a variant's extra nodes change that order, and its
+    noise then differs as much as another seed's, ~1.7 dB on this metric). For measuring
+    only: a shipped variant draws its noise as the model does."""
+    for node in model.graph.node:
+        if node.op_type in RANDOM_OPS:
+            own = zlib.crc32(f"{seed}:{node.name}".encode()) % 65536
+            kept = [a for a in node.attribute if a.name != "seed"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("seed", float(own))])
+    return model
+
+
+def outputs(
+    path: Path, sentences: Sequence[Sequence[int]], scales: Scales, seed: int = MEASURE_SEED
+) -> list[npt.NDArray[np.float32]]:
+    """Every sentence through a fresh session of `path` whose noise nodes draw from seeds of
+    their own (`fixed_noise`), one after another."""
+    fixed = fixed_noise(onnx.load(str(path)), seed)
+    session = _session_of(fixed.SerializeToString())
+    return [
+        np.asarray(session.run(None, make_feed(ids, scales))[0], dtype=np.float32).reshape(-1)
+        for ids in sentences
+    ]
+
+
+@dataclass
+class Judge:
+    """FP32's audio for a set of sentences, at the voice's default noise and at none, and the
+    distance of a variant's audio to it."""
+
+    sentences: list[list[int]]
+    noisy_scales: Scales
+    sample_rate: int
+    noisy: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    noiseless: list[npt.NDArray[np.float32]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, model: Path, sentences: list[list[int]], scales: Scales, sample_rate: int) -> Judge:
+        """FP32's references for these sentences."""
+        judge = cls(sentences, scales, sample_rate)
+        judge.noisy = outputs(model, sentences, scales)
+        judge.noiseless = outputs(model, sentences, (0.0, scales[1], 0.0))
+        return judge
+
+    def distances(self, variant: Path) -> tuple[list[float], list[float]]:
+        """Per-sentence distances of the variant at default noise (same seed) and at none."""
+        noisy = outputs(variant, self.sentences, self.noisy_scales)
+        noiseless = outputs(variant, self.sentences, (0.0, self.noisy_scales[1], 0.0))
+        return (
+            [
+                log_mel_distance_db(r, o, self.sample_rate)
+                for r, o in zip(self.noisy, noisy, strict=True)
+            ],
+            [
+                log_mel_distance_db(r, o, self.sample_rate)
+                for r, o in zip(self.noiseless, noiseless, strict=True)
+            ],
+        )
+
+
+@dataclass
+class Step:
+    """One measured build of the search."""
+
+    units: list[str]
+    distance_db: float
+    """Mean over the selection sentences at default noise (what the budget is held to)."""
+    noiseless_db: float
+    seconds: float
+
+
+@dataclass
+class Selection:
+    """What the search measured and chose."""
+
+    budget_db: float
+    options: dict[str, Any]
+    costs: dict[str, float]
+    sensitivity: dict[str, float] = field(default_factory=dict)
+    """Each unit quantized alone: distance at default noise on the selection sentences."""
+    order: list[str] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    chosen: list[str] = field(default_factory=list)
+    quantized_cost_share: float = 0.0
+    seconds: float = 0.0
+
+    def recipe(self) -> dict[str, Any]:
+        """What `build_recipe` needs to make the same variant again."""
+        return {"units": self.chosen, "options": self.options, "calibration": "minmax"}
+
+
+def _measured(  # noqa: PLR0917 - the search's state, passed along
+    judge: Judge, source: Path, chosen: Sequence[Unit], cache: Path, work: Path, options: Options
+) -> Step:
+    started = time.perf_counter()
+    path = work / "candidate.onnx"
+    build(source, chosen, cache, path, options)
+    noisy, noiseless = judge.distances(path)
+    return Step(
+        [u.name for u in chosen],
+        float(np.mean(noisy)),
+        float(np.mean(noiseless)),
+        time.perf_counter() - started,
+    )
+
+
+def select(  # noqa: PLR0917 - what a selection is made of
+    inputs: BuildInputs,
+    judge: Judge,
+    cache: Path,
+    options: Options = Options(),
+    budget_db: float = BUDGET_DB,
+    progress: Callable[[str], None] = _LOGGER.info,
+    *,
+    sensitivity: Mapping[str, float] | None = None,
+) -> Selection:
+    """Measure each unit's sensitivity, then find the longest prefix of the cheapest-first
+    order within the budget (see the module)."""
+    started = time.perf_counter()
+    found = units(
+        onnx.load(str(inputs.source), load_external_data=False),
+        inputs.source,
+        judge.sentences,
+        judge.noisy_scales,
+    )
+    total = sum(u.cost for u in found)
+    selection = Selection(budget_db, asdict(options), {u.name: u.cost / total for u in found})
+    with tempfile.TemporaryDirectory(prefix="selective-") as folder:
+        work = Path(folder)
+        for unit in found:
+            if sensitivity is not None and unit.name in sensitivity:  # measured before
+                selection.sensitivity[unit.name] = float(sensitivity[unit.name])
+                continue
+            step = _measured(judge, inputs.source, [unit], cache, work, options)
+            selection.sensitivity[unit.name] = step.distance_db
+            progress(f"{unit.name}: {step.distance_db:.3f} dB alone ({step.seconds:.0f} s)")
+        by_name = {u.name: u for u in found}
+        order = sorted(
+            found,
+            key=lambda u: (max(selection.sensitivity[u.name], 1e-6) / u.cost, u.name),
+        )
+        selection.order = [u.name for u in order]
+        low, high = 0, len(order)  # the longest prefix within the budget, by bisection
+        best: Step | None = None
+        while low < high:
+            middle = (low + high + 1) // 2
+            step = _measured(judge, inputs.source, order[:middle], cache, work, options)
+            selection.steps.append(step)
+            progress(f"first {middle} units: {step.distance_db:.3f} dB ({step.seconds:.0f} s)")
+            if step.distance_db <= budget_db:
+                low, best = middle, step
+            else:
+                high = middle - 1
+        chosen = list(order[:low])
+        for unit in order[low + 1 :]:  # then each later unit that still fits, in order
+            step = _measured(judge, inputs.source, [*chosen, unit], cache, work, options)
+            selection.steps.append(step)
+            progress(f"+ {unit.name}: {step.distance_db:.3f} dB ({step.seconds:.0f} s)")
+            if step.distance_db <= budget_db:
+                chosen.append(unit)
+                best = step
+    selection.chosen = [] if best is None else best.units
+    selection.quantized_cost_share = sum(by_name[n].cost for n in selection.chosen) / total
+    selection.seconds = time.perf_counter() - started
+    return selection
+
+
+def build_recipe(source: Path, recipe: dict[str, Any], cache: Path, destination: Path) -> list[str]:
+    """The variant a recipe names, from the kept ranges; the units it names that the model
+    does not have are returned (a recipe is for one model)."""
+    model = onnx.load(str(source), load_external_data=False)
+    found = {u.name: u for u in units(model, source, [], (0.0, 1.0, 0.0))}
+    wanted = [str(name) for name in recipe["units"]]
+    missing = [name for name in wanted if name not in found]
+    options = Options(**{k: bool(v) for k, v in dict(recipe.get("options", {})).items()})
+    build(source, [found[n] for n in wanted if n in found], cache, destination, options)
+    return missing
+
+
+def cpu_speed(
+    fp32: Path, variant: Path, sentences: Sequence[Sequence[int]], scales: Scales, repeat: int
+) -> dict[str, Any]:
+    """Speed by CPU time: both models in one-thread sessions, every sentence through each (in
+    an order that alternates) before the next, `repeat` rounds. CPU time of this process
+    counts only its own work, so other processes' load does not enter it (a busy CPU cannot
+    make FP32 look slow); the speedup is the median over rounds of FP32's CPU time over the
+    variant's, the FP32 speed the best round's seconds of audio per CPU second."""
+    sessions = {"fp32": open_session(fp32, threads=1), "int8": open_session(variant, threads=1)}
+    cpu = {name: [0.0] * repeat for name in sessions}
+    wall = {name: [0.0] * repeat for name in sessions}
+    samples = 0
+    for round_index in range(repeat):
+        for index, ids in enumerate(sentences):
+            names = list(sessions) if (round_index + index) % 2 == 0 else list(sessions)[::-1]
+            for name in names:
+                feed = make_feed(ids, scales)
+                started_cpu, started = time.process_time(), time.perf_counter()
+                audio = sessions[name].run(None, feed)[0]
+                cpu[name][round_index] += time.process_time() - started_cpu
+                wall[name][round_index] += time.perf_counter() - started
+                if round_index == 0 and name == "fp32":
+                    samples += int(np.asarray(audio).size)
+    ratios = [f / max(i, 1e-9) for f, i in zip(cpu["fp32"], cpu["int8"], strict=True)]
+    walls = [f / max(i, 1e-9) for f, i in zip(wall["fp32"], wall["int8"], strict=True)]
+    return {
+        "speedup": float(np.median(ratios)),
+        "speedup_rounds": ratios,
+        "wall_speedup": float(np.median(walls)),
+        "fp32_cpu_seconds": cpu["fp32"],
+        "int8_cpu_seconds": cpu["int8"],
+        "audio_samples": samples,
+    }
+
+
+def write_json(path: Path, value: Any) -> None:
+    """JSON, indented, with a trailing newline."""
+    path.write_text(json.dumps(value, indent=1) + "\n", encoding="utf-8")
+
+
+def activation_ranges(variant: Path) -> int:
+    """How many activation QuantizeLinear nodes the variant has (for the report)."""
+    model = onnx.load(str(variant), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+    return sum(
+        1
+        for node in model.graph.node
+        if node.op_type == "QuantizeLinear" and node.input[0] not in initializers
+    )
+
+
+__all__ = [
+    "BUDGET_DB",
+    "SELECTION_TEXTS",
+    "Judge",
+    "Options",
+    "Selection",
+    "Unit",
+    "build",
+    "build_recipe",
+    "calibrate",
+    "select",
+    "units",
+]
