@@ -81,7 +81,7 @@ def build(args: argparse.Namespace) -> int:
     model: Path = args.model
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    voice = Voice.load(model, threads=2, cache_dir=None, split=False)
+    voice = Voice.describe(model, None)
     scales = auto.voice_scales(voice)
     inputs = BuildInputs(model, sentence_ids(voice, CALIBRATION_TEXTS), scales)
     variant = out / f"{model.stem}.{TIER}.onnx"
@@ -91,7 +91,11 @@ def build(args: argparse.Namespace) -> int:
         if args.recipe is None:
             options = sel.Options(reduce_range=args.reduce_range)
             judge = sel.Judge.of(
-                model, sentence_ids(voice, sel.SELECTION_TEXTS), scales, voice.sample_rate
+                model,
+                sentence_ids(voice, sel.SELECTION_TEXTS),
+                scales,
+                voice.sample_rate,
+                Path(work),
             )
             selection = sel.select(inputs, judge, cache, options, args.budget_db, print)
             recipe = selection.recipe()

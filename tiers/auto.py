@@ -31,6 +31,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,9 +94,10 @@ def voice_scales(voice: Voice) -> Scales:
 
 def speed_only(model: Path, repeat: int) -> dict[str, Any]:
     """FP32's speed on this CPU (see the module)."""
-    voice = Voice.load(model, threads=1, cache_dir=None, split=False)
+    voice = Voice.describe(model, None)
     sentences = sentence_ids(voice, EVALUATION_TEXTS)[:SPEED_SENTENCES]
-    session = sel.open_session(model, threads=1)
+    session = sel.open_session(model, threads=1, arena=False)
+    session.run(None, make_feed(sentences[0], voice_scales(voice)))  # warm: not timed
     scales = voice_scales(voice)
     watch = LoadWatch()
     rounds: list[float] = []
@@ -119,7 +121,7 @@ def speed_only(model: Path, repeat: int) -> dict[str, Any]:
 def judge(model: Path, variant: Path, repeat: int) -> dict[str, Any]:
     """A variant's distance and speed against FP32 on this CPU (see the module)."""
     started = time.perf_counter()
-    voice = Voice.load(model, threads=1, cache_dir=None, split=False)
+    voice = Voice.describe(model, None)
     scales = voice_scales(voice)
     sentences = sentence_ids(voice, EVALUATION_TEXTS)
     result: dict[str, Any] = {
@@ -128,9 +130,12 @@ def judge(model: Path, variant: Path, repeat: int) -> dict[str, Any]:
         "sha256": _sha256(variant),
     }
     try:
-        held_out = sel.Judge.of(model, sentences, scales, voice.sample_rate)
-        noisy, noiseless = held_out.distances(variant)
-        del held_out
+        with tempfile.TemporaryDirectory(prefix="judge-") as work:
+            held_out = sel.Judge.of(
+                model, sentences, scales, voice.sample_rate, Path(work), threads=1, arena=False
+            )
+            noisy, noiseless = held_out.distances(variant)
+            del held_out
         watch = LoadWatch()
         speed = sel.cpu_speed(model, variant, sentences, scales, repeat)
         busy = watch.share()
@@ -158,7 +163,7 @@ def judge(model: Path, variant: Path, repeat: int) -> dict[str, Any]:
 
 def calibrate_only(model: Path, out: Path, calibration: Sequence[str]) -> None:
     """The activation ranges of every quantizable unit, kept in out/calibration.json."""
-    voice = Voice.load(model, threads=1, cache_dir=None, split=False)
+    voice = Voice.describe(model, None)
     inputs = BuildInputs(model, sentence_ids(voice, calibration), voice_scales(voice))
     sel.calibrate(inputs, out / CALIBRATION)
 

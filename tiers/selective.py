@@ -197,22 +197,15 @@ def build(
         )
 
 
-def _session_of(model: bytes, threads: int = 2) -> ort.InferenceSession:
+def open_session(path: Path, threads: int = 2, *, arena: bool = True) -> ort.InferenceSession:
+    """A session like the agent's (sequential, ORT_ENABLE_ALL), `threads` intra-op threads;
+    without `arena`, each run's tensors go back when it ends (a child that must stay small)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-
-
-def open_session(path: Path, threads: int = 2) -> ort.InferenceSession:
-    """A session like the agent's (sequential, ORT_ENABLE_ALL), `threads` intra-op threads."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_cpu_mem_arena = arena
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -234,13 +227,26 @@ def fixed_noise(model: onnx.ModelProto, seed: int = MEASURE_SEED) -> onnx.ModelP
     return model
 
 
+def fixed_copy(path: Path, folder: Path, seed: int = MEASURE_SEED) -> Path:
+    """A copy of the model at `path` in `folder` with its noise seeds fixed (`fixed_noise`);
+    the protobuf is let go before any session is made (the children must stay small)."""
+    copy = folder / f"fixed-{path.name}"
+    model = fixed_noise(onnx.load(str(path)), seed)
+    onnx.save(model, str(copy))
+    del model
+    return copy
+
+
 def outputs(
-    path: Path, sentences: Sequence[Sequence[int]], scales: Scales, seed: int = MEASURE_SEED
+    fixed: Path,
+    sentences: Sequence[Sequence[int]],
+    scales: Scales,
+    threads: int = 2,
+    *,
+    arena: bool = True,
 ) -> list[npt.NDArray[np.float32]]:
-    """Every sentence through a fresh session of `path` whose noise nodes draw from seeds of
-    their own (`fixed_noise`), one after another."""
-    fixed = fixed_noise(onnx.load(str(path)), seed)
-    session = _session_of(fixed.SerializeToString())
+    """Every sentence through a fresh session of a seed-fixed copy (`fixed_copy`)."""
+    session = open_session(fixed, threads, arena=arena)
     return [
         np.asarray(session.run(None, make_feed(ids, scales))[0], dtype=np.float32).reshape(-1)
         for ids in sentences
@@ -250,26 +256,48 @@ def outputs(
 @dataclass
 class Judge:
     """FP32's audio for a set of sentences, at the voice's default noise and at none, and the
-    distance of a variant's audio to it."""
+    distance of a variant's audio to it. Every model is run from a seed-fixed copy in `work`,
+    one session at a time."""
 
     sentences: list[list[int]]
     noisy_scales: Scales
     sample_rate: int
+    work: Path
     noisy: list[npt.NDArray[np.float32]] = field(default_factory=list)
     noiseless: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    threads: int = 2
+    arena: bool = True
 
     @classmethod
-    def of(cls, model: Path, sentences: list[list[int]], scales: Scales, sample_rate: int) -> Judge:
+    def of(
+        cls,
+        model: Path,
+        sentences: list[list[int]],
+        scales: Scales,
+        sample_rate: int,
+        work: Path,
+        *,
+        threads: int = 2,
+        arena: bool = True,
+    ) -> Judge:
         """FP32's references for these sentences."""
-        judge = cls(sentences, scales, sample_rate)
-        judge.noisy = outputs(model, sentences, scales)
-        judge.noiseless = outputs(model, sentences, (0.0, scales[1], 0.0))
+        judge = cls(sentences, scales, sample_rate, work, threads=threads, arena=arena)
+        fixed = fixed_copy(model, work)
+        judge.noisy = judge.run(fixed, scales)
+        judge.noiseless = judge.run(fixed, (0.0, scales[1], 0.0))
+        fixed.unlink()
         return judge
+
+    def run(self, fixed: Path, scales: Scales) -> list[npt.NDArray[np.float32]]:
+        """Every sentence through a seed-fixed copy."""
+        return outputs(fixed, self.sentences, scales, self.threads, arena=self.arena)
 
     def distances(self, variant: Path) -> tuple[list[float], list[float]]:
         """Per-sentence distances of the variant at default noise (same seed) and at none."""
-        noisy = outputs(variant, self.sentences, self.noisy_scales)
-        noiseless = outputs(variant, self.sentences, (0.0, self.noisy_scales[1], 0.0))
+        fixed = fixed_copy(variant, self.work)
+        noisy = self.run(fixed, self.noisy_scales)
+        noiseless = self.run(fixed, (0.0, self.noisy_scales[1], 0.0))
+        fixed.unlink()
         return (
             [
                 log_mel_distance_db(r, o, self.sample_rate)
@@ -402,28 +430,38 @@ def build_recipe(source: Path, recipe: dict[str, Any], cache: Path, destination:
 
 
 def cpu_speed(
-    fp32: Path, variant: Path, sentences: Sequence[Sequence[int]], scales: Scales, repeat: int
+    fp32: Path,
+    variant: Path,
+    sentences: Sequence[Sequence[int]],
+    scales: Scales,
+    repeat: int,
+    *,
+    arena: bool = False,
 ) -> dict[str, Any]:
-    """Speed by CPU time: both models in one-thread sessions, every sentence through each (in
-    an order that alternates) before the next, `repeat` rounds. CPU time of this process
-    counts only its own work, so other processes' load does not enter it (a busy CPU cannot
-    make FP32 look slow); the speedup is the median over rounds of FP32's CPU time over the
-    variant's, the FP32 speed the best round's seconds of audio per CPU second."""
-    sessions = {"fp32": open_session(fp32, threads=1), "int8": open_session(variant, threads=1)}
-    cpu = {name: [0.0] * repeat for name in sessions}
-    wall = {name: [0.0] * repeat for name in sessions}
+    """Speed by CPU time: each model in a one-thread session, every sentence once per round,
+    the two alternating round by round (FP32 first in even rounds, the variant first in odd
+    ones), one session alive at a time (a session is made before its round and let go after
+    it: the making is not timed). CPU time of this process counts only its own work, so
+    another process's load does not enter it (a busy CPU cannot make FP32 look slow); the
+    speedup is the median over rounds of FP32's CPU time over the variant's."""
+    models = {"fp32": fp32, "int8": variant}
+    cpu: dict[str, list[float]] = {name: [] for name in models}
+    wall: dict[str, list[float]] = {name: [] for name in models}
     samples = 0
     for round_index in range(repeat):
-        for index, ids in enumerate(sentences):
-            names = list(sessions) if (round_index + index) % 2 == 0 else list(sessions)[::-1]
-            for name in names:
-                feed = make_feed(ids, scales)
-                started_cpu, started = time.process_time(), time.perf_counter()
-                audio = sessions[name].run(None, feed)[0]
-                cpu[name][round_index] += time.process_time() - started_cpu
-                wall[name][round_index] += time.perf_counter() - started
-                if round_index == 0 and name == "fp32":
-                    samples += int(np.asarray(audio).size)
+        order = list(models) if round_index % 2 == 0 else list(models)[::-1]
+        for name in order:
+            session = open_session(models[name], threads=1, arena=arena)
+            session.run(None, make_feed(sentences[0], scales))  # warm: not timed
+            started_cpu, started = time.process_time(), time.perf_counter()
+            produced = 0
+            for ids in sentences:
+                produced += int(np.asarray(session.run(None, make_feed(ids, scales))[0]).size)
+            cpu[name].append(time.process_time() - started_cpu)
+            wall[name].append(time.perf_counter() - started)
+            if name == "fp32" and round_index == 0:
+                samples = produced
+            del session
     ratios = [f / max(i, 1e-9) for f, i in zip(cpu["fp32"], cpu["int8"], strict=True)]
     walls = [f / max(i, 1e-9) for f, i in zip(wall["fp32"], wall["int8"], strict=True)]
     return {
