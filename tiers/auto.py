@@ -92,34 +92,38 @@ def voice_scales(voice: Voice) -> Scales:
     return (defaults.noise_scale, defaults.length_scale, defaults.noise_w)
 
 
-def speed_only(model: Path, repeat: int) -> dict[str, Any]:
+def speed_only(model: Path, repeat: int, work_dir: Path | None = None) -> dict[str, Any]:
     """FP32's speed on this CPU (see the module)."""
     voice = Voice.describe(model, None)
-    sentences = sentence_ids(voice, EVALUATION_TEXTS)[:SPEED_SENTENCES]
-    session = sel.open_session(model, threads=1, arena=False)
-    session.run(None, make_feed(sentences[0], voice_scales(voice)))  # warm: not timed
     scales = voice_scales(voice)
-    watch = LoadWatch()
+    sentences = sentence_ids(voice, EVALUATION_TEXTS)[:SPEED_SENTENCES]
     rounds: list[float] = []
-    audio = 0.0
-    for _ in range(repeat):
-        started = time.process_time()
-        samples = 0
-        for ids in sentences:
-            samples += int(np.asarray(session.run(None, make_feed(ids, scales))[0]).size)
-        audio = samples / voice.sample_rate
-        rounds.append(audio / max(time.process_time() - started, 1e-6))
+    with tempfile.TemporaryDirectory(prefix=".speed-", dir=work_dir) as folder:
+        fixed = sel.fixed_copy(model, Path(folder))  # weights mapped, not copied
+        session = sel.open_session(fixed, threads=1, arena=False)
+        session.run(None, make_feed(sentences[0], scales))  # warm: not timed
+        watch = LoadWatch()
+        for _ in range(repeat):
+            started = time.process_time()
+            samples = 0
+            for ids in sentences:
+                samples += int(np.asarray(session.run(None, make_feed(ids, scales))[0]).size)
+            rounds.append(samples / voice.sample_rate / max(time.process_time() - started, 1e-6))
+        busy = watch.share()
+        del session
     return {
         "source_sha256": _sha256(model),
         "fp32_speed": statistics.median(rounds),
         "fp32_speed_rounds": rounds,
-        "busy_share": watch.share(),
+        "busy_share": busy,
         "measure": "seconds of speech per CPU second, one intra-op thread, median of rounds",
     }
 
 
-def judge(model: Path, variant: Path, repeat: int) -> dict[str, Any]:
-    """A variant's distance and speed against FP32 on this CPU (see the module)."""
+def judge(model: Path, variant: Path, repeat: int, work_dir: Path | None = None) -> dict[str, Any]:
+    """A variant's distance and speed against FP32 on this CPU (see the module); the
+    seed-fixed copies it runs are written in `work_dir` (on the node: the cache's tier
+    folder, on disk: a /tmp in memory would count against the board's memory)."""
     started = time.perf_counter()
     voice = Voice.describe(model, None)
     scales = voice_scales(voice)
@@ -130,15 +134,18 @@ def judge(model: Path, variant: Path, repeat: int) -> dict[str, Any]:
         "sha256": _sha256(variant),
     }
     try:
-        with tempfile.TemporaryDirectory(prefix="judge-") as work:
+        with tempfile.TemporaryDirectory(prefix=".judge-", dir=work_dir) as folder:
+            work = Path(folder)
             held_out = sel.Judge.of(
-                model, sentences, scales, voice.sample_rate, Path(work), threads=1, arena=False
+                model, sentences, scales, voice.sample_rate, work, threads=1, arena=False
             )
             noisy, noiseless = held_out.distances(variant)
             del held_out
-        watch = LoadWatch()
-        speed = sel.cpu_speed(model, variant, sentences, scales, repeat)
-        busy = watch.share()
+            # the speed of copies whose weights are mapped, not copied (the same compute)
+            fp32, int8 = sel.fixed_copy(model, work), sel.fixed_copy(variant, work)
+            watch = LoadWatch()
+            speed = sel.cpu_speed(fp32, int8, sentences, scales, repeat)
+            busy = watch.share()
     except Exception as exc:  # noqa: BLE001 - any failure is the variant's result
         result["error"] = f"run failed: {type(exc).__name__}: {str(exc)[:300]}"
         return result
@@ -188,7 +195,7 @@ def build_here(model: Path, out: Path, recipe: dict[str, Any], repeat: int) -> d
         cache.unlink(missing_ok=True)
     Path(f"{variant}.json").write_bytes(Path(f"{model}.json").read_bytes())
     build_seconds = time.perf_counter() - built
-    result = judge(model, variant, repeat)
+    result = judge(model, variant, repeat, out)
     result |= {
         "recipe": recipe,
         "recipe_units_missing": missing,
@@ -218,9 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         calibrate_only(args.model, args.out, CALIBRATION_TEXTS)
         return 0
     if args.speed_only:
-        name, result = SPEED, speed_only(args.model, args.repeat)
+        name, result = SPEED, speed_only(args.model, args.repeat, args.out)
     elif args.variant is not None:
-        name, result = RESULT, judge(args.model, args.variant, args.repeat)
+        name, result = RESULT, judge(args.model, args.variant, args.repeat, args.out)
     else:
         recipe = recipes.DEFAULT
         if args.recipe is not None:
