@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -216,7 +217,7 @@ def test_the_search_keeps_in_float_what_the_budget_cannot_afford_and_repeats(
     again = selective.select(inputs, judge, cache, budget_db=1000.0, progress=print)
     assert (again.order, again.sensitivity) == (everything.order, everything.sensitivity)
 
-    one = {"units": ["dec/conv_pre"], "options": {"reduce_range": True}}
+    one: dict[str, Any] = {"units": ["dec/conv_pre"], "options": {"reduce_range": True}}
     variant = tmp_path / "variant.onnx"
     assert selective.build_recipe(model, one, cache, variant) == []
     graph = onnx.load(str(variant)).graph
@@ -224,5 +225,5 @@ def test_the_search_keeps_in_float_what_the_budget_cannot_afford_and_repeats(
     convs = {n.name: n for n in graph.node if n.op_type in ("Conv", "ConvTranspose")}
     int8_weights = {name for name, n in convs.items() if n.input[1] in dequantized}
     assert int8_weights == {"/dec/conv_pre/Conv"}, int8_weights
-    missing = selective.build_recipe(model, {"units": ["no/such"] + one["units"]}, cache, variant)
+    missing = selective.build_recipe(model, {"units": ["no/such", "dec/conv_pre"]}, cache, variant)
     assert missing == ["no/such"]

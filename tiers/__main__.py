@@ -85,11 +85,17 @@ def build(args: argparse.Namespace) -> int:
     scales = auto.voice_scales(voice)
     inputs = BuildInputs(model, sentence_ids(voice, CALIBRATION_TEXTS), scales)
     variant = out / f"{model.stem}.{TIER}.onnx"
+    if args.recipe is None:
+        options = sel.Options(reduce_range=args.reduce_range, calibration=args.calibration)
+    else:
+        recipe = dict(recipes.DEFAULT) if args.recipe == "default" else _recipe(args.recipe)
+        if args.reduce_range:
+            recipe["options"] = {**recipe.get("options", {}), "reduce_range": True}
+        options = sel.options_of(recipe)
     with tempfile.TemporaryDirectory(prefix="tiers-") as work:
         cache = Path(work) / "calibration.json"
-        sel.calibrate(inputs, cache)
+        sel.calibrate(inputs, cache, options)
         if args.recipe is None:
-            options = sel.Options(reduce_range=args.reduce_range)
             judge = sel.Judge.of(
                 model,
                 sentence_ids(voice, sel.SELECTION_TEXTS),
@@ -101,17 +107,12 @@ def build(args: argparse.Namespace) -> int:
             recipe = selection.recipe()
             summary = asdict(selection)
             sel.write_json(out / f"{model.stem}.{TIER}.selection.json", summary)
-        else:
-            recipe = dict(recipes.DEFAULT) if args.recipe == "default" else _recipe(args.recipe)
-            if args.reduce_range:
-                recipe["options"] = {"reduce_range": True}
         if not recipe.get("units"):
             print("no unit can be quantized within the budget", file=sys.stderr)
             return 2
         sel.build_recipe(model, recipe, cache, variant)
     shutil.copyfile(f"{model}.json", f"{variant}.json")
-    judged = auto.judge(model, variant, args.repeat)
-    options = sel.Options(**recipe.get("options", {}))
+    judged = auto.judge(model, variant, args.repeat, out)
     facts = cpu_facts()
     result = {
         "tier": TIER,
@@ -156,6 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--reduce-range",
         action="store_true",
         help="7-bit weights: for CPUs without VNNI (exact there; see docs/quantization.md)",
+    )
+    building.add_argument(
+        "--calibration",
+        choices=("percentile", "minmax"),
+        default="percentile",
+        help="activation ranges: a percentile of each tensor's histogram, or min/max",
     )
     building.add_argument("--budget-db", type=float, default=sel.BUDGET_DB)
     building.add_argument("--repeat", type=int, default=auto.DEFAULT_REPEAT)

@@ -49,6 +49,7 @@ from tiers.variants import BuildInputs, Scales, make_feed
 RESULT: Final = "result.json"
 SPEED: Final = "speed.json"
 CALIBRATION: Final = "calibration.json"
+RECIPE: Final = "recipe.json"
 DEFAULT_REPEAT: Final = 3
 SPEED_SENTENCES: Final = 4
 """FP32's speed alone is measured on the first evaluation sentences (~12 s of speech)."""
@@ -168,18 +169,23 @@ def judge(model: Path, variant: Path, repeat: int, work_dir: Path | None = None)
     return result
 
 
-def calibrate_only(model: Path, out: Path, calibration: Sequence[str]) -> None:
-    """The activation ranges of every quantizable unit, kept in out/calibration.json."""
+def calibrate_only(
+    model: Path, out: Path, calibration: Sequence[str], recipe: dict[str, Any]
+) -> None:
+    """The activation ranges of every quantizable unit, as the recipe calibrates them, kept in
+    out/calibration.json."""
     voice = Voice.describe(model, None)
     inputs = BuildInputs(model, sentence_ids(voice, calibration), voice_scales(voice))
-    sel.calibrate(inputs, out / CALIBRATION)
+    sel.calibrate(inputs, out / CALIBRATION, sel.options_of(recipe))
 
 
 def build_here(model: Path, out: Path, recipe: dict[str, Any], repeat: int) -> dict[str, Any]:
     """Calibrate (in a child), build the recipe's variant into out, then judge it."""
     started = time.perf_counter()
     cache = out / CALIBRATION
+    (out / RECIPE).write_text(json.dumps(recipe), encoding="utf-8")
     command = [sys.executable, "-m", "tiers.auto", str(model), "--out", str(out), "--calibrate"]
+    command += ["--recipe", str(out / RECIPE)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0 or not cache.is_file():
         tail = (done.stderr or "").strip().splitlines()[-1:] or ["no ranges"]
@@ -221,17 +227,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     allocator.tune()
     args.out.mkdir(parents=True, exist_ok=True)
+    recipe = recipes.DEFAULT
+    if args.recipe is not None:
+        recipe = json.loads(args.recipe.read_text(encoding="utf-8"))
     if args.calibrate:
-        calibrate_only(args.model, args.out, CALIBRATION_TEXTS)
+        calibrate_only(args.model, args.out, CALIBRATION_TEXTS, recipe)
         return 0
     if args.speed_only:
         name, result = SPEED, speed_only(args.model, args.repeat, args.out)
     elif args.variant is not None:
         name, result = RESULT, judge(args.model, args.variant, args.repeat, args.out)
     else:
-        recipe = recipes.DEFAULT
-        if args.recipe is not None:
-            recipe = json.loads(args.recipe.read_text(encoding="utf-8"))
         name, result = RESULT, build_here(args.model, args.out, recipe, args.repeat)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     (args.out / name).write_text(json.dumps(result, indent=1), encoding="utf-8")
