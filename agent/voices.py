@@ -251,9 +251,11 @@ class TierDecided:
 
 IDLE_SHARE: Final = 0.25
 """The node counts as idle while other processes take less than this share of its CPUs."""
-IDLE_WAIT_S: Final = 600.0
-"""How long a measurement made on a busy CPU waits for an idle one to be re-checked: after it,
-the busy figure (CPU time, which load does not slow) stands, and the state says it was busy."""
+IDLE_WAIT_S: Final = 60.0
+"""How long a measurement made on a busy CPU waits for an idle moment to be re-checked: after
+it, the busy figure (CPU time: other processes' work is not in it) stands for this run, the
+state says how busy it was, and the next start measures again (a busy figure is never taken
+from the cache)."""
 IDLE_WINDOW_S: Final = 5.0
 
 
