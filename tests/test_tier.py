@@ -281,6 +281,25 @@ def _tier(agent: RunningAgent) -> dict[str, Any] | None:
     return None
 
 
+BUILD_TIMEOUT = 1800.0
+"""Start to the tier's verdict with a build on the node: the speed, the calibration, the build
+and the judgement, each a child (minutes on a machine shared with other work)."""
+
+
+def _until_verdict(agent: RunningAgent, verdicts: tuple[str, ...]) -> None:
+    try:
+        wait_until(
+            lambda: (
+                str((_tier(agent) or {}).get("int8")).startswith(verdicts)
+                or not agent.process.alive()
+            ),
+            timeout=BUILD_TIMEOUT,
+        )
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{agent.process.output()[-3000:]}") from None
+    assert agent.process.alive(), agent.process.output()[-3000:]
+
+
 @pytest.mark.broker
 @pytest.mark.voice
 @pytest.mark.slow
@@ -297,7 +316,7 @@ def test_a_node_too_slow_for_fp32_builds_judges_and_uses_its_int8_variant(
         sections={"tts": {"tier": "auto", "tier_min_speed": 10000}, "state": {"interval": 1}}
     )
     verdicts = ("passed", "refused", "failed")
-    wait_until(lambda: str((_tier(agent) or {}).get("int8")).startswith(verdicts), timeout=600)
+    _until_verdict(agent, verdicts)
     tier = _tier(agent)
     assert tier is not None
     assert tier["setting"] == "auto"
@@ -351,7 +370,7 @@ def test_a_node_too_slow_for_fp32_builds_judges_and_uses_its_int8_variant(
         node_id=agent.topics.node_id,
     )
     wait_until(lambda: (_tier(forged) or {}).get("setting") == "int8", timeout=120)
-    wait_until(lambda: str((_tier(forged) or {}).get("int8")).startswith(verdicts), timeout=900)
+    _until_verdict(forged, verdicts)
     judged = _tier(forged)
     assert judged is not None
     assert judged["int8_distance_db"] != 0.123, judged  # the forged figure is not used
