@@ -172,6 +172,16 @@ def units(
     return [Unit(key, tuple(found), sum(macs[n] for n in found)) for key, found in grouped.items()]
 
 
+def staged(source: Path, work: Path) -> Path:
+    """The model as ONNX Runtime's quantization tools are to read it: a link in our own work
+    directory. Their shape inference writes `<model>-inferred.onnx` beside the path it is given
+    and removes it after: beside the model itself, that is a read-only package directory on a
+    node, an update slot, or a file two builds of one model remove from under each other."""
+    link = work / source.name
+    link.symlink_to(source.resolve())
+    return link
+
+
 def calibrate(inputs: BuildInputs, cache: Path, options: Options | None = None) -> None:
     """Measure every activation range of every unit once (noise on, seeded) with ONNX
     Runtime's calibrator, one sentence at a time (its histograms and ranges merge from run to
@@ -179,10 +189,13 @@ def calibrate(inputs: BuildInputs, cache: Path, options: Options | None = None) 
     cache format at `cache`."""
     chosen = options or Options()
     extra = {"percentile": PERCENTILE, "symmetric": False}
-    with tempfile.TemporaryDirectory(prefix="calibrate-") as work, quiet_onnxruntime_tools():
+    with (  # beside the ranges: on a node, /tmp may be memory
+        tempfile.TemporaryDirectory(prefix=".calibrate-", dir=cache.parent) as work,
+        quiet_onnxruntime_tools(),
+    ):
         ort.set_seed(CALIBRATION_SEED)
         calibrator = create_calibrator(
-            inputs.source,
+            staged(inputs.source, Path(work)),
             list(CONV_OPS),
             augmented_model_path=str(Path(work) / "augmented.onnx"),
             calibrate_method=chosen.method,
@@ -202,9 +215,12 @@ def build(
     nodes = [name for unit in quantized for name in unit.nodes]
     if not nodes:
         raise ValueError("no unit to quantize")
-    with quiet_onnxruntime_tools():
+    with (  # beside the variant: on a node, /tmp may be memory
+        tempfile.TemporaryDirectory(prefix=".quantize-", dir=destination.parent) as work,
+        quiet_onnxruntime_tools(),
+    ):
         quantize_static(
-            str(source),
+            str(staged(source, Path(work))),
             str(destination),
             None,
             quant_format=QuantFormat.QDQ,
