@@ -320,6 +320,9 @@ class Judge:
     noiseless: list[npt.NDArray[np.float32]] = field(default_factory=list)
     threads: int = 2
     arena: bool = True
+    retimed: bool = False
+    """Whether the last variant measured spoke any sentence at another length than FP32 (its
+    durations changed: the noise drawn after them no longer lines up)."""
 
     @classmethod
     def of(
@@ -354,6 +357,7 @@ class Judge:
         noisy = self.run(fixed, self.noisy_scales)
         quiet = self.run(fixed, (0.0, self.noisy_scales[1], 0.0)) if noiseless else []
         remove_copy(fixed)
+        self.retimed = any(len(r) != len(o) for r, o in zip(self.noisy, noisy, strict=True))
         return (
             [
                 log_mel_distance_db(r, o, self.sample_rate)
@@ -374,6 +378,7 @@ class Step:
     distance_db: float
     """Mean over the selection sentences at default noise (what the budget is held to)."""
     seconds: float
+    retimed: bool = False
 
 
 @dataclass
@@ -387,6 +392,12 @@ class Selection:
     """Each unit quantized alone: distance at default noise on the selection sentences."""
     order: list[str] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
+    retiming: list[str] = field(default_factory=list)
+    """Units that, quantized alone, change the durations."""
+    candidates: dict[str, list[str]] = field(default_factory=dict)
+    """What each search chose: durations kept, durations changed."""
+    candidate_speedups: dict[str, float] = field(default_factory=dict)
+    """Each candidate's speedup by CPU time on the selection sentences (when both exist)."""
     chosen: list[str] = field(default_factory=list)
     quantized_cost_share: float = 0.0
     seconds: float = 0.0
@@ -403,7 +414,53 @@ def _measured(  # noqa: PLR0917 - the search's state, passed along
     path = work / "candidate.onnx"
     build(source, chosen, cache, path, options)
     noisy, _ = judge.distances(path, noiseless=False)
-    return Step([u.name for u in chosen], float(np.mean(noisy)), time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return Step([u.name for u in chosen], float(np.mean(noisy)), seconds, judge.retimed)
+
+
+@dataclass
+class Search:
+    """One search's fixed inputs (see `select`)."""
+
+    judge: Judge
+    source: Path
+    cache: Path
+    work: Path
+    options: Options
+    steps: list[Step]
+    progress: Callable[[str], None]
+
+    def measure(self, chosen: Sequence[Unit], label: str) -> Step:
+        """A build of these units, measured and logged."""
+        step = _measured(self.judge, self.source, chosen, self.cache, self.work, self.options)
+        self.steps.append(step)
+        self.progress(f"{label}: {step.distance_db:.3f} dB ({step.seconds:.0f} s)")
+        return step
+
+    def within(self, base: list[Unit], order: list[Unit], budget: float) -> list[Unit]:
+        """`base` and the longest prefix of `order` within the budget (bisection), then every
+        later unit that still fits, in order; [] when `base` alone does not fit."""
+        low, high = 0, len(order)
+        while low < high:
+            middle = (low + high + 1) // 2
+            step = self.measure([*base, *order[:middle]], f"{len(base)} + first {middle}")
+            if step.distance_db <= budget:
+                low = middle
+            else:
+                high = middle - 1
+        chosen = [*base, *order[:low]]
+        if base and low == 0 and self.measure(base, "the base alone").distance_db > budget:
+            return []
+        for unit in order[low + 1 :]:
+            if self.measure([*chosen, unit], f"+ {unit.name}").distance_db <= budget:
+                chosen.append(unit)
+        return chosen
+
+
+RETIMED_BUDGET_DB: Final = 1.85
+"""The budget once the durations change: the noise then differs from FP32's as another seed's
+does (1.5-1.7 dB on this metric whatever is quantized), so what is left for quantization is
+the gate's 2 dB less a smaller margin."""
 
 
 def select(  # noqa: PLR0917 - what a selection is made of
@@ -415,9 +472,13 @@ def select(  # noqa: PLR0917 - what a selection is made of
     progress: Callable[[str], None] = _LOGGER.info,
     *,
     sensitivity: Mapping[str, float] | None = None,
+    retimed_budget_db: float = RETIMED_BUDGET_DB,
+    speed_rounds: int = 3,
 ) -> Selection:
-    """Measure each unit's sensitivity, then find the longest prefix of the cheapest-first
-    order within the budget (see the module)."""
+    """Measure each unit's sensitivity, then search twice (see the module): keeping the
+    durations (units that change them stay in float; `budget_db`), and with every unit that
+    changes them quantized (`retimed_budget_db`); the faster of the two by CPU time on the
+    selection sentences is chosen."""
     started = time.perf_counter()
     found = units(
         onnx.load(str(inputs.source), load_external_data=False),
@@ -429,12 +490,16 @@ def select(  # noqa: PLR0917 - what a selection is made of
     selection = Selection(budget_db, asdict(options), {u.name: u.cost / total for u in found})
     with tempfile.TemporaryDirectory(prefix="selective-") as folder:
         work = Path(folder)
+        search = Search(judge, inputs.source, cache, work, options, selection.steps, progress)
+        retiming: list[Unit] = []
         for unit in found:
             if sensitivity is not None and unit.name in sensitivity:  # measured before
                 selection.sensitivity[unit.name] = float(sensitivity[unit.name])
                 continue
             step = _measured(judge, inputs.source, [unit], cache, work, options)
             selection.sensitivity[unit.name] = step.distance_db
+            if step.retimed:
+                retiming.append(unit)
             progress(f"{unit.name}: {step.distance_db:.3f} dB alone ({step.seconds:.0f} s)")
         by_name = {u.name: u for u in found}
         order = sorted(
@@ -442,26 +507,26 @@ def select(  # noqa: PLR0917 - what a selection is made of
             key=lambda u: (max(selection.sensitivity[u.name], 1e-6) / u.cost, u.name),
         )
         selection.order = [u.name for u in order]
-        low, high = 0, len(order)  # the longest prefix within the budget, by bisection
-        best: Step | None = None
-        while low < high:
-            middle = (low + high + 1) // 2
-            step = _measured(judge, inputs.source, order[:middle], cache, work, options)
-            selection.steps.append(step)
-            progress(f"first {middle} units: {step.distance_db:.3f} dB ({step.seconds:.0f} s)")
-            if step.distance_db <= budget_db:
-                low, best = middle, step
-            else:
-                high = middle - 1
-        chosen = list(order[:low])
-        for unit in order[low + 1 :]:  # then each later unit that still fits, in order
-            step = _measured(judge, inputs.source, [*chosen, unit], cache, work, options)
-            selection.steps.append(step)
-            progress(f"+ {unit.name}: {step.distance_db:.3f} dB ({step.seconds:.0f} s)")
-            if step.distance_db <= budget_db:
-                chosen.append(unit)
-                best = step
-    selection.chosen = [] if best is None else best.units
+        selection.retiming = [u.name for u in retiming]
+        kept = search.within([], [u for u in order if u not in retiming], budget_db)
+        candidates = {"durations kept": kept}
+        if retiming:
+            rest = [u for u in order if u not in retiming]
+            candidates["durations changed"] = search.within(retiming, rest, retimed_budget_db)
+        selection.candidates = {k: [u.name for u in v] for k, v in candidates.items()}
+        chosen = kept
+        if len([c for c in candidates.values() if c]) > 1:
+            speeds = {}
+            for label, units_of in candidates.items():
+                path = work / "speed.onnx"
+                build(inputs.source, units_of, cache, path, options)
+                speeds[label] = cpu_speed(
+                    inputs.source, path, judge.sentences, judge.noisy_scales, speed_rounds
+                )["speedup"]
+                progress(f"{label}: {speeds[label]:.3f}x by CPU time")
+            selection.candidate_speedups = speeds
+            chosen = candidates[max(speeds, key=lambda k: (speeds[k], k))]
+    selection.chosen = [u.name for u in chosen]
     selection.quantized_cost_share = sum(by_name[n].cost for n in selection.chosen) / total
     selection.seconds = time.perf_counter() - started
     return selection
