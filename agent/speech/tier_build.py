@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import secrets
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -155,7 +156,7 @@ def read_seal(handle: int, key: bytes) -> dict[str, str] | None:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
         return None
     if not hmac.compare_digest(_mac(key, files), mac):
-        _LOGGER.warning("Tier seal in %s does not check (not this node's): ignored", handle)
+        _LOGGER.warning("A tier seal does not check (not this node's key): its result is redone")
         return None
     return dict(files)
 
@@ -169,15 +170,9 @@ def digest_of(path: Path, limit: int = VARIANT_MAX_BYTES) -> str | None:
         return None
     with os.fdopen(fd, "rb") as data:
         info = os.fstat(fd)
-        if not _regular(info.st_mode) or info.st_size > limit:
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             return None
         return hashlib.file_digest(data, "sha256").hexdigest()
-
-
-def _regular(mode: int) -> bool:
-    import stat  # noqa: PLC0415 - one use
-
-    return stat.S_ISREG(mode)
 
 
 def _sealed_result(folder: Path, key: bytes, name: str) -> tuple[dict[str, Any], dict[str, str]]:
