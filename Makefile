@@ -77,6 +77,7 @@ bench: $(STAMP)  ## benchmark against piper-tts (bench/REPORT.md), rooms: two no
 	$(VENV)/bin/python -m bench.trust --out-dir bench
 	$(VENV)/bin/python -m bench.wyoming --out-dir bench
 	$(VENV)/bin/python -m bench.alarms --out-dir bench
+	$(VENV)/bin/python -m bench.tiers --out-dir bench
 
 bench-fleet: $(STAMP)  ## the operator tool against 100-3,000 simulated nodes: bench/FLEET.md, bench/fleet.json
 	$(VENV)/bin/python -m bench.fleet_scale --out-dir bench --save-every-change 300,1000

@@ -413,7 +413,7 @@ class App:
             self._switch_voice(event.replacement.voice)
         self._tier = self._sheet.tier = event.tier
         self._tell_sounder()
-        if self._tier.int8 == "building":
+        if self._tier.working:
             self._start_tier_worker()
         if self._updater is not None:
             self._updater.started()  # up with the active model: a pending switch is confirmed

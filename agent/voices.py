@@ -9,24 +9,40 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from agent.core.catalog import Catalog, VoiceFacts
 from agent.core.egress import EgressPolicy
-from agent.core.tiers import TierState, passes, verdict, wants_int8
+from agent.core.tiers import TierState, best, verdict, wants_int8
 from agent.settings.declarations import AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
 from agent.speech.sessions import use_memory_arena
 from agent.speech.synthesizer import VoiceChoice
-from agent.speech.tier_build import build, known, measure_speed, tier_dir
+from agent.speech.tier_build import (
+    BUSY_SHARE,
+    Built,
+    Carried,
+    Speed,
+    build,
+    judge,
+    known,
+    known_speed,
+    measure_speed,
+    other_load,
+    seal_key,
+    tier_dir,
+)
 from agent.speech.voice import SynthesisParams, Voice, bundled_voice, seed_random
 from agent.system import allocator
+from agent.updates import release_tiers as release_tiers_of
 from agent.updates.model_at_start import fall_back, start_model
+from agent.updates.update_store import read_state
 
 _LOGGER = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def factory_model(config: AgentConfig) -> Path:
@@ -233,38 +249,162 @@ class TierDecided:
     state: TierState
 
 
+IDLE_SHARE: Final = 0.25
+"""The node counts as idle while other processes take less than this share of its CPUs."""
+IDLE_WAIT_S: Final = 60.0
+"""How long a measurement made on a busy CPU waits for an idle moment to be re-checked: after
+it, the busy figure (CPU time: other processes' work is not in it) stands for this run, the
+state says how busy it was, and the next start measures again (a busy figure is never taken
+from the cache)."""
+IDLE_WINDOW_S: Final = 5.0
+
+
 def start_tier(config: AgentConfig, choice: VoiceChoice) -> TierState:
-    """The tier at start: with `auto`, the default voice's speed measured now (before the
-    synthesis thread runs: the voice is used by one thread at a time), and whether the INT8
-    variant is to be built."""
+    """The tier at start: what the worker is to do (measure FP32's speed for `auto`, find a
+    variant for `int8`), nothing for `fp32`. Every measurement is the worker's child's, by
+    CPU time (`tier_build`): none is made here, beside the voice's first requests."""
     tts = config.tts
-    speed = measure_speed(choice.voice, choice.params) if tts.tier == "auto" else None
-    wanted = wants_int8(tts.tier, speed, tts.tier_min_speed)
-    state = TierState(tts.tier, "fp32", speed, tts.tier_min_speed)
-    if speed is not None:
-        _LOGGER.info(
-            "Synthesis speed %.1fx real time (INT8 tier below %.1fx)", speed, tts.tier_min_speed
-        )
-    return replace(state, int8="building") if wanted else state
+    state = TierState(tts.tier, "fp32", None, tts.tier_min_speed)
+    del choice  # the worker measures the voice in a child of its own
+    if tts.tier == "auto":
+        return replace(state, int8="measuring")
+    if tts.tier == "int8":
+        return replace(state, int8="building")
+    return state
 
 
-def int8_tier(config: AgentConfig, choice: VoiceChoice, state: TierState) -> TierDecided:
-    """Build (or find in the cache) and judge the default voice's INT8 variant, and load it if
-    it passes (on the tier's worker thread: the child does the building)."""
+def int8_tier(
+    config: AgentConfig,
+    choice: VoiceChoice,
+    state: TierState,
+    idle: Callable[[float], bool] | None = None,
+) -> TierDecided:
+    """The worker (on the tier's thread; the children do the work): with `auto`, FP32's speed
+    on this CPU; where INT8 is wanted, every variant the installed release carries judged on
+    this CPU (else one built here, where memory allows), the fastest that passes loaded. Each
+    figure comes sealed from the cache when it is whole, else from a child; one measured on a
+    busy CPU is re-checked once the node is idle (`idle`)."""
     cache_dir = resolve_cache_dir(config.cache, os.environ)
-    digest = choice.voice.sha256
+    key = seal_key(resolve_storage_dir(config.storage, os.environ))
+    model, digest = choice.voice.path, choice.voice.sha256
     folder = tier_dir(cache_dir, digest)
-    built = known(folder, digest) or build(choice.voice.path, folder, digest)
-    if built.error is not None or built.path is None:
-        _LOGGER.warning("INT8 tier: %s", built.error)
-        return TierDecided(None, replace(state, int8=f"failed: {built.error}"))
+    wait_idle = idle or _idle_within
+    if state.setting == "auto":
+        cached = known_speed(folder, digest, key)
+        speed: Speed | str
+        if cached is None or _busy(cached.busy_share):
+            speed = _measured(lambda: measure_speed(model, folder, digest, key), wait_idle)
+        else:
+            speed = cached
+        if isinstance(speed, str):
+            _LOGGER.warning("INT8 tier: FP32's speed not measured: %s", speed)
+            return TierDecided(None, replace(state, int8=f"failed: {speed}"[:200]))
+        state = replace(state, fp32_speed=speed.fp32_speed, busy_share=speed.busy_share)
+        _LOGGER.info(
+            "FP32 speed %.1f s of speech per CPU second (INT8 looked for below %.1f)",
+            speed.fp32_speed,
+            state.min_speed,
+        )
+        if not wants_int8(state.setting, speed.fp32_speed, state.min_speed):
+            return TierDecided(None, replace(state, int8="not needed"))
+    found = release_tiers(config, choice)
+    judged: dict[str, Built] = {}
+    for tier in found.tiers:
+        carried = Carried(tier.name, tier.path, tier.sha256, tier.json_sha256)
+        there = tier_dir(cache_dir, digest, tier.sha256)
+        result = known(there, digest, key, carried)
+        if result is None or _busy(result.busy_share):
+
+            def judged_now(c: Carried = carried, t: Path = there) -> Built:
+                return judge(model, c, t, digest, key=key)
+
+            result = _measured(judged_now, wait_idle)
+        judged[f"release:{tier.name}"] = result
+    if not found.tiers:
+        result = known(folder, digest, key)
+        if result is None:
+            result = build(model, folder, digest, key)
+        judged["built"] = result
+    state = replace(state, notes=found.refused)
+    return _decided(config, state, judged)
+
+
+def _decided(config: AgentConfig, state: TierState, judged: Mapping[str, Built]) -> TierDecided:
+    """The fastest variant that passes, loaded; or why none is used."""
+    usable = {name: b for name, b in judged.items() if b.error is None and b.path is not None}
+    if not usable:
+        errors = "; ".join(str(b.error) for b in judged.values()) or "no variant"
+        _LOGGER.warning("INT8 tier: %s", errors)
+        return TierDecided(None, replace(state, int8=f"failed: {errors}"[:200]))
+    choice = best(state.setting, [(n, b.speedup, b.distance_db) for n, b in usable.items()])
+    name = choice[0] if choice is not None else max(usable, key=lambda n: usable[n].speedup or 0)
+    built = usable[name]
     said = verdict(state.setting, built.speedup, built.distance_db)
-    state = replace(state, int8=said, speedup=built.speedup, distance_db=built.distance_db)
-    _LOGGER.info(
-        "INT8 tier %s (speedup %s, distance %s dB)", said, built.speedup, built.distance_db
+    state = replace(
+        state,
+        int8=said,
+        speedup=built.speedup,
+        distance_db=built.distance_db,
+        source=name,
+        busy_share=built.busy_share if built.busy_share is not None else state.busy_share,
+        fp32_speed=state.fp32_speed or built.fp32_speed,
     )
-    if not passes(state.setting, built.speedup, built.distance_db):
+    _LOGGER.info(
+        "INT8 tier %s: %s (speedup %s by CPU time, distance %s dB)",
+        name,
+        said,
+        built.speedup,
+        built.distance_db,
+    )
+    if choice is None or built.path is None:
         return TierDecided(None, state)
+    cache_dir = resolve_cache_dir(config.cache, os.environ)
     voice = Voice.load(built.path, config.tts.threads, cache_dir)
     voice.prewarm()
     return TierDecided(voice, replace(state, used="int8"))
+
+
+def release_tiers(config: AgentConfig, choice: VoiceChoice) -> release_tiers_of.ReleaseTiers:
+    """The tiers the installed release carries, when the default voice is its model."""
+    if not config.ota.trusted_keys:
+        return release_tiers_of.ReleaseTiers()
+    directory = ota_directory(config)
+    state = read_state(directory).state
+    if state.active is None or state.model is None:
+        return release_tiers_of.ReleaseTiers()
+    if directory / "slots" / state.active / state.model != choice.voice.path:
+        return release_tiers_of.ReleaseTiers()
+    return release_tiers_of.carried(directory, state, config.ota.trusted_keys)
+
+
+def _busy(share: float | None) -> bool:
+    return share is not None and share > BUSY_SHARE
+
+
+def _measured(work: Callable[[], T], idle: Callable[[float], bool]) -> T:
+    """A measurement, made again once the node is idle when it was made on a busy CPU (the
+    first figure stands when no idle moment comes within IDLE_WAIT_S)."""
+    first = work()
+    if not _busy(getattr(first, "busy_share", None)):
+        return first
+    _LOGGER.info("INT8 tier: measured on a busy CPU; re-checking it when the node is idle")
+    if not idle(IDLE_WAIT_S):
+        return first
+    again = work()
+    return again if getattr(again, "busy_share", None) is not None else first
+
+
+def _idle_within(timeout: float) -> bool:
+    """Wait (up to `timeout` s) for IDLE_WINDOW_S in which other processes used less than
+    IDLE_SHARE of the CPUs; whether one came."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy, total = other_load()
+        own = time.process_time()
+        time.sleep(IDLE_WINDOW_S)
+        busy2, total2 = other_load()
+        ticks = os.sysconf("SC_CLK_TCK")
+        mine = (time.process_time() - own) * ticks
+        if total2 > total and (busy2 - busy - mine) / (total2 - total) < IDLE_SHARE:
+            return True
+    return False

@@ -232,30 +232,25 @@ def _doorbell(work: Path) -> Path:
 
 
 def int8_voice(model: Path, out_dir: Path, cache_dir: Path, say: Progress) -> Voice | None:
-    """The INT8 tier that passed the quality gate (docs/quantization.md), built from the bundled
-    voice as the operator tool builds it; None if it cannot be built here."""
-    from tiers.quantize import (  # noqa: PLC0415 - the operator tool, only for this
-        CALIBRATION_TEXTS,
-        THREADS,
-        select_variants,
-        sentence_ids,
-    )
+    """The INT8 tier (docs/quantization.md): the selective recipe (`tiers.recipes.DEFAULT`)
+    built from the bundled voice as a node builds it (calibration, then the recipe's units);
+    None if it cannot be built here."""
+    from tiers import recipes, selective  # noqa: PLC0415 - the operator tool, only for this
+    from tiers.quantize import CALIBRATION_TEXTS, sentence_ids  # noqa: PLC0415
     from tiers.variants import BuildInputs  # noqa: PLC0415
 
-    say("building the INT8 tier (int8-static-conv-u8-keep-last-stage)")
-    variant = select_variants("int8-static-conv-u8-keep-last-stage")[1]
-    fp32 = Voice.load(model, threads=THREADS, cache_dir=None, split=False)
+    say("building the INT8 tier (the selective recipe)")
+    fp32 = Voice.describe(model, None)
     defaults = fp32.default_params
     inputs = BuildInputs(
         model,
         sentence_ids(fp32, CALIBRATION_TEXTS),
         (defaults.noise_scale, defaults.length_scale, defaults.noise_w),
     )
-    del fp32
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{model.stem}.int8.onnx"
-    assert variant.build is not None  # noqa: S101 - the variant is a builder
-    variant.build(inputs, path)
+    selective.calibrate(inputs, out_dir / "calibration.json", selective.options_of(recipes.DEFAULT))
+    selective.build_recipe(model, recipes.DEFAULT, out_dir / "calibration.json", path)
     path.with_name(f"{path.name}.json").write_bytes(Path(f"{model}.json").read_bytes())
     return Voice.load(path, threads=_THREADS, cache_dir=cache_dir)
 

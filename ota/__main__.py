@@ -2,6 +2,7 @@
 
   keygen DIR                          a key pair; prints the public key for ota.trusted_keys
   manifest MODEL.onnx --release N --version V [--expires-days D] [--device-class C] [--notes T]
+           [--tier VARIANT.onnx ...]
   sign MANIFEST --key KEY [--key KEY2]
   verify SIGNED --public-key B64 [...]
   serve DIR [--port 8000] [--bind ADDR]  the release files over HTTP with Range (loopback unless
@@ -65,6 +66,14 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--device-class", default="voice-agent")
     build.add_argument("--voice", default="default")
     build.add_argument("--notes", default="")
+    build.add_argument(
+        "--tier",
+        type=Path,
+        action="append",
+        default=[],
+        help="a tier variant of the model (`python -m tiers build`'s .onnx, its .onnx.json and "
+        ".result.json beside it), signed with it; serve its files beside the model's",
+    )
     build.add_argument("--out", type=Path, default=Path("manifest.json"))
     signing = commands.add_parser("sign", help="sign a manifest")
     signing.add_argument("manifest", type=Path)
@@ -182,9 +191,11 @@ def _manifest(args: argparse.Namespace) -> int:
         device_class=args.device_class,
         voice=args.voice,
         notes=args.notes,
+        tiers=args.tier,
     )
     args.out.write_bytes(data)
-    say(f"{args.out}: release {args.release}, {len(data)} bytes")
+    tiers = f", tiers: {', '.join(str(t.name) for t in args.tier)}" if args.tier else ""
+    say(f"{args.out}: release {args.release}, {len(data)} bytes{tiers}")
     return 0
 
 

@@ -85,15 +85,13 @@ def build_manifest(
     device_class: str = "voice-agent",
     voice: str = "default",
     notes: str = "",
+    tiers: Sequence[Path] = (),
 ) -> bytes:
-    """The manifest of a model and its .onnx.json (lengths and sha256 read from the files)."""
-    files = []
-    for path in (model, Path(f"{model}.json")):
-        data = path.read_bytes()
-        files.append(
-            {"path": path.name, "length": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        )
-    body = {
+    """The manifest of a model and its .onnx.json (lengths and sha256 read from the files), and
+    of each tier variant given (`python -m tiers build`'s `.onnx`, with its `.onnx.json` and its
+    `.result.json` beside it): signed with the model, as tiers of it."""
+    files = [_entry(path) for path in (model, Path(f"{model}.json"))]
+    body: dict[str, object] = {
         "format": manifests.FORMAT,
         "release": release,
         "expires": (datetime.now(UTC) + expires_in).isoformat(timespec="seconds"),
@@ -102,7 +100,34 @@ def build_manifest(
         "notes": notes,
         "files": files,
     }
+    if tiers:
+        body["tiers"] = [tier_entry(variant) for variant in tiers]
     return json.dumps(body, indent=1).encode()
+
+
+def _entry(path: Path) -> dict[str, object]:
+    data = path.read_bytes()
+    return {"path": path.name, "length": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def tier_files(variant: Path) -> list[Path]:
+    """A tier's files: the variant, its `.onnx.json` and its builder's result (when there)."""
+    result = variant.with_name(variant.name.removesuffix(".onnx") + ".result.json")
+    return [variant, Path(f"{variant}.json"), *([result] if result.is_file() else [])]
+
+
+def tier_entry(variant: Path) -> dict[str, object]:
+    """The manifest entry of one tier: its name and the CPU flags it relies on, as its
+    builder's result says them (`int8` and none when there is no result), and its files."""
+    if not variant.name.endswith(".onnx"):
+        raise ValueError(f"{variant}: a tier is a variant's .onnx file")
+    files = tier_files(variant)
+    name, requires = "int8", []
+    if len(files) == 3:
+        result = json.loads(files[2].read_text(encoding="utf-8"))
+        name = str(result.get("tier", name))
+        requires = [str(flag) for flag in result.get("requires", [])]
+    return {"name": name, "requires": requires, "files": [_entry(p) for p in files]}
 
 
 def sign(manifest: bytes, keys: Sequence[Ed25519PrivateKey]) -> bytes:
@@ -110,10 +135,13 @@ def sign(manifest: bytes, keys: Sequence[Ed25519PrivateKey]) -> bytes:
     return manifests.sign(manifest, keys)
 
 
-def publish_release(directory: Path, model: Path, envelope: bytes) -> Path:
-    """Lay a release out for the server: its files and `manifest.json` in one folder."""
+def publish_release(
+    directory: Path, model: Path, envelope: bytes, tiers: Sequence[Path] = ()
+) -> Path:
+    """Lay a release out for the server: its files, its tiers' and `manifest.json` in one
+    folder."""
     directory.mkdir(parents=True, exist_ok=True)
-    for path in (model, Path(f"{model}.json")):
+    for path in (model, Path(f"{model}.json"), *(f for v in tiers for f in tier_files(v))):
         (directory / path.name).write_bytes(path.read_bytes())
     (directory / "manifest.json").write_bytes(envelope)
     return directory

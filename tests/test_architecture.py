@@ -107,7 +107,25 @@ TIERS_ALLOWED = {
         "tiers.audio_distance",
         "tiers.variants",
     },
-    "auto": {"agent.speech.voice", "agent.system.allocator", "tiers.quantize", "tiers.variants"},
+    "auto": {
+        "agent.speech.voice",
+        "agent.system.allocator",
+        "tiers.quantize",
+        "tiers.recipes",
+        "tiers.selective",
+        "tiers.variants",
+    },
+    "selective": {"tiers.audio_distance", "tiers.variants"},
+    "recipes": set(),
+    "__main__": {
+        "agent.core.tiers",
+        "agent.speech.voice",
+        "tiers.auto",
+        "tiers.quantize",
+        "tiers.recipes",
+        "tiers.selective",
+        "tiers.variants",
+    },
 }
 """The model tiers (the quantizer, which builds and synthesizes voice variants) and what they
 may import: never the operator's tool."""

@@ -27,8 +27,9 @@ from agent.protocol import manifest as manifests
 from agent.protocol.manifest import Manifest
 from agent.settings.declarations import OtaConfig
 from agent.speech.voice import Voice
+from agent.updates import release_tiers
 from agent.updates.model_at_start import fall_back, start_model
-from agent.updates.update_store import Pending, load_state, save_state
+from agent.updates.update_store import Pending, load_state, save_state, slot_problem
 from agent.updates.updater import Updater
 from harness import TIMEOUT, wait_until
 from ota import release
@@ -920,3 +921,105 @@ def test_staged_downloads_of_releases_never_installed_are_removed_after_a_while(
     updater.start()
     updater.stop()
     assert [p.name for p in staging.iterdir()] == [recent.name]
+
+
+# ---- tiers carried by a release (issue 35: "a tier a small board gets without building it") ----
+
+_TIER_FILES = [
+    {"path": "v.int8.onnx", "length": 10, "sha256": "c" * 64},
+    {"path": "v.int8.onnx.json", "length": 10, "sha256": "b" * 64},
+    {"path": "v.int8.result.json", "length": 10, "sha256": "d" * 64},
+]
+
+
+def test_a_manifest_carries_tiers_signed_with_the_model(key: Ed25519PrivateKey) -> None:
+    tiers = [{"name": "int8", "requires": ["avx512_vnni", "avx_vnni"], "files": _TIER_FILES}]
+    read = manifests.verify(_envelope(_body(tiers=tiers), key), _trusted(key))
+    assert isinstance(read, Manifest), read
+    (tier,) = read.tiers
+    assert (tier.name, tier.requires) == ("int8", ("avx512_vnni", "avx_vnni"))
+    assert (tier.variant.path, tier.json.path) == ("v.int8.onnx", "v.int8.onnx.json")
+    assert tier.result is not None
+    assert tier.result.path == "v.int8.result.json"
+    assert read.total_bytes == 50  # the tiers' files are downloaded too
+    assert manifests.verify(_envelope(_body(), key), _trusted(key)).tiers == ()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "tiers",
+    [
+        [{"name": "INT8!", "files": _TIER_FILES}],  # not a plain name
+        [{"name": "int8", "files": _TIER_FILES[:1]}],  # no .onnx.json
+        [{"name": "int8", "files": [*_TIER_FILES, {**_TIER_FILES[2], "path": "w.json"}]}],
+        [{"name": "int8", "files": [{**_TIER_FILES[0], "path": "../x.onnx"}, _TIER_FILES[1]]}],
+        [{"name": "int8", "files": [{**_TIER_FILES[0], "path": "v.onnx"}, _TIER_FILES[1]]}],
+        [{"name": "int8", "requires": ["no such flag!"], "files": _TIER_FILES}],
+        [{"name": "int8", "files": _TIER_FILES}, {"name": "int8", "files": _TIER_FILES}],
+        [{"name": f"t{i}", "files": _TIER_FILES} for i in range(5)],
+        {"name": "int8"},
+    ],
+)
+def test_malformed_tiers_refuse_the_whole_manifest(key: Ed25519PrivateKey, tiers: Any) -> None:
+    """A tier whose name or files are not plain, whose file repeats another (the model's
+    included), without its JSON, with flags that are no flag names, too many: malformed."""
+    assert _reason(manifests.verify(_envelope(_body(tiers=tiers), key), _trusted(key))) == (
+        "malformed"
+    )
+
+
+def _tiered_release(harness: Harness, key: Ed25519PrivateKey, requires: list[str]) -> Release:
+    """Release 2 of a tiny voice with an `int8` tier (another tiny voice stands for the
+    variant: the updater never looks inside), served by the harness's server."""
+    root = harness.server.directory
+    source = root / "src2"
+    source.mkdir(parents=True, exist_ok=True)
+    model = write_tiny_voice(source, "voice2.onnx", gain=0.006)
+    variant = write_tiny_voice(source, "voice2.int8.onnx", gain=0.005)
+    result = {"tier": "int8", "requires": requires, "distance_db": 1.0, "speedup": 1.5}
+    (source / "voice2.int8.result.json").write_text(json.dumps(result), encoding="utf-8")
+    body = release.build_manifest(model, 2, "2.0", tiers=[variant])
+    envelope = release.sign(body, [key])
+    directory = release.publish_release(root / "r2", model, envelope, tiers=[variant])
+    return Release(envelope, directory, model)
+
+
+def test_an_installed_release_offers_its_tiers_while_their_signed_files_are_whole(
+    harness: Harness, key: Ed25519PrivateKey
+) -> None:
+    """The release's tier is downloaded and installed into the slot beside the model, with
+    the signed envelope; at start it is offered only while each of its files is the one the
+    manifest signed and the CPU has what it relies on. A damaged tier is refused with its
+    reason, and the model's slot stays usable (the tier is no part of the model's files)."""
+    item = _tiered_release(harness, key, ["avx512_vnni", "avx_vnni"])
+    report = harness.run(item.offer(url(harness, item)))
+    assert report.state == "installed", report
+    state = load_state(harness.directory)
+    trusted = [release.public_text(key)]
+    found = release_tiers.carried(harness.directory, state, trusted, frozenset({"avx_vnni"}))
+    (tier,) = found.tiers
+    assert (tier.name, tier.release, found.refused) == ("int8", 2, ())
+    assert tier.path == harness.directory / "slots" / str(state.active) / "voice2.int8.onnx"
+    assert tier.path.read_bytes() == (item.directory / "voice2.int8.onnx").read_bytes()
+
+    without = release_tiers.carried(harness.directory, state, trusted, frozenset({"avx2"}))
+    assert without.tiers == ()
+    assert "none of avx512_vnni, avx_vnni" in without.refused[0]
+    elsewhere = release_tiers.carried(harness.directory, state, trusted, frozenset(), "aarch64")
+    assert len(elsewhere.tiers) == 1  # x86's flags ask nothing of another machine
+
+    other_key = Ed25519PrivateKey.generate()
+    untrusted = release_tiers.carried(
+        harness.directory, state, [release.public_text(other_key)], frozenset({"avx_vnni"})
+    )
+    assert untrusted.tiers == ()
+    assert "trusted" in untrusted.refused[0]
+
+    json_file = Path(f"{tier.path}.json")
+    voice = json.loads(json_file.read_text(encoding="utf-8"))
+    voice["inference"] = {"length_scale": 3.0}
+    json_file.unlink()  # the model's JSON has the same bytes: one file, linked under both names
+    json_file.write_text(json.dumps(voice), encoding="utf-8")  # a forged JSON of its own
+    damaged = release_tiers.carried(harness.directory, state, trusted, frozenset({"avx_vnni"}))
+    assert damaged.tiers == ()
+    assert "no longer has the digest" in damaged.refused[0]
+    assert slot_problem(harness.directory, state) is None  # the model itself is whole

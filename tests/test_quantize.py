@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -159,3 +160,70 @@ def test_failing_variants_are_reported_not_raised(tiny_voice: Path, tmp_path: Pa
     markdown = (tmp_path / "quantize.md").read_text(encoding="utf-8")
     assert "| broken | — | — | — | no (error) |" in markdown
     assert "no calibration today" in markdown
+
+
+# ---- selective INT8 (tiers.selective) on a VITS-shaped voice: the search, not the figures ----
+
+
+def _selection_inputs(model: Path) -> tuple[BuildInputs, list[list[int]]]:
+    sentences = [[1, 20, 30, 40, 2], [1, 5, 6, 7, 8, 9, 2], [1, 40, 41, 2]]
+    return BuildInputs(model, sentences[:2], (0.667, 1.0, 0.8)), sentences
+
+
+def test_units_are_the_decoder_layers_and_the_other_parts_with_their_work(
+    tmp_path: Path,
+) -> None:
+    import onnx  # noqa: PLC0415
+
+    from tests.test_voice import write_vits_like_voice  # noqa: PLC0415
+    from tiers import selective  # noqa: PLC0415
+
+    model = write_vits_like_voice(tmp_path)
+    found = selective.units(onnx.load(str(model)), model, [[1, 20, 30, 2]], (0.667, 1.0, 0.8))
+    by_name = {u.name: u for u in found}
+    assert set(by_name) == {"flow", "dec/conv_pre", "dec"}, by_name
+    assert by_name["dec/conv_pre"].nodes == ("/dec/conv_pre/Conv",)
+    assert all(u.cost > 0 for u in found), found
+    # a longer sentence is more work, layer by layer
+    longer = selective.units(onnx.load(str(model)), model, [[1, *[20] * 40, 2]], (0, 1.0, 0))
+    assert all(b.cost > a.cost for a, b in zip(found, longer, strict=True))
+
+
+def test_the_search_keeps_in_float_what_the_budget_cannot_afford_and_repeats(
+    tmp_path: Path,
+) -> None:
+    """Each unit quantized alone is measured, then the longest cheapest-first prefix within the
+    budget is taken (then any later unit that still fits): a budget no unit meets quantizes
+    nothing, a generous one everything, and the same inputs choose the same units again. The
+    recipe builds a variant whose quantized nodes are the chosen units' only."""
+    import onnx  # noqa: PLC0415
+
+    from tests.test_voice import write_vits_like_voice  # noqa: PLC0415
+    from tiers import selective  # noqa: PLC0415
+
+    model = write_vits_like_voice(tmp_path)
+    inputs, sentences = _selection_inputs(model)
+    cache = tmp_path / "calibration.json"
+    selective.calibrate(inputs, cache)
+    judge = selective.Judge.of(model, sentences, inputs.calibration_scales, RATE, tmp_path)
+    everything = selective.select(inputs, judge, cache, budget_db=1000.0, progress=print)
+    assert sorted(everything.chosen) == ["dec", "dec/conv_pre", "flow"]
+    assert set(everything.sensitivity) == {"dec", "dec/conv_pre", "flow"}
+    assert everything.quantized_cost_share == pytest.approx(1.0)
+    nothing = selective.select(
+        inputs, judge, cache, budget_db=-1.0, progress=print, sensitivity=everything.sensitivity
+    )
+    assert nothing.chosen == []
+    again = selective.select(inputs, judge, cache, budget_db=1000.0, progress=print)
+    assert (again.order, again.sensitivity) == (everything.order, everything.sensitivity)
+
+    one: dict[str, Any] = {"units": ["dec/conv_pre"], "options": {"reduce_range": True}}
+    variant = tmp_path / "variant.onnx"
+    assert selective.build_recipe(model, one, cache, variant) == []
+    graph = onnx.load(str(variant)).graph
+    dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    convs = {n.name: n for n in graph.node if n.op_type in ("Conv", "ConvTranspose")}
+    int8_weights = {name for name, n in convs.items() if n.input[1] in dequantized}
+    assert int8_weights == {"/dec/conv_pre/Conv"}, int8_weights
+    missing = selective.build_recipe(model, {"units": ["no/such", "dec/conv_pre"]}, cache, variant)
+    assert missing == ["no/such"]

@@ -45,6 +45,41 @@ class FileEntry:
     sha256: str
 
 
+TIER_NAME: Final = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+CPU_FLAG: Final = re.compile(r"[a-z0-9_]{1,32}")
+MAX_TIERS: Final = 4
+MAX_TIER_FLAGS: Final = 8
+
+
+@dataclass(frozen=True, slots=True)
+class TierEntry:
+    """A variant of the release's model (a tier of the same voice, e.g. `int8`), signed with
+    it: the variant's `.onnx`, its `.onnx.json` and the operator's result (`.json`: what the
+    builder measured, shown, never the node's verdict: each node judges on its own CPU)."""
+
+    name: str
+    files: tuple[FileEntry, ...]
+    requires: tuple[str, ...] = ()
+    """CPU flags (as /proc/cpuinfo names them) of which an x86-64 node needs one: the kernels
+    the variant's 8-bit weights rely on to compute what the operator measured; empty: any."""
+
+    @property
+    def variant(self) -> FileEntry:
+        """The variant's `.onnx`."""
+        return next(f for f in self.files if f.path.endswith(".onnx"))
+
+    @property
+    def json(self) -> FileEntry:
+        """The variant's `.onnx.json`."""
+        return next(f for f in self.files if f.path == f"{self.variant.path}.json")
+
+    @property
+    def result(self) -> FileEntry | None:
+        """The operator's result, if the release carries it."""
+        others = [f for f in self.files if f not in (self.variant, self.json)]
+        return others[0] if others else None
+
+
 @dataclass(frozen=True, slots=True)
 class Manifest:
     """A verified release description."""
@@ -56,6 +91,7 @@ class Manifest:
     version: str
     notes: str
     files: tuple[FileEntry, ...]
+    tiers: tuple[TierEntry, ...] = ()
 
     @property
     def model(self) -> FileEntry:
@@ -63,9 +99,14 @@ class Manifest:
         return next(f for f in self.files if f.path.endswith(".onnx"))
 
     @property
+    def every_file(self) -> tuple[FileEntry, ...]:
+        """The model's files, then every tier's."""
+        return self.files + tuple(f for tier in self.tiers for f in tier.files)
+
+    @property
     def total_bytes(self) -> int:
-        """All files together."""
-        return sum(f.length for f in self.files)
+        """All files together, the tiers' included."""
+        return sum(f.length for f in self.every_file)
 
 
 def key_id(public: Ed25519PublicKey) -> str:
@@ -202,6 +243,7 @@ def _parse(data: bytes) -> Manifest | Refused[UpdateReason]:
             version=_text(body["version"], "version"),
             notes=str(body.get("notes", ""))[:255],
             files=files,
+            tiers=_tiers(body.get("tiers", [])),
         )
     except (ValueError, KeyError, TypeError, RecursionError, OverflowError) as err:
         return Refused(UpdateReason.MALFORMED, f"manifest: {err}"[:200])
@@ -211,7 +253,39 @@ def _parse(data: bytes) -> Manifest | Refused[UpdateReason]:
         return Refused(
             UpdateReason.MALFORMED, "expected one .onnx file with its .onnx.json, no repeats"
         )
+    every = [f.path for f in manifest.every_file]
+    if len(set(every)) != len(every):
+        return Refused(UpdateReason.MALFORMED, "a tier's file repeats another file's name")
     return manifest
+
+
+def _tiers(raw: Any) -> tuple[TierEntry, ...]:
+    """The release's tiers (none when absent): each a plain name, its variant's `.onnx`
+    with its `.onnx.json` and at most one more `.json`, and the CPU flags it relies on."""
+    if not isinstance(raw, list) or len(raw) > MAX_TIERS:
+        raise ValueError(f"tiers: expected a list of at most {MAX_TIERS}")
+    tiers = []
+    for entry in raw:
+        name = entry["name"]
+        if not isinstance(name, str) or not TIER_NAME.fullmatch(name):
+            raise ValueError("tiers[].name: expected a short plain name")
+        files = tuple(_file(f) for f in entry["files"])
+        variants = [f.path for f in files if f.path.endswith(".onnx")]
+        names = [f.path for f in files]
+        extra = [n for n in names if n not in variants and not n.endswith(".json")]
+        if len(variants) != 1 or f"{variants[0]}.json" not in names or extra or len(files) > 3:
+            raise ValueError(f"tier {name}: expected one .onnx, its .onnx.json, one .json")
+        requires = entry.get("requires", [])
+        if (
+            not isinstance(requires, list)
+            or len(requires) > MAX_TIER_FLAGS
+            or not all(isinstance(f, str) and CPU_FLAG.fullmatch(f) for f in requires)
+        ):
+            raise ValueError(f"tier {name}: requires: expected CPU flag names")
+        tiers.append(TierEntry(name, files, tuple(requires)))
+    if len({t.name for t in tiers}) != len(tiers):
+        raise ValueError("tiers: a name repeats")
+    return tuple(tiers)
 
 
 def _file(raw: Any) -> FileEntry:

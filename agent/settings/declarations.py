@@ -448,23 +448,25 @@ class TtsConfig:
         False,
     )
     tier: str = _key(
-        "Precision of the default voice. `auto`: the synthesis speed is measured at "
-        "start; below `tts.tier_min_speed` the node builds its voice's INT8 variant in a "
-        "child process (about 620 MB at its peak: only with 700 MB available), judges it "
-        "against FP32 on its own CPU (at least 1.3x faster, at most 2 dB away) and "
-        "switches to it when it passes. `int8`: built and used whatever the speed, when "
-        "close enough. `fp32`: never built. The variant and its figures are kept in "
-        "`cache.dir`; the state's `tier` and Home Assistant's \"Voice precision\" sensor "
+        "Precision of the default voice. `auto`: FP32's speed is measured by CPU time in a "
+        "child process (one thread, repeated; re-checked when the node is idle if it was "
+        "busy); below `tts.tier_min_speed` the INT8 variants the installed release carries "
+        "are judged against FP32 on this CPU (at least 1.3x faster by CPU time, at most 2 dB "
+        "away at the default noise), else one is built in a child where memory allows (640 MB "
+        "available), and the fastest that passes is switched to. `int8`: the same whatever "
+        "the speed, closeness alone. `fp32`: never. Results are sealed in `cache.dir` under "
+        "the node's key; the state's `tier` and Home Assistant's \"Voice precision\" sensor "
         "show the choice (docs/quantization.md#the-nodes-own-int8-tier).",
         "auto",
         _one_of(TIER_SETTINGS),
     )
     tier_min_speed: float = _key(
-        "With `tts.tier: auto`: the speed (seconds of speech per second of synthesis, "
-        "measured at start) below which the INT8 variant is built. The chunk plan needs "
-        "more than twice real time for each chunk to be ready before the one before has "
-        "played; 3 leaves a third of the CPU for sounds, MQTT and an update's health "
-        "check.",
+        "With `tts.tier: auto`: FP32's speed (seconds of speech per CPU second of one "
+        "thread) below which an INT8 variant is looked for. The chunk plan needs more than "
+        "twice real time for each chunk to be ready before the one before has played; 3 "
+        "leaves a third of the CPU for sounds, MQTT and an update's health check; one "
+        "thread's CPU time is the floor of what the node's threads reach, whatever other "
+        "load there is.",
         3.0,
         _between(0.1, 10000),
     )

@@ -84,7 +84,7 @@ class Downloads:
         done = 0
         reported = [-1]  # the last percent reported
         staged: dict[str, Path] = {}
-        for entry in release.files:
+        for entry in release.every_file:  # the model's, then its tiers'
             url = urllib.parse.urljoin(base if base.endswith("/") else base + "/", entry.path)
 
             def bytes_so_far(got: int, before: int = done) -> None:
@@ -101,7 +101,7 @@ class Downloads:
         """The installed release's staged files go (the slot holds them now)."""
         try:
             with store.directory(self._dir, "staging") as staging:
-                for entry in release.files:
+                for entry in release.every_file:
                     store.remove(staging, entry.sha256)
         except OSError as err:  # installed all the same; the next start cleans up
             _LOGGER.error("The staged files of release %d stay: %s", release.release, err)

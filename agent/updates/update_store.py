@@ -52,6 +52,10 @@ MAX_SLOT_FILE_BYTES: Final = 1 << 31
 """The largest file of a slot or a staged download read (2 GiB: a Piper voice is 20-120 MB);
 a larger one is refused by its size, never hashed (a sparse file of terabytes would hold the
 start for hours)."""
+RELEASE_ENVELOPE: Final = "_manifest.json"
+"""The signed envelope a slot was installed from, kept in the slot: the release's tiers are
+checked against it at start (a name no release file can have: they begin with a letter or a
+digit)."""
 MAX_TEXT: Final = 128
 MAX_DETAIL: Final = 300
 
@@ -201,6 +205,21 @@ def open_file(
 def open_append(root: Path, parts: Sequence[str]) -> IO[bytes]:
     """The regular file root/parts… opened to append, made if missing (never through a link)."""
     return os.fdopen(open_file(root, parts, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+
+
+def write_new(parent: int, name: str, data: bytes) -> None:
+    """Write a new regular file `name` in the directory `parent` (never over an existing one,
+    never through a link)."""
+    fd = os.open(
+        name,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o644,
+        dir_fd=parent,
+    )
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 def file_size(root: Path, parts: Sequence[str]) -> int | None:

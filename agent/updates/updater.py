@@ -117,6 +117,8 @@ class Updater(Generic[M]):
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run_blocking, name="updater", daemon=True)
         self._running: str | None = None
+        self._envelope = b""
+        """The signed envelope of the release being installed."""
         self._downloads = Downloads(config, directory, self._hosts, self._cancel)
         self.state = recovered_state(directory)
 
@@ -315,6 +317,7 @@ class Updater(Generic[M]):
         checked = manifests.verify(data, self._trusted)
         if isinstance(checked, Refused):
             raise checked
+        self._envelope = data  # kept in the slot: its tiers are checked against it at start
         return checked
 
     # ---- download -----------------------------------------------------------------------------
@@ -358,6 +361,7 @@ class Updater(Generic[M]):
                         dst_dir_fd=target,
                         follow_symlinks=False,
                     )
+                store.write_new(target, store.RELEASE_ENVELOPE, self._envelope)
                 os.fsync(target)
             os.fsync(slots)
         fault_point("install")
