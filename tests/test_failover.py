@@ -395,17 +395,20 @@ def test_auto_falls_back_to_311_where_mqtt_5_is_refused_and_remembers_it(
             assert gate.v5_connects == 1
             publish(backend, SPEAK, b"through")
             probe.wait_payload(b"through")
-            gate.cut()  # a lost connection: the server is not offered MQTT 5 again
+            gate.cut()  # a lost connection after the session began
             wait_until(lambda: caplog.text.count("Connected to") == 2, what="a reconnect")
             publish(backend, SPEAK, b"again")
             probe.wait_payload(b"again")
-            assert gate.v5_connects == 1
             assert link.protocol == "3.1.1"
+            # A CONNACK refusing version 5 is remembered until the agent restarts; a mere early
+            # close (RabbitMQ's way, but also a flaky network's) is not: MQTT 5 is offered again
+            # at the next connect (docs/brokers.md)
+            assert gate.v5_connects == (1 if answer == "connack" else 2)
         finally:
             link.stop()
             gate.close()
             backend.stop()
-    assert "does not take MQTT 5" in caplog.text
+    assert ("does not take MQTT 5" in caplog.text) == (answer == "connack")
 
 
 def test_mqtt_5_forced_never_falls_back(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -10,6 +10,7 @@ process that only plays built-in chimes starts without it.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,10 +36,16 @@ def load_sound(path: Path, rate: int, decode: Decode | None = None) -> bytes:
     followed, refused when no regular file or over MAX_AUDIO_BYTES before a byte is read.
     Raises MediaError and OSError."""
     # numpy and the decoders load with the first file, not with the module
-    from agent.formats.media import MAX_AUDIO_BYTES, decode_audio  # noqa: PLC0415
+    from agent.core.reasons import Reason  # noqa: PLC0415
+    from agent.formats.media import MAX_AUDIO_BYTES, MediaError, decode_audio  # noqa: PLC0415
     from agent.formats.pcm import le_bytes  # noqa: PLC0415
 
-    data = nofollow.read_regular(path, MAX_AUDIO_BYTES)  # a FIFO or a device: refused
+    try:  # a FIFO or a device: refused, as an OSError
+        data = nofollow.read_regular(path, MAX_AUDIO_BYTES)
+    except nofollow.FileRefusedError as err:
+        if err.errno != errno.EFBIG:
+            raise
+        raise MediaError(Reason.TOO_LARGE, str(err.strerror)) from None
     if decode is None:
         return le_bytes(decode_audio(data, rate).samples)
     return le_bytes(decode(data, rate))
