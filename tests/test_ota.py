@@ -26,6 +26,7 @@ from agent.core.states import FINAL_PHASES, UpdateReason, UpdateReport
 from agent.protocol import manifest as manifests
 from agent.protocol.manifest import Manifest
 from agent.settings.declarations import OtaConfig
+from agent.speech.decoder_parts import SPLIT_FORMAT
 from agent.speech.voice import Voice
 from agent.updates import release_tiers
 from agent.updates.model_at_start import fall_back, start_model
@@ -355,7 +356,7 @@ def test_the_check_builds_the_candidates_parts_in_the_cache_and_the_agent_only_l
     (voice,) = harness.swapped
     assert voice.chunked
     assert harness.cache is not None
-    (record,) = harness.cache.glob(f"models/{voice.sha256}-*.split2.json")
+    (record,) = harness.cache.glob(f"models/{voice.sha256}-*.split{SPLIT_FORMAT}.json")
     assert json.loads(record.read_text())["parts"] == ["prior", "flow", "decoder"]
     assert "analysed for chunked decoding" not in caplog.text  # not in this process
     assert "Saved optimized model" not in caplog.text

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agent.speech.decoder_parts import SPLIT_FORMAT
 from harness import agent_config, write_config
 
 SCRIPT = Path(sys.executable).parent / "voice-agent"
@@ -42,7 +43,9 @@ def test_prepare_builds_the_split_that_a_start_then_uses(tiny_voice: Path, tmp_p
     assert [line.split(":")[0] for line in lines] == ["default", "second"], lines
     assert all(f"ready in {tmp_path / 'cache'}" in line for line in lines), lines
     built = sorted(models.iterdir())
-    assert len(list(models.glob("*.split2.json"))) == 1  # the same bytes twice: one analysis
+    assert (
+        len(list(models.glob(f"*.split{SPLIT_FORMAT}.json"))) == 1
+    )  # the same bytes twice: one analysis
     assert len(list(models.glob("*.onnx"))) == 1
 
     said = run(["say", "Ready.", "--wav", str(tmp_path / "r.wav"), "--config", str(path)], tmp_path)
