@@ -326,6 +326,7 @@ _TRUST = "bench/trust.json"
 _FRESH_RUN = "bench/fresh-run.json"
 _FRESH_INSTALL = "bench/fresh-install.json"
 _FRESH_TEST = "bench/fresh-test.json"
+_TIERS = "bench/tiers.json"
 _MS = "{:.0f} ms"
 _MINUTES = "{:.1f} minutes"
 _TIMES = "\u00d7"  # the multiplication sign
@@ -375,6 +376,36 @@ FIGURES: Final[Mapping[str, Figure]] = {
     "trust_cpu": Figure(_TRUST, "machine.cpu_model", "{}"),
     "alarm_beside_stalled_fetch_max_ms": Figure(
         _TRUST, "alarm_start_ms.bomb being fetched (server stalls).max", _MS
+    ),
+    # make bench: bench/tiers.py, two builds of the INT8 tier and the node's children (TIERS.md)
+    "tier_load_end": Figure(_TIERS, "load_end.0", "{:.0f}"),
+    "tier_build1_speedup": Figure(_TIERS, "builds.0.result.speedup", "{:.2f}" + _TIMES),
+    "tier_build2_speedup": Figure(_TIERS, "builds.1.result.speedup", "{:.2f}" + _TIMES),
+    "tier_build1_db": Figure(_TIERS, "builds.0.result.distance_db", "{:.2f} dB"),
+    "tier_build2_db": Figure(_TIERS, "builds.1.result.distance_db", "{:.2f} dB"),
+    "tier_build1_noiseless_db": Figure(
+        _TIERS, "builds.0.result.noiseless_distance_db", "{:.2f} dB"
+    ),
+    "tier_build1_sha": Figure(_TIERS, "builds.0.result.sha256", "{:.8}"),
+    "tier_build2_sha": Figure(_TIERS, "builds.1.result.sha256", "{:.8}"),
+    "tier_build1_peak_mb": Figure(_TIERS, "builds.0.result.peak_rss_mb", "{:.0f} MB"),
+    "tier_build2_peak_mb": Figure(_TIERS, "builds.1.result.peak_rss_mb", "{:.0f} MB"),
+    "tier_build1_min": Figure(_TIERS, "builds.0.wall_seconds", _MINUTES, 1 / 60),
+    "tier_build2_min": Figure(_TIERS, "builds.1.wall_seconds", _MINUTES, 1 / 60),
+    "tier_node_fp32_mb": Figure(_TIERS, "children.speed_only.result.peak_rss_mb", "{:.0f} MB"),
+    "tier_node_judge_speedup": Figure(
+        _TIERS, "children.judge_release_variant.result.speedup", "{:.2f}" + _TIMES
+    ),
+    "tier_node_judge_mb": Figure(
+        _TIERS, "children.judge_release_variant.result.peak_rss_mb", "{:.0f} MB"
+    ),
+    "tier_device_speedup": Figure(
+        _TIERS, "children.build_on_device.result.speedup", "{:.2f}" + _TIMES
+    ),
+    "tier_device_db": Figure(_TIERS, "children.build_on_device.result.distance_db", "{:.2f} dB"),
+    "tier_device_mb": Figure(_TIERS, "children.build_on_device.result.peak_rss_mb", "{:.0f} MB"),
+    "tier_device_calibration_mb": Figure(
+        _TIERS, "children.build_on_device.result.calibration_peak_rss_mb", "{:.0f} MB"
     ),
 }
 """Every figure the pages may show, by the name its marker gives."""
