@@ -63,10 +63,11 @@ FAST = (
 )
 """Under a minute each here (13-18 s of attack and alarm on a loaded machine): `make test`."""
 ENDS = frozenset({"finished", "failed", "rejected", "stopped", "expired", "acknowledged"})
-SLOW = ("QoS 0 flood",)
-"""A QoS 0 flood at full rate runs for as long as the alarm takes, and its backlog is answered
-before a control message: minutes (one sustained at 19,000 speaks a second held the alarm back
-138 s here: docs/security.md, "Not defended")."""
+# Not here: "QoS 0 flood" (`harness.attacks.DRIVERS`), a QoS 0 flood at full rate for as long
+# as the alarm takes: it held the alarm back 109-138 s in two runs, and the node spoke a control
+# message only minutes after the flood (its backlog at the broker answered first). `make bench`
+# measures it (bench/ALARMS.md); docs/security.md, "Not defended". The issue's own burst of
+# 19,200 is the slow test at the end.
 
 
 def events_of(watcher: Watcher, request_id: str) -> list[tuple[float, dict[str, Any]]]:
@@ -180,9 +181,7 @@ def speaks_on(fire: FiringRange) -> None:
     assert np.abs(after.astype(np.int32)).max() > 1000, "the control message was not heard"
 
 
-@pytest.mark.parametrize(
-    "attack", [*FAST, *(pytest.param(name, marks=pytest.mark.slow) for name in SLOW)]
-)
+@pytest.mark.parametrize("attack", FAST)
 def test_under_each_attack_an_alarm_is_heard_when_started_says_and_the_node_speaks_on(
     firing_range: FiringRange, attack: str
 ) -> None:
