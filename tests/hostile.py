@@ -482,6 +482,46 @@ def wyoming_frames(draw: st.DrawFn) -> bytes:
     return frame
 
 
+_AUDIO_FORMAT = st.fixed_dictionaries(
+    {
+        "rate": st.sampled_from([22050, 16000, 8000, 48000, 44100, 7999, 96000, 0]),
+        "width": st.sampled_from([2, 2, 1, 4]),
+        "channels": st.sampled_from([1, 1, 2, 3]),
+    }
+)
+
+
+def _framed(kind: str, data: dict[str, Any], payload: bytes = b"") -> bytes:
+    """One well-framed event (the library's own framing: a header line, its data, its
+    payload)."""
+    body = json.dumps(data).encode()
+    header: dict[str, Any] = {"type": kind, "data_length": len(body)}
+    if payload:
+        header["payload_length"] = len(payload)
+    return json.dumps(header).encode() + b"\n" + body + payload
+
+
+@st.composite
+def _wyoming_event(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(WYOMING_TYPES))
+    text = draw(st.text(max_size=200) | st.sampled_from(["Hello.", "." * 2000 + "x", ""]))
+    if kind in ("synthesize", "synthesize-chunk"):
+        return _framed(kind, {"text": text})
+    if kind == "synthesize-start":
+        return _framed(kind, draw(st.sampled_from([{}, {"voice": {"name": "nobody"}}])))
+    if kind in ("audio-start", "audio-chunk"):
+        audio = draw(_AUDIO_FORMAT)
+        payload = draw(st.binary(max_size=2048)) if kind == "audio-chunk" else b""
+        return _framed(kind, audio, payload)
+    return _framed(kind, {})
+
+
+wyoming_conversations = st.lists(_wyoming_event(), min_size=1, max_size=12).map(b"".join)
+"""Well-framed events of every type the ports read, in any order and number: chunks before a
+start, a stop without one, audio without `audio-start` or in another format than it said,
+`run-satellite` on the TTS port, two streams at once, texts of hostile characters."""
+
+
 # ---- a hostile or compromised server in the ring (`mqtt.hosts`) ----------------------------
 
 

@@ -216,6 +216,8 @@ def test_messages_that_find_the_inbox_full_are_answered_and_never_come_again(
         assert "reconnecting" not in caplog.text
         assert caplog.text.count("Connected to") == 1
         assert "does not take MQTT 5" not in caplog.text
+        watcher.publish("voice/full/speak", b'{"id": "control", "text": "All clear."}')
+        watcher.wait_event("control", "finished")  # the node speaks on after the flood
     finally:
         app.request_stop()
         serving.join(30)

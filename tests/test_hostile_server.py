@@ -33,6 +33,7 @@ from harness import AgentProcess, Broker, Watcher, agent_config, publish, wait_u
 from tests.conftest import StartAgent
 from tests.hostile import server_behaviours
 from tests.hostile_server import Connect, Connection, HostileServer, varint
+from tests.hostile_server import publish as hostile_publish
 
 pytestmark = pytest.mark.broker
 
@@ -422,4 +423,49 @@ def test_leaving_a_server_that_withholds_its_acknowledgement_never_waits_on_the_
         ]
     finally:
         link.stop()
+        hostile.stop()
+
+
+def test_a_next_server_command_from_a_server_that_never_acknowledges_leaves_it_and_speaks_on(
+    start_agent: StartAgent, broker: Broker, tiny_voice: Path
+) -> None:
+    """Issue 34's goodbye through the agent: the server the Sparkplug session is on sends NCMD
+    `Next Server` itself and then acknowledges nothing (the NDEATH's PUBACK withheld, no
+    PINGRESP). The node says its NDEATH there, leaves it, is born on the next server of the ring
+    and speaks a control message; its own session (on the real broker) was never held."""
+    node = f"{NODE}bye"
+    ndeath = threading.Event()
+    ncmd = Payload(timestamp=1)
+    ncmd.metrics.add(name="Node Control/Next Server", datatype=11, boolean_value=True)
+
+    def script(conn: Connection) -> None:
+        conn.ack_subscriptions()
+        while (got := conn.read_packet(timeout=60)) is not None:  # until the NBIRTH
+            if got[0] == 3 and b"NBIRTH" in got[1][:200]:
+                break
+        conn.send(hostile_publish(f"spBv1.0/plant/NCMD/{node}", ncmd.SerializeToString()))
+        while (got := conn.read_packet(timeout=60)) is not None:  # never a PUBACK
+            if got[0] == 3 and b"NDEATH" in got[1][:200]:
+                ndeath.set()
+
+    def spb(connect: Connect) -> bool:
+        return "-spb-" in connect.client_id
+
+    hostile = HostileServer(script, refuse=lambda c: not spb(c))
+    births = Watcher(broker, f"spBv1.0/plant/NBIRTH/{node}")
+    try:
+        hosts = [hostile.entry, {"host": broker.host, "port": broker.port}]
+        sections = {
+            "mqtt": {"hosts": hosts, "host": "127.0.0.1", "port": 1883},
+            "sparkplug": {"enabled": True, "group_id": "plant"},
+        }
+        agent = start_agent(voice=tiny_voice, node_id=node, sections=sections)
+        wait_until(ndeath.is_set, what="the NDEATH on the server that asked")
+        wait_until(lambda: bool(births.snapshot()), what="the NBIRTH on the next server")
+        agent.watcher.publish(agent.topics.speak, b'{"id": "control", "text": "Hello."}')
+        agent.watcher.wait_event("control", "finished")
+        assert agent.process.alive()
+        assert len([c for c in hostile.connects if spb(c)]) == 1  # left, not gone back
+    finally:
+        births.close()
         hostile.stop()

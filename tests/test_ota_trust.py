@@ -12,11 +12,14 @@ with their digests) where a real install adds nothing to the case; the issue's o
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import shutil
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
@@ -25,10 +28,13 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from wyoming.audio import AudioStop
+from wyoming.client import AsyncTcpClient
+from wyoming.tts import Synthesize
 
 from agent.core.states import FINAL_PHASES
 from agent.updates.update_store import UpdateState, save_state
-from harness import wait_until
+from harness import free_port, wait_until
 from ota import release
 from tests.conftest import RunningAgent, StartAgent
 from tests.release_server import ReleaseServer
@@ -605,3 +611,63 @@ def test_links_planted_in_the_staging_area_are_never_followed(setup: Setup) -> N
     assert command(agent, "o2-again", **body)["state"] == "installed"
     assert victim.read_bytes() == b"precious"
     assert speaks(agent, "on-2") == model_of(item)
+
+
+# ---- voice switches while Wyoming renders (issue 34, point 8) ---------------------------------
+
+
+def test_rollbacks_while_wyoming_renders_leave_no_client_waiting(setup: Setup) -> None:
+    """The render worker's command queue held 2: voice switches during a render (an install,
+    then a rollback, ...) raised `queue.Full` in it, and every Wyoming client after waited
+    forever. Through the agent: a client of the real `wyoming` library asks for a long text and
+    reads nothing (the render waits on its socket: `wyoming.write_seconds` 120) while four
+    rollbacks switch the voice between releases 3 and 2; then it reads its answer to
+    `audio-stop`, a client after it is answered too, and the control message is spoken on the
+    release the last rollback chose."""
+    releases, tmp_path = setup.releases, setup.tmp_path
+    node = "renders-switched"
+    seed(ota_dir(tmp_path, node), (3, releases[3]), (2, releases[2]))
+    port = free_port()
+    sections = ota_section(setup.key, setup.server.port)
+    sections["wyoming"] = {"enabled": True, "host": "127.0.0.1", "port": port, "write_seconds": 120}
+    sections["speak"] = {"max_text_chars": 20_000, "max_audio_seconds": 1200}
+    agent = setup.start_agent(setup.tiny_voice, node_id=node, sections=sections)
+    agent.wait_voice_ready()
+    long_text = " ".join(
+        f"Part {n} of the long answer goes on, and then it ends." for n in range(300)
+    )
+    go = threading.Event()
+
+    async def render(words: str, wait: threading.Event | None = None) -> list[str]:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Synthesize(text=words).event())
+            if wait is not None:  # the render fills the socket and waits on it meanwhile
+                await asyncio.get_running_loop().run_in_executor(None, wait.wait, 240)
+            kinds = []
+            while (event := await asyncio.wait_for(client.read_event(), 240)) is not None:
+                kinds.append(event.type)
+                if AudioStop.is_type(event.type):
+                    break
+            return kinds
+
+    held: list[list[str]] = []
+    reader = threading.Thread(target=lambda: held.append(asyncio.run(render(long_text, go))))
+    reader.start()
+    try:
+        time.sleep(2.0)  # the render under way, then stuck on the client's socket
+        for n in range(4):
+            back = command(agent, f"switch-{n}", rollback=True)
+            assert back["state"] == "rolled_back", back
+    finally:
+        go.set()
+        reader.join(300)
+    assert not reader.is_alive(), "the held client still waits"
+    after = asyncio.run(render("After the switches."))
+    chunks = held[0].count("audio-chunk") if held else 0
+    print(f"held render: {chunks} chunks, then {held[0][-1:] if held else None}; after: {after}")
+    assert held, "the held client got no answer"
+    assert held[0][-1] == "audio-stop", held
+    assert after[-1] == "audio-stop", after
+    assert "audio-chunk" in after
+    assert speaks(agent, "control") == model_of(releases[3])  # 3 -> 2 -> 3 -> 2 -> 3
+    assert agent.process.alive()

@@ -93,6 +93,8 @@ def test_the_death_and_birth_carry_the_same_bd_seq_and_the_birth_seq_0() -> None
     assert birth.seq == 0
     rebirth = next(m for m in birth.metrics if m.name == "Node Control/Rebirth")
     assert not rebirth.HasField("alias")  # Sparkplug 3.0: a rebirth is always asked by name
+    aliases = {m.name: m.alias if m.HasField("alias") else None for m in birth.metrics}
+    assert aliases == {"bdSeq": None, "Node Control/Rebirth": None, "Node Control/Next Server": 2}
     assert metric_values(birth) == {
         "bdSeq": 7,
         "Node Control/Rebirth": False,

@@ -112,8 +112,19 @@ def test_a_good_file_is_read_and_kept(tmp_path: Path) -> None:
     assert (fresh.problem, fresh.take()) == (None, 0)
 
 
+AGENT_KINDS = ("fifo", "link_outside")
+"""The issue's two kinds through the agent in `make test`; every other kind in
+`make test-slow` (the reader's test above takes each of them in `make test`)."""
+
+
 @pytest.mark.broker
-@pytest.mark.parametrize("kind", ["fifo", "link_outside"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        *AGENT_KINDS,
+        *(pytest.param(k, marks=pytest.mark.slow) for k in KINDS if k not in AGENT_KINDS),
+    ],
+)
 def test_the_agent_starts_born_and_speaks_with_a_planted_bdseq_file(
     start_agent: StartAgent, tiny_voice: Path, tmp_path: Path, kind: str
 ) -> None:
@@ -137,5 +148,6 @@ def test_the_agent_starts_born_and_speaks_with_a_planted_bdseq_file(
         agent.watcher.publish(agent.topics.speak, b'{"id": "control", "text": "Hello."}')
         agent.watcher.wait_event("control", "finished")
         assert outside.read_bytes() == OUTSIDE
+        assert (tmp_path / "elsewhere" / "precious").read_bytes() == OUTSIDE
     finally:
         births.close()

@@ -25,7 +25,7 @@ from agent.speech.urgent import UrgentGate
 from agent.speech.voice import Voice
 from agent.wyoming_service import Wyoming, build
 from harness import free_port
-from tests.hostile import wyoming_frames
+from tests.hostile import wyoming_conversations, wyoming_frames
 
 ANSWERS = frozenset(
     {"error", "info", "pong", "audio-start", "audio-chunk", "audio-stop", "synthesize-stopped"}
@@ -160,6 +160,23 @@ def test_the_server_answers_any_frame_on_both_ports(wyoming: Wyoming, frame: byt
         assert port is not None
         answers = _exchange(port, frame)
         assert {e.type for e in answers} <= ANSWERS, [e.type for e in answers]
+
+
+@given(wyoming_conversations)
+@settings(max_examples=80, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_server_answers_events_in_any_order_on_both_ports(
+    wyoming: Wyoming, conversation: bytes
+) -> None:
+    """Well-framed events of every type in any order (chunks before a start, audio without
+    `audio-start`, a stream inside a stream, `run-satellite` on the TTS port): every answer an
+    event the library reads, the connection closed when done, no ERROR logged, and the server
+    still answers `describe` after."""
+    for port in (wyoming.server.port, wyoming.server.satellite_port):
+        assert port is not None
+        answers = _exchange(port, conversation)
+        assert {e.type for e in answers} <= ANSWERS, [e.type for e in answers]
+    (info,) = _exchange(wyoming.server.port, b'{"type": "describe"}\n')
+    assert info.type == "info"
 
 
 def test_the_server_still_serves_after_hostile_frames(wyoming: Wyoming) -> None:

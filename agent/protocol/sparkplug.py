@@ -3,7 +3,8 @@ deaths it publishes, and what a command asks for. Pure: the edge (`link.sparkplu
 the MQTT session, the composition (`sparkplug_node`) carries out what this decides.
 
 One edge node (`sparkplug.edge_node_id`) with one device, the speaker (`sparkplug.device_id`).
-Every metric has an alias from its birth on; data messages carry aliases only. `seq` runs 0-255
+Every metric but `bdSeq` and `Node Control/Rebirth` (by name only, as Sparkplug 3.0 asks) has
+an alias from its birth on; data messages carry aliases only. `seq` runs 0-255
 over every NBIRTH, DBIRTH, DDATA and DDEATH of a session (NBIRTH is 0); `bdSeq` is the session's
 number, the same in the NDEATH registered as the Will at CONNECT and in the NBIRTH(s) that
 follow it. See docs/sparkplug.md.
