@@ -236,6 +236,41 @@ def test_the_sandbox_holds_what_the_unit_says(tmp_path: Path) -> None:
     assert found["nice"] == 0  # lowering its own priority: the engine and the decoder child do
 
 
+LOWER = """
+import logging, os
+from agent.__main__ import lower_priority
+logging.basicConfig()
+before = os.getpriority(os.PRIO_PROCESS, 0)
+lower_priority()
+print(os.getpriority(os.PRIO_PROCESS, 0) - before)
+"""
+
+
+def test_an_engine_refused_a_lower_priority_says_so_and_runs_on(tmp_path: Path) -> None:
+    """Under a unit whose filter refuses setpriority (the shipped one before it kept it, where
+    every engine died at its start and was started again forever), the engine's priority stays
+    the sounder's, with a warning that names the fix; under the shipped unit it is lowered."""
+    older = tmp_path / "older.service"
+    text = UNIT.read_text(encoding="utf-8")
+    kept = "SystemCallFilter=clock_adjtime clock_adjtime64 setpriority\n"
+    assert kept in text
+    older.write_text(text.replace(kept, "SystemCallFilter=clock_adjtime clock_adjtime64\n"))
+    for unit, lowered in ((older, 0), (UNIT, ENGINE_NICE)):
+        command = sandbox.sandbox_command(
+            unit,
+            [sys.executable, "-c", LOWER],
+            writable=[],
+            readable=[*install_paths(), tmp_path],
+            **user_ids(),
+        )
+        done = subprocess.run(
+            command, env=base_env(), capture_output=True, text=True, check=False, timeout=TIMEOUT
+        )
+        assert done.returncode == 0, done.stderr
+        assert int(done.stdout.split()[-1]) == lowered, done.stderr
+        assert ("cannot lower its CPU priority" in done.stderr) == (not lowered), done.stderr
+
+
 def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
     broker: Broker, tmp_path: Path, tiny_voice: Path
 ) -> None:
