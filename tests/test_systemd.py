@@ -22,10 +22,11 @@ import pytest
 
 from agent.__main__ import ENGINE_NICE
 from agent.speech.decoder_parts import SPLIT_FORMAT
+from agent.speech.media_decoder import DecoderLimits
 from agent.system.systemd import Notifier
 from harness import ROOT, TIMEOUT, Broker, Watcher
 from harness import unit as sandbox
-from harness.processes import children, process_tree
+from harness.processes import children, command_line, process_tree
 from tests.conftest import StartAgent
 
 pytestmark = pytest.mark.broker
@@ -85,6 +86,8 @@ UNIT = ROOT / "config" / "voice-agent.service"
 MAX_EXPOSURE = 2.1
 """The highest `systemd-analyze security` exposure the unit may have (0 safe, 10 exposed): 1.9
 before the engine's own lower CPU priority (setpriority, counted as the whole of @resources)."""
+MEDIA_CHILD = "agent.speech.media_child"
+"""The decoder child's module, as its command line names it."""
 NOBODY = 65534
 """The unit's user when the tests run as root (User=voice-agent does not exist here)."""
 
@@ -339,6 +342,8 @@ def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
             (engine,) = children(sounder)  # started by a thread of the sounder's
             niceness = os.getpriority(os.PRIO_PROCESS, engine)
             assert niceness == os.getpriority(os.PRIO_PROCESS, sounder) + ENGINE_NICE
+            (decoder,) = [p for p in children(engine) if MEDIA_CHILD in command_line(p)]
+            assert os.getpriority(os.PRIO_PROCESS, decoder) == niceness + DecoderLimits().niceness
             seen: list[str] = []
             while "READY=1" not in seen or "WATCHDOG=1" not in seen:
                 seen += manager.recv(4096).decode().split("\n")
