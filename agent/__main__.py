@@ -178,7 +178,7 @@ def _engine(config: AgentConfig, fd: int) -> int:
     """The engine: synthesis and every edge but the alarm lane, playing through the sounder
     that started it (`fd`: its end of their socket pair), at a lower CPU priority than the
     sounder: however busy it is made, the alarm path is served first."""
-    os.nice(ENGINE_NICE)  # before any thread: they inherit it
+    lower_priority()  # before any thread: they inherit it
     from agent.app import run_engine  # noqa: PLC0415 - keeps `check-config` free of onnxruntime
 
     code = run_engine(config, fd, _install_signals)
@@ -189,6 +189,21 @@ def _engine(config: AgentConfig, fd: int) -> int:
     if busy:
         _end_now(code, busy)
     return code
+
+
+def lower_priority() -> None:
+    """The engine's CPU priority ENGINE_NICE below the sounder's. A system-call filter that
+    refuses it (a unit older than the shipped one: it keeps `setpriority`) costs a warning, not
+    the engine: normal speech goes on, and alarms, which the sounder says, compete with it."""
+    try:
+        os.nice(ENGINE_NICE)
+    except OSError as err:
+        _LOGGER.warning(
+            "The engine cannot lower its CPU priority (%s): it runs at the sounder's, so what it "
+            "is made to do competes with the alarm path for the CPU; allow setpriority "
+            "(config/voice-agent.service)",
+            err,
+        )
 
 
 def _end_now(code: int, busy: list[str]) -> None:

@@ -268,6 +268,7 @@ def assemble(
         )
     table = route_table(config, topics, new_id, {n: v for v, n in names.items()})
     elsewhere = speaker is not None  # the alarm classes are the sounder's
+    fed = frozenset(table.sources[t] for t in table.routes)
     link = MqttLink(
         config.mqtt,
         client_id=f"voice-agent-{config.node_id}",
@@ -275,6 +276,11 @@ def assemble(
         handlers={t: _hand_off(inbox, table, t, elsewhere) for t in table.routes},
         retained=table.restored,
         on_connected=lambda: inbox.notice(Connected()),
+        # the engine's: the broker keeps what the inbox has no room for (a Mosquitto resuming a
+        # session sends all it queued at once), read on once there is room, never refused
+        # `queue_full`; the alarms this would hold back are the sounder's, read by its own
+        # session. Alone (no sounder) it refuses instead, and reads on for an alarm-class one.
+        room=(lambda: all(inbox.has_room(source) for source in fed)) if elsewhere else None,
     )
     return Parts(
         topics=topics,

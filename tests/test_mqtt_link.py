@@ -1,9 +1,14 @@
 """The MQTT edge's callbacks and its ring of servers on their own (the network paths are tested
-against Mosquitto: tests/test_failover.py and the agent's tests)."""
+against Mosquitto: tests/test_failover.py and the agent's tests), and its reading held back
+while its consumer has no room, against Mosquitto."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
+import threading
+import time
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
@@ -13,6 +18,7 @@ from agent.core.messages import Delivery
 from agent.link.mqtt.link import MqttLink
 from agent.link.mqtt.servers import UNSUPPORTED_PROTOCOL, Ring, Step, delay, refusal
 from agent.settings.declarations import MqttConfig, MqttProtocol, MqttServer
+from harness import TIMEOUT, Broker, Watcher, wait_until
 
 
 def link() -> MqttLink:
@@ -170,3 +176,62 @@ def test_the_link_reports_its_first_server_and_version_before_connecting() -> No
     config = MqttConfig(hosts=(MqttServer("a", 1884), MqttServer("b")), protocol="3.1.1")
     under_test = MqttLink(config, "id", "voice/t/status", {"voice/t/speak": _drop})
     assert (under_test.server, under_test.protocol) == ("a:1884", "3.1.1")
+
+
+@pytest.mark.broker
+def test_a_consumer_without_room_holds_the_next_packet_back_and_nothing_is_refused(
+    broker: Broker,
+) -> None:
+    """A broker that sends more than the consumer has room for (here a Receive Maximum of 1000
+    against room for 8; Mosquitto resuming a session after its restart sends all it queued,
+    whatever the window): with `room`, the link reads no further packet while the consumer is
+    full, the broker keeps the rest, and every message is handed over once, none refused."""
+    room = 8
+    waiting: queue.Queue[Delivery] = queue.Queue(room)
+    handed: list[bytes] = []
+    refused: list[bytes] = []
+    consuming = threading.Event()
+    config = MqttConfig(host=broker.host, port=broker.port, receive_maximum=1000)
+
+    def handle(_topic: str, payload: bytes, delivery: Delivery) -> bool:
+        try:
+            waiting.put_nowait(delivery)
+        except queue.Full:
+            refused.append(payload)  # the inbox's answer: `queue_full`, acknowledged
+            return False
+        handed.append(payload)
+        return True
+
+    status, speak = "voice/room/status", "voice/room/speak"
+    subject = MqttLink(
+        config, "voice-agent-room", status, {speak: handle}, room=lambda: not waiting.full()
+    )
+    watcher = Watcher(broker, status)
+    stop = threading.Event()
+
+    def consume() -> None:  # the app's loop: slower than the network
+        consuming.wait()
+        while not stop.is_set():
+            with contextlib.suppress(queue.Empty):
+                subject.ack(waiting.get(timeout=0.1))
+                time.sleep(0.002)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    subject.start()
+    try:
+        watcher.wait_payload(status, b"online")  # subscribed
+        sent = [f"m{n:03d}".encode() for n in range(300)]
+        for payload in sent:
+            watcher.publish(speak, payload)
+        wait_until(lambda: len(handed) >= room, what="the consumer's room filled")
+        consuming.set()
+        wait_until(lambda: len(handed) + len(refused) >= len(sent), what="every message")
+        assert refused == []
+        assert sorted(handed) == sent
+    finally:
+        stop.set()
+        consuming.set()
+        consumer.join(TIMEOUT)
+        subject.stop()
+        watcher.close()

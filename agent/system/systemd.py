@@ -1,7 +1,10 @@
 """systemd's notify protocol: READY, STOPPING, STATUS and watchdog pings over $NOTIFY_SOCKET.
 
 About twenty lines of stdlib `socket`; without $NOTIFY_SOCKET every call does nothing, so the
-agent runs unchanged outside systemd. Failures are logged, never raised.
+agent runs unchanged outside systemd. Failures are logged, never raised. A send never waits: the
+calls come from the main loop (the sounder's is the alarm lane's), and a datagram socket whose
+reader lags blocks a sender once `net.unix.max_dgram_qlen` (10) datagrams are queued; then that
+notification is dropped (logged) and the watchdog's next ping follows half an interval later.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Notifier:
             return
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.setblocking(False)
                 sock.sendto("\n".join(fields).encode(), self._address)
         except OSError as err:
             _LOGGER.warning("systemd notification failed: %s", err)

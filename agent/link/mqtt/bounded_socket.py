@@ -19,11 +19,19 @@ within the bound passes as it came. Above it:
   (`cut`: topic, packet id, size) so that it answers the message as the too large one it is and
   acknowledges it. The connection stays.
 
+With a `gate` (a question: may another packet be read now?), the next packet is not read while
+it says no: the session's consumer has no room, and the broker holds what it sends meanwhile in
+the TCP connection and in its own queue (backpressure) instead of the consumer refusing it. A
+packet begun is always read to its end; paho is told that nothing is there yet
+(BlockingIOError), after a short pause so that its loop does not spin on a socket that stays
+readable, and goes on writing (acknowledgements, pings) meanwhile.
+
 Nothing else of MQTT is read here: everything else is paho's.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -35,12 +43,16 @@ if not callable(getattr(mqtt.Client, "_create_socket", None)):  # pragma: no cov
 _MAX_LENGTH_BYTES: Final = 4
 _PUBLISH: Final = 3
 _CHUNK: Final = 65536
+GATE_PAUSE: Final = 0.02
+"""Seconds paho's thread waits on a closed gate before it is told that nothing is there."""
 
 Refused = Callable[[int], None]
 """Told the announced size of a packet refused (the connection then closes)."""
 Cut = Callable[[str, int, int], None]
 """Told the topic, packet id (0 at QoS 0) and announced size of a PUBLISH whose payload was
 thrown away, before paho hands the message on."""
+Gate = Callable[[], bool]
+"""Asked on paho's thread before each packet: True when the next one may be read now."""
 
 
 class PacketTooLargeError(ConnectionError):
@@ -60,11 +72,19 @@ class BoundedSocket:
     """A socket (TCP or TLS) paho reads from, holding packets above `max_packet_bytes` off
     (see the module). Everything but `recv` and `pending` is the socket's own."""
 
-    def __init__(self, sock: Any, max_packet_bytes: int, refused: Refused, cut: Cut | None) -> None:
+    def __init__(
+        self,
+        sock: Any,
+        max_packet_bytes: int,
+        refused: Refused,
+        cut: Cut | None,
+        gate: Gate | None = None,
+    ) -> None:
         self._sock = sock
         self._max = max_packet_bytes
         self._refused = refused
         self._cut = cut
+        self._gate = gate
         self._ready = bytearray()
         """Bytes for paho."""
         self._header = bytearray()
@@ -80,6 +100,8 @@ class BoundedSocket:
 
     def recv(self, size: int) -> bytes:
         while not self._ready:
+            if self._closed_gate():
+                raise BlockingIOError("the consumer has no room: the next packet waits")
             data = self._advance()
             if not data:
                 return b""  # the server closed the connection
@@ -89,8 +111,22 @@ class BoundedSocket:
 
     def pending(self) -> int:
         """Bytes readable without waiting (paho skips its select() while there are some)."""
+        if self._between_packets() and self._gate is not None and not self._gate():
+            return 0  # TLS's buffered bytes wait with the rest
         inner = getattr(self._sock, "pending", None)
         return len(self._ready) + (inner() if inner is not None else 0)
+
+    def _between_packets(self) -> bool:
+        return not (
+            self._ready or self._header or self._body_left or self._variable_size or self._discard
+        )
+
+    def _closed_gate(self) -> bool:
+        """Between two packets, with a gate that says no now and still after a short pause."""
+        if self._gate is None or not self._between_packets() or self._gate():
+            return False
+        time.sleep(GATE_PAUSE)
+        return not self._gate()
 
     def _read(self, size: int) -> bytes:
         data: bytes = self._sock.recv(size)  # BlockingIOError, SSLWantReadError: paho's to handle
@@ -169,7 +205,8 @@ class BoundedSocket:
 class BoundedClient(mqtt.Client):
     """paho's client whose every connection holds packets above `max_packet_bytes` off:
     refused (`refused`, then the connection closes) or, with `cut`, a PUBLISH handed over
-    without its payload (see the module). Both are called on paho's thread."""
+    without its payload; with `gate`, the next packet read only once it says so (see the
+    module). All three are called on paho's thread."""
 
     def __init__(
         self,
@@ -177,14 +214,20 @@ class BoundedClient(mqtt.Client):
         max_packet_bytes: int,
         refused: Refused,
         cut: Cut | None = None,
+        gate: Gate | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._max_packet_bytes = max_packet_bytes
         self._on_refused = refused
         self._on_cut = cut
+        self._gate = gate
 
     def _create_socket(self) -> Any:
         return BoundedSocket(
-            super()._create_socket(), self._max_packet_bytes, self._on_refused, self._on_cut
+            super()._create_socket(),
+            self._max_packet_bytes,
+            self._on_refused,
+            self._on_cut,
+            self._gate,
         )

@@ -22,7 +22,11 @@ without its payload (thrown away unread), and is acknowledged and dropped, so th
 session does not send it again at every reconnect. Each server gets its own credentials only.
 
 A message is handed to its handler, which says whether it kept it: one it did not keep (no room
-for it) is acknowledged at once, never left for the broker to send again.
+for it) is acknowledged at once, never left for the broker to send again. With `room` (whether the
+handlers' consumer can take another message now), the link reads no further packet of an
+established session while it says no (`bounded_socket`'s gate): the broker keeps the rest, so a
+broker that sends more than `mqtt.receive_maximum` at once (Mosquitto resuming a session after
+its restart, a 3.1.1 broker's own window) makes the consumer wait for it instead of refusing.
 """
 
 from __future__ import annotations
@@ -109,10 +113,14 @@ class MqttLink:
         retained: frozenset[str] = frozenset(),
         on_connected: Callable[[], object] | None = None,
         online_now: Callable[[], bool] | None = None,
+        room: Callable[[], bool] | None = None,
     ) -> None:
         """`online_now`: asked at each connect whether to say `online` then (None: always);
-        when it says no, `say_online` says it later."""
+        when it says no, `say_online` says it later. `room`: asked on the network thread before
+        each packet of a session (not before its CONNACK), the next one is read only when it
+        says yes (None: always)."""
         self._config = config
+        self._room = room
         self._online_now = online_now
         self._client_id = client_id
         self._status_topic = status_topic
@@ -177,6 +185,7 @@ class MqttLink:
             max_packet_bytes=self._config.max_packet_bytes,
             refused=self._refused_packet,
             cut=None if version == V5 else self._cut_packet,  # MQTT 5 servers were told
+            gate=None if self._room is None else self._may_read,
         )
         client.suppress_exceptions = True
         client.max_queued_messages_set(_MAX_QUEUED_OUT)
@@ -565,6 +574,11 @@ class MqttLink:
             )
         else:
             _LOGGER.warning("Disconnected from the broker at %s: %s", self.server, reason_code)
+
+    def _may_read(self) -> bool:
+        """On paho's thread, before each packet: a session's next packet waits for room (its
+        CONNACK never does)."""
+        return not self.connected.is_set() or self._room is None or self._room()
 
     def _refused_packet(self, size: int) -> None:
         """On paho's thread: a server announced a packet above the bound (the connection ends
