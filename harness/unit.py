@@ -321,6 +321,8 @@ def _exec(arguments: Sequence[str]) -> None:
     settings = unit_settings(Path(unit))
     filters = seccomp_filters(settings)  # built before: building runs systemd-analyze
     os.umask(int(settings.get("UMask", ["0022"])[-1], 8))
+    if "Nice" in settings:  # set by systemd as root, before the user is taken
+        os.setpriority(os.PRIO_PROCESS, 0, int(settings["Nice"][-1]))
     _drop_privileges(settings, int(uid), int(gid))
     for made in filters:
         made.load()

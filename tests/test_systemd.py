@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.__main__ import ENGINE_NICE
+from agent.__main__ import ENGINE_NICE, SOUNDER_NICE
 from agent.speech.decoder_parts import SPLIT_FORMAT
 from agent.speech.media_decoder import DecoderLimits
 from agent.system.systemd import Notifier
@@ -340,6 +340,7 @@ def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
             watcher.wait_event("unit", "finished")  # said by the engine
             (sounder,) = children(process.pid)
             (engine,) = children(sounder)  # started by a thread of the sounder's
+            assert os.getpriority(os.PRIO_PROCESS, sounder) == SOUNDER_NICE  # the unit's Nice=
             niceness = os.getpriority(os.PRIO_PROCESS, engine)
             assert niceness == os.getpriority(os.PRIO_PROCESS, sounder) + ENGINE_NICE
             (decoder,) = [p for p in children(engine) if MEDIA_CHILD in command_line(p)]
