@@ -155,7 +155,10 @@ def _check_config(path: Path) -> int:
 
 def _run(config: AgentConfig, config_path: Path | None, debug: bool) -> int:
     """The sounder (the speaker and the alarm lane), which starts the engine as its child."""
-    from agent.sounder.engine_process import engine_command  # noqa: PLC0415 - lean start
+    from agent.sounder.deferred_imports import defer  # noqa: PLC0415 - lean start
+
+    defer()  # before the sounder's libraries import what its alarm path never uses
+    from agent.sounder.engine_process import engine_command  # noqa: PLC0415
     from agent.sounder.main import run  # noqa: PLC0415
 
     _raise_priority()

@@ -34,17 +34,8 @@ from agent.protocol.inputs import (
     SparkplugLost,
 )
 from agent.protocol.lanes import in_alarm_lane
-from agent.protocol.routes import (
-    SOURCES,
-    SPARKPLUG,
-    WYOMING,
-    RoutedEvent,
-    RouteTable,
-    is_barrier,
-    overflowed,
-    route_table,
-    urgency,
-)
+from agent.protocol.rooms import SOURCES, SPARKPLUG, WYOMING, is_barrier
+from agent.protocol.routes import RoutedEvent, RouteTable, overflowed, route_table, urgency
 from agent.protocol.status import Status
 from agent.protocol.topics import Topics
 from agent.settings.declarations import DEFAULT_CHIMES, AgentConfig

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any
 
 from agent.core.messages import (
     AckRequested,
@@ -29,7 +29,6 @@ from agent.core.messages import (
     VoiceSelected,
     VolumeRequested,
 )
-from agent.core.reasons import Reason
 from agent.protocol import hermes
 from agent.protocol.inputs import (
     HermesRequest,
@@ -53,6 +52,17 @@ from agent.protocol.payloads import (
     parse_volume,
     valid_id,
 )
+from agent.protocol.rooms import (
+    COMMAND,
+    HERMES,
+    HOMEASSISTANT,
+    OTA,
+    SPEAK,
+    NewId,
+    no_room,
+    rank,
+    request_of,
+)
 from agent.protocol.topics import Topics
 from agent.settings.declarations import AgentConfig
 
@@ -70,22 +80,7 @@ RoutedEvent = (
 """What a route makes of a message."""
 Route = Callable[[str, bytes, Delivery], RoutedEvent]
 """Topic, payload and delivery in; one event out. Never raises for any payload."""
-NewId = Callable[[], str]
 
-
-SPEAK: Final = "speak"
-"""The source of speak, say and group speak messages."""
-COMMAND: Final = "command"
-"""The source of stop, ack, volume, voice and replay messages (the node's and its groups')."""
-HERMES: Final = "hermes"
-HOMEASSISTANT: Final = "homeassistant"
-OTA: Final = "ota"
-SPARKPLUG: Final = "sparkplug"
-"""The Sparkplug session's commands (`sparkplug_node`)."""
-WYOMING: Final = "wyoming"
-"""Home Assistant's announcements through the Wyoming announce target."""
-SOURCES: Final = (SPEAK, COMMAND, HERMES, HOMEASSISTANT, OTA, SPARKPLUG, WYOMING)
-"""Every source the inbox keeps a budget for."""
 
 Peek = Callable[[bytes], bool]
 """Whether a payload may hold an alarm-class request (True when unsure): read only then, when
@@ -177,42 +172,30 @@ def _stop(new_id: NewId) -> Route:
 
 def urgency(event: RoutedEvent) -> int:
     """The inbox rank of an event: its class for an alarm-class request (alarm, critical), 0
-    for anything else."""
-    request = None
-    if isinstance(event, SpeakReceived):
-        request = event.request
-    elif isinstance(event, HermesRequest) and isinstance(event.parsed, SpeakRequest):
-        request = event.parsed
-    if request is None or request.priority < Priority.ALARM:
-        return 0
-    return int(request.priority)
+    for anything else (`rooms.rank`)."""
+    return rank(_request(event))
 
 
-def is_barrier(event: RoutedEvent) -> bool:
-    """Whether an event must be handled before an alarm that arrived after it (a stop: it must
-    never stop an alarm published after it)."""
-    return isinstance(event, StopRequested)
+def _request(event: RoutedEvent | None) -> SpeakRequest | None:
+    if isinstance(event, HermesRequest) and isinstance(event.parsed, SpeakRequest):
+        return event.parsed
+    return request_of(event)
 
 
 def overflowed(
     event: RoutedEvent | None, source: str, new_id: NewId, *, taken: bool = False
 ) -> SpeakInvalid | None:
     """The answer to a message whose source had no room in the inbox (`event` None: it was not
-    read): `rejected` `queue_full`, under the request's id when it has one; None for what needs
-    no answer (Home Assistant's birth, another site's Hermes message). `taken`: the inbox had
-    taken it (a higher class took its place), so the answer acknowledges its delivery; else
-    the link acknowledged it already."""
+    read): `rejected` `queue_full`, under the request's id when it has one (`rooms.no_room`);
+    None for what needs no answer (Home Assistant's birth, another site's Hermes message).
+    `taken`: the inbox had taken it (a higher class took its place), so the answer acknowledges
+    its delivery; else the link acknowledged it already."""
     if isinstance(event, HomeAssistantBirth | Ignored):
         return None
-    request_id, priority = new_id(), None
-    if isinstance(event, SpeakReceived):
-        request_id, priority = event.request.id, event.request.priority
-    elif isinstance(event, HermesRequest) and isinstance(event.parsed, SpeakRequest):
-        request_id, priority = event.parsed.id, event.parsed.priority
-    detail = f"the node's inbox for {source} messages is full: try again later"
-    refusal = Rejection(request_id, Reason.QUEUE_FULL, detail, None, priority)
     delivery = getattr(event, "delivery", None) if taken else None
-    return SpeakInvalid(refusal, delivery if isinstance(delivery, Delivery) else Delivery(0, 0))
+    return no_room(
+        _request(event), source, new_id, delivery if isinstance(delivery, Delivery) else None
+    )
 
 
 def _speak(limits: SpeakLimits, new_id: NewId) -> Route:

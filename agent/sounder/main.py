@@ -58,7 +58,7 @@ from agent.link.mqtt.link import MqttLink
 from agent.loop.inbox import Inbox
 from agent.protocol.lanes import in_alarm_lane, may_be_alarm
 from agent.protocol.payloads import SpeakLimits, encode_event, parse_ack, parse_speak, parse_stop
-from agent.protocol.routes import COMMAND, SPEAK, RoutedEvent, is_barrier, overflowed, urgency
+from agent.protocol.rooms import COMMAND, SPEAK, is_barrier, no_room, rank, request_of
 from agent.protocol.topics import Topics
 from agent.settings.declarations import BUILTIN_CHIMES, DEFAULT_CHIMES, AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
@@ -80,6 +80,8 @@ SLOTS: Final = 256
 ENGINE: Final = "engine"
 """The inbox source of the alarms the engine hands over (from Sparkplug, Wyoming, Hermes)."""
 ONE_PLAY: Final = 1
+AlarmLaneEvent = SpeakReceived | SpeakInvalid | StopRequested | AckRequested
+"""What the alarm session's routes and the engine hand the alarm lane's inbox."""
 
 
 class Sounder:
@@ -106,9 +108,7 @@ class Sounder:
             urgent=room,
             refusals=SLOTS,
             reports=SLOTS,
-            evicted=lambda event, source: overflowed(
-                event if isinstance(event, SpeakReceived) else None, source, _new_id, taken=True
-            ),
+            evicted=_evicted,
         )
         speak = config.speak
         timing = Timing(speak.max_lead_seconds, speak.max_late_seconds, speak.prepare_seconds)
@@ -191,12 +191,13 @@ class Sounder:
         else:
             self._inbox.report(event)
 
-    def _queue(self, event: RoutedEvent, source: str) -> bool:
+    def _queue(self, event: AlarmLaneEvent, source: str) -> bool:
         """Into the inbox (alarms in its urgent lane); without room, answered `queue_full`. False:
         not kept (the link acknowledges it)."""
-        if self._inbox.offer(event, source, rank=urgency(event), barrier=is_barrier(event)):
+        request = request_of(event)
+        if self._inbox.offer(event, source, rank=rank(request), barrier=is_barrier(event)):
             return True
-        self._inbox.refuse(overflowed(event, source, _new_id), source)
+        self._inbox.refuse(no_room(request, source, _new_id, None), source)
         return False
 
     def _handlers(
@@ -399,6 +400,12 @@ def _speak_event(parsed: object, delivery: Delivery) -> SpeakReceived | SpeakInv
         return SpeakInvalid(parsed, delivery)
     assert isinstance(parsed, SpeakRequest)  # noqa: S101 - parse_speak gives one or the other
     return SpeakReceived(parsed, delivery)
+
+
+def _evicted(event: object, source: str) -> SpeakInvalid:
+    """The answer to an alarm a higher class took the place of (it acknowledges its delivery)."""
+    delivery = event.delivery if isinstance(event, SpeakReceived) else None
+    return no_room(request_of(event), source, _new_id, delivery)
 
 
 def _new_id() -> str:

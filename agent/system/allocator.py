@@ -12,7 +12,6 @@ Without glibc (musl) or off Linux these do nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 from typing import Final
@@ -34,11 +33,11 @@ tensor goes back when freed."""
 
 @functools.cache
 def _libc() -> ctypes.CDLL | None:
-    path = ctypes.util.find_library("c")
-    if path is None:
-        return None
+    """The C library the process runs on (`dlopen(NULL)`: the symbols already loaded), if it
+    has glibc's `mallopt` and `malloc_trim`. Not `ctypes.util.find_library`: that imports
+    subprocess and runs `ldconfig -p` (~10 ms of the sounder's start, before an alarm)."""
     try:
-        libc = ctypes.CDLL(path)
+        libc = ctypes.CDLL(None)
         _ = libc.mallopt, libc.malloc_trim
     except (OSError, AttributeError):
         return None
