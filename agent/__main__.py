@@ -155,17 +155,24 @@ def _check_config(path: Path) -> int:
 
 def _run(config: AgentConfig, config_path: Path | None, debug: bool) -> int:
     """The sounder (the speaker and the alarm lane), which starts the engine as its child."""
+    _raise_priority()  # first: its imports are most of its CPU before an alarm plays
+    engine_command, run = sounder()
+    command = engine_command(None if config_path is None else str(config_path), debug)
+    code = run(config, command, _install_signals)
+    _LOGGER.info("Stopped")
+    return code
+
+
+def sounder() -> tuple[Callable[[str | None, bool], list[str]], Callable[..., int]]:
+    """What `voice-agent run` imports, and only that: the sounder's start (`engine_command`,
+    `run`), with what its alarm path never uses deferred (docs/architecture.md)."""
     from agent.sounder.deferred_imports import defer  # noqa: PLC0415 - lean start
 
     defer()  # before the sounder's libraries import what its alarm path never uses
     from agent.sounder.engine_process import engine_command  # noqa: PLC0415
     from agent.sounder.main import run  # noqa: PLC0415
 
-    _raise_priority()
-    command = engine_command(None if config_path is None else str(config_path), debug)
-    code = run(config, command, _install_signals)
-    _LOGGER.info("Stopped")
-    return code
+    return engine_command, run
 
 
 def _raise_priority() -> None:

@@ -75,6 +75,9 @@ _TICK_SECONDS: Final = 0.1
 WORDS_WAIT_SECONDS: Final = 60.0
 """How long an alarm waits for its words, or for the next of them (the voice loading, the
 engine restarting), after its chime and the generic phrase, before it ends `failed`."""
+ENGINE_START_BOUND: Final = 1.0
+"""The engine starts once the alarm lane has taken what waited in its session, and at the
+latest this long after the sounder serves (a broker down or slow to answer)."""
 SLOTS: Final = 256
 """Inbox room of each kind: alarms are few; a flood of them is bounded like any other."""
 ENGINE: Final = "engine"
@@ -164,6 +167,8 @@ class Sounder:
         self._flood = FloodGate()
         self._systemd = Notifier(environ)
         self._next_ping = 0.0
+        self._unheard: set[str] = set()
+        """Alarms handed to the speaker whose next event (`started`, or an end) has not come."""
 
     # ---- the composition --------------------------------------------------------------------
 
@@ -260,14 +265,16 @@ class Sounder:
         self._stopping = True
 
     def serve(self) -> int:
+        # The session's connect first: the broker answers (and sends what waited in the
+        # session) while the device opens, each in a process of its own.
+        self._link.start()
         self._player.open()
         self._player.start()
         self._voice.start()
         self._restore(time.monotonic())
-        self._link.start()
-        self._engine.start()
+        engine_due: float | None = time.monotonic() + ENGINE_START_BOUND
         self._systemd.notify("READY=1", f"STATUS=Serving alarms on {self._topics.speak}")
-        _LOGGER.info("Sounder serving node %s (engine starting)", self._config.node_id)
+        _LOGGER.info("Sounder serving node %s", self._config.node_id)
         next_tick = time.monotonic()
         try:
             while not self._stopping:
@@ -281,16 +288,28 @@ class Sounder:
                     self._guarded(Tick(), now)
                     next_tick = now + _TICK_SECONDS
                 self._guarded(event, now)
+                if engine_due is not None and (self._alarms_taken() or now >= engine_due):
+                    engine_due = None
+                    self._engine.start()
+                    _LOGGER.info("Engine starting")
                 self._housekeeping(now)
         finally:
             self._systemd.notify("STOPPING=1")
             self._inbox.close()
-            self._engine.stop()
+            if engine_due is None:
+                self._engine.stop()
             self._link.stop()
             self._player.stop()
             self._voice.stop()
             self._ledger.close()
         return 0
+
+    def _alarms_taken(self) -> bool:
+        """Whether the alarm lane has taken what waited in its session: the broker acknowledged
+        the subscriptions (after sending what waited), the inbox is empty and every alarm
+        handed to the speaker has started (or ended). Then the engine starts: its start (a
+        process, its imports, its discovery) comes after the alarms of a power-on."""
+        return self._link.subscribed.is_set() and not len(self._inbox) and not self._unheard
 
     def _guarded(self, event: object, now: float) -> None:
         try:
@@ -334,6 +353,7 @@ class Sounder:
             case Notify():
                 self._notify(action, now)
             case Synthesize(request, _play, job, start_at):
+                self._unheard.add(request.id)
                 self._ledger.activated(request.id)
                 self._player.hold_normal(True)
                 self._player.preempt_normal(request.id)
@@ -353,6 +373,8 @@ class Sounder:
 
     def _notify(self, notify: Notify, now: float) -> None:
         at = time.time()
+        if notify.event != Lifecycle.ACCEPTED:
+            self._unheard.discard(notify.id)
         self._engine.notified(notify)
         if notify.event == Lifecycle.REJECTED and not self._flood.allow(
             str(notify.details.get("reason")), now

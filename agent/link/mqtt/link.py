@@ -141,6 +141,10 @@ class MqttLink:
         self._failed_at = ""
         self.connected = threading.Event()
         """Set while a session with the broker is up."""
+        self.subscribed = threading.Event()
+        """Set once the broker acknowledged this connection's subscriptions (what waited in the
+        session came before that acknowledgement, from Mosquitto at least); cleared with
+        `connected`."""
         self.failed = threading.Event()
         """Set when the link gave up for a reason retrying cannot fix (logged)."""
         # The lock orders publishers, acknowledgers and a change of client; it is never taken
@@ -549,6 +553,7 @@ class MqttLink:
     ) -> None:
         refused = [str(code) for code in reason_codes if code.is_failure]
         if not refused:
+            self.subscribed.set()
             return
         # A broker that refuses a subscription (e.g. an ACL) would leave the agent deaf: report
         # it and go through the reconnect path, whose pauses grow while sessions stay short.
@@ -565,6 +570,7 @@ class MqttLink:
         properties: Properties | None,
     ) -> None:
         self.connected.clear()
+        self.subscribed.clear()
         if self._stopping.is_set():
             return
         if reason_code.value == _SESSION_TAKEN_OVER:
