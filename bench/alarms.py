@@ -267,6 +267,7 @@ def power_on(work: Path, starts: int, venv: Path, say: Progress) -> dict[str, An
     agent_samples: list[float] = []
     piper_ms: list[float] = []
     online_s: list[float] = []
+    loads: list[float] = []
     command = [str(venv / "bin" / "voice-agent"), "run"]
     reference = piper_samples(PINNED)
     try:
@@ -286,6 +287,7 @@ def power_on(work: Path, starts: int, venv: Path, say: Progress) -> dict[str, An
             time.sleep(0.5)  # queued in the node's session, the machine quiet again
             since = len(watcher.snapshot())
             fire.agent = AgentProcess(path, work / f"power-on-{trial}.log", env)
+            loads.append(round(os.getloadavg()[0], 1))
             spawned = time.perf_counter()
             fire.agent.start_command([*command, "--config", str(path)])
             onset = listen(fire, alarm_chime("critical")[:ONSET_SAMPLES], spawned, 120)
@@ -308,6 +310,7 @@ def power_on(work: Path, starts: int, venv: Path, say: Progress) -> dict[str, An
         "piper_tts_spawn_to_first_sample_ms": piper_ms,
         "piper_tts_median_ms": round(statistics.median(piper_ms), 1),
         "spawn_to_online_s": online_s,
+        "load_average_at_spawn": loads,
         "install": "wheel of this tree in a fresh venv (bytecode compiled by pip)",
     }
 
@@ -433,13 +436,18 @@ def write_markdown(path: Path, runs: dict[str, Any]) -> None:
             "",
             "## Spawn -> first sample of a pinned alarm that waited in the node's session",
             "",
-            f"`{PINNED}` in `cache.phrases`; the node from a wheel install (bytecode compiled). "
-            f"piper-tts: `piper --output-raw | aplay -D pulse -B 80000`, same voice and text, "
-            f"spawned right after each of the node's starts. Goal: <= {GOAL_MS:g} ms.",
+            f"`{PINNED}` in `cache.phrases`; the node as installed: `voice-agent run` from a "
+            "wheel of this tree in a fresh venv, bytecode compiled by pip (never the editable "
+            "tree: this machine sets PYTHONDONTWRITEBYTECODE=1, which would compile it at "
+            "every start). piper-tts: `piper --output-raw | aplay -D pulse -B 80000`, same "
+            "voice and text, spawned right after each of the node's starts. Goal: <= "
+            f"{GOAL_MS:g} ms on a quiet machine. `load`: the 1-minute load average at each "
+            "spawn (a shared machine: every other runnable process takes its share of the 2 "
+            "cores, and a start is CPU work).",
             "",
             "| run | node: median | node: samples | piper-tts: median | piper-tts: samples "
-            "| node / piper-tts | node: spawn -> online (s) |",
-            "|---|---|---|---|---|---|---|",
+            "| node / piper-tts | node: spawn -> online (s) | load at each spawn |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for label, run in ((this, latest), ("before", before)):
             kept = (run or {}).get("power_on")
@@ -450,7 +458,7 @@ def write_markdown(path: Path, runs: dict[str, Any]) -> None:
                 f"| {label} | {kept['median_ms']} ms | {kept['spawn_to_first_sample_ms']} | "
                 f"{kept['piper_tts_median_ms']} ms | "
                 f"{kept['piper_tts_spawn_to_first_sample_ms']} | {ratio:.2f} | "
-                f"{kept['spawn_to_online_s']} |"
+                f"{kept['spawn_to_online_s']} | {kept.get('load_average_at_spawn', '-')} |"
             )
     lines += ["", "## What each attack sent (this run)", ""]
     for name, row in latest["scenarios"].items():

@@ -7,10 +7,12 @@ before the alarms of a power-on. Timing goals live in `make bench` (bench/ALARMS
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -26,28 +28,41 @@ NOT_BEFORE_AN_ALARM = (
     "email.parser",
     "ctypes.util",  # find_library runs ldconfig; the allocator needs no lookup
     "tenacity",  # the engine keeper's backoff: imported when the engine starts
-    "importlib.resources",
+    "importlib.resources",  # the bundled voice found without its package API
+    "zipfile",
 )
 """Modules the sounder's start must not load before its first alarm."""
 
 
-def _run(code: str) -> str:
+def _run(code: str, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env=None if env is None else {**os.environ, **env},
     )
     return done.stdout.strip()
 
 
-def test_the_sounders_start_imports_nothing_its_alarm_path_does_not_use() -> None:
+def test_the_sounders_start_imports_nothing_its_alarm_path_does_not_use(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from agent.system import allocator\n"
         "allocator.tune()\n"
+        "import os\n"
+        "from pathlib import Path\n"
         "from agent.__main__ import sounder\n"
+        "from agent.settings.loading import from_mapping\n"
         "sounder()\n"
+        "from agent.sounder.main import Sounder\n"  # made as `run` makes it (bundled voice)
+        "config = from_mapping({'audio': {'device': 'null'}, 'cache': {'dir': os.environ['D']},"
+        " 'storage': {'dir': os.environ['D']}}, 'test')\n"
+        "Sounder(config, ['true'], os.environ)\n"
         f"print(sorted(set({NOT_BEFORE_AN_ALARM!r}) & set(sys.modules)))\n"
     )
-    assert _run(code) == "[]"
+    assert _run(code, {"D": str(tmp_path)}) == "[]"
 
 
 def test_a_deferred_module_is_the_real_one_from_its_first_use() -> None:
