@@ -170,8 +170,11 @@ class Sounder:
         self._flood = FloodGate()
         self._systemd = Notifier(environ)
         self._next_ping = 0.0
+        self._engine_due: float | None = None
+        """When the engine starts at the latest (None before `serve` and once it has started)."""
         self._unheard: set[str] = set()
-        """Alarms handed to the speaker whose next event (`started`, or an end) has not come."""
+        """Until the engine starts: alarms handed to the speaker whose next event (`started`, or
+        an end) has not come."""
 
     # ---- the composition --------------------------------------------------------------------
 
@@ -275,7 +278,7 @@ class Sounder:
         self._player.start()
         self._voice.start()
         self._restore(time.monotonic())
-        engine_due: float | None = time.monotonic() + ENGINE_START_BOUND
+        self._engine_due = time.monotonic() + ENGINE_START_BOUND
         self._systemd.notify("READY=1", f"STATUS=Serving alarms on {self._topics.speak}")
         _LOGGER.info("Sounder serving node %s", self._config.node_id)
         next_tick = time.monotonic()
@@ -291,15 +294,18 @@ class Sounder:
                     self._guarded(Tick(), now)
                     next_tick = now + _TICK_SECONDS
                 self._guarded(event, now)
-                if engine_due is not None and (self._alarms_taken() or now >= engine_due):
-                    engine_due = None
+                if self._engine_due is not None and (
+                    self._alarms_taken() or now >= self._engine_due
+                ):
+                    self._engine_due = None
+                    self._unheard.clear()
                     self._engine.start()
                     _LOGGER.info("Engine starting")
                 self._housekeeping(now)
         finally:
             self._systemd.notify("STOPPING=1")
             self._inbox.close()
-            if engine_due is None:
+            if self._engine_due is None:
                 self._engine.stop()
             self._link.stop()
             self._player.stop()
@@ -356,7 +362,8 @@ class Sounder:
             case Notify():
                 self._notify(action, now)
             case Synthesize(request, _play, job, start_at):
-                self._unheard.add(request.id)
+                if self._engine_due is not None:
+                    self._unheard.add(request.id)
                 self._ledger.activated(request.id)
                 self._player.hold_normal(True)
                 self._player.preempt_normal(request.id)
