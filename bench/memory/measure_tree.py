@@ -147,6 +147,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--sound", action="store_true", help="fetch a sound by name as well")
     parser.add_argument("--env", action="append", default=[], help="K=V for the agent")
+    parser.add_argument("--hold", type=float, default=0.0, help="seconds to keep it at the end")
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.env) or None
     with ExitStack() as stack:
@@ -190,7 +191,8 @@ def main() -> None:
         time.sleep(3)
         result["idle"] = snapshot(agent.pid)
         show("idle 3 s later", result["idle"])
-        print("RESULT", json.dumps(result))
+        print("RESULT", json.dumps(result), flush=True)
+        time.sleep(args.hold)  # for a look from outside (/proc/PID/smaps)
 
 
 if __name__ == "__main__":
