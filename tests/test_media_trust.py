@@ -291,9 +291,10 @@ every message (the issue: +129 and +160 MiB)."""
 
 
 DECODING: Final = 102 * 1024 * 1024
-"""The decoder child at work: its measured resident peaks are 55-102 MiB (`DecoderLimits.
-memory_mb`'s note), all of it beyond the baseline (no child before the first sound). A separate process before the split too, it
-was never in the agent's own figure; the tree's figure holds it."""
+"""The decoder child at work: its measured resident peaks are 55-102 MiB
+(`DecoderLimits.memory_mb`'s note), all of it beyond the baseline (no child before the first
+sound). A separate process before the split too, it was never in the agent's own figure; the
+tree's figure holds it."""
 
 
 class RssSampler:
