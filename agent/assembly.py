@@ -163,8 +163,8 @@ def assemble(
     )
     speak, audio, cache = config.speak, config.audio, config.cache
     rate = voices["default"].voice.sample_rate  # the device's; other voices are resampled
-    decoder = MediaDecoder()  # every sound file is decoded in its child, chimes too
-    decoder.start()
+    decoder = MediaDecoder()  # every sound file is decoded in its child, chimes too: started
+    # when the first one is fetched, ended when idle (docs/memory.md, "The node's processes")
     bank = chime_bank(
         audio.chime_files,
         rate,

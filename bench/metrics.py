@@ -402,41 +402,66 @@ def memory(
     tag: str,
 ) -> Measured:
     """5. Memory of every process of the node together (the agent and every process below
-    it: the media decoder child, the engine or the sounder, whichever it runs), after the
-    workload, against piper-tts's one process on the same texts (issue 35: a peak of at most
-    0.7x piper-tts's). The peak is each process's own peak (VmHWM) added: never below the
-    peak they reached together; the tree's RSS and Pss sums are also sampled every 20 ms while
-    the speed texts are spoken."""
+    it: the engine, the media decoder child once a sound was fetched, a tier build), while and
+    after it speaks the speed texts, against piper-tts's one process on the same texts (issue
+    35: a peak of at most 0.7x piper-tts's).
+
+    The gate is the tree's resident pages counted once (the union of the physical pages of its
+    processes: `process_tree.unique_mb`), sampled every 20 ms: what the processes hold together
+    at one moment, pages they share counted once and pages shared with anything outside the
+    node in full. For piper-tts's one process that is its RSS, and its peak (VmHWM) is exact
+    where ours is sampled (docs/memory.md, "Which figure"). Each process's own peak added (an
+    upper bound: peaks that never coincide, shared pages once per process) and the sampled Pss
+    sum (shared pages divided, with processes outside the node too) are beside it."""
     with process_tree.PeakSampler(agent.pid) as sampled:
         for name, text in SPEED_TEXTS.items():
             agent.speak(text, f"{tag}-workload-{name}")
     pids = process_tree.descendants(agent.pid)
     peaks = [process_tree.process_peak_mb(pid) for pid in pids]
     after = process_tree.memory(agent.pid)
+    together = process_tree.together_mb(agent.pid)
     theirs = piper_child([*spoken, *SPEED_TEXTS.values()]).memory
     processes = f"{len(pids)} processes"
+    unique = sampled.peak_unique_mb
     entries = [
         Entry(
-            "peak_rss",
-            f"peak memory, every process of the node ({processes}): each one's peak RSS "
-            "(VmHWM) added",
+            "peak_together",
+            f"peak memory, every process of the node together ({processes}; pages counted "
+            "once, sampled every 20 ms while the speed texts are spoken); piper-tts: its peak "
+            "RSS (VmHWM)",
             "MB",
-            [sum(peaks)],
+            [sampled.peak_rss_mb if unique is None else unique],
             [theirs.peak_mb],
             target=Target(0.7, at_most=True),
         ),
         Entry(
+            "peak_rss",
+            "… each process's own peak RSS (VmHWM, since its start) added: an upper bound",
+            "MB",
+            [sum(peaks)],
+            [theirs.peak_mb],
+        ),
+        Entry(
             "peak_rss_sampled",
-            "… their RSS added, sampled every 20 ms while the speed texts are spoken: peak",
+            "… their RSS added (shared pages once per process), sampled: peak",
             "MB",
             [sampled.peak_rss_mb],
             [theirs.peak_mb],
         ),
         Entry(
             "peak_pss_sampled",
-            "… their Pss (shared pages divided among users) added, sampled: peak",
+            "… their Pss (shared pages divided among users, outside the node too) added, "
+            "sampled: peak",
             "MB",
             [sampled.peak_pss_mb],
+        ),
+        Entry(
+            "steady_together",
+            f"memory after the workload, every process of the node together ({processes}; "
+            "pages counted once); piper-tts: its RSS",
+            "MB",
+            [together],
+            [theirs.rss_mb],
         ),
         Entry(
             "steady_rss",
@@ -457,6 +482,7 @@ def memory(
         "tree_peaks_mb": dict(zip([str(pid) for pid in pids], peaks, strict=True)),
         "tree_samples": sampled.samples,
         "tree_most_processes": sampled.most_processes,
+        "tree_pages_counted_once": unique is not None,
     }
     return Measured(entries, details)
 

@@ -19,10 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+import numpy as np
+
 from harness import process_tree
 
 _KIB: Final = 1024
 _MB: Final = 1e6
+_PAGE: Final = os.sysconf("SC_PAGE_SIZE")
+_PRESENT: Final = np.uint64(1 << 63)
+_PFN_MASK: Final = np.uint64((1 << 55) - 1)
 
 
 def descendants(root: int) -> list[int]:
@@ -52,6 +57,46 @@ class TreeMemory:
     processes: int
 
 
+def resident_pages(pid: int) -> np.ndarray | None:
+    """The physical page frames `pid` has resident now (/proc/PID/pagemap), or None where the
+    kernel hides frame numbers (not root) or the process is gone. A page shared by several
+    processes has one frame number, so the union over a tree counts it once."""
+    parts: list[np.ndarray] = []
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text(encoding="utf-8", errors="replace")
+        with open(f"/proc/{pid}/pagemap", "rb", buffering=0) as pagemap:
+            for line in maps.splitlines():
+                start, _, end = line.split(maxsplit=1)[0].partition("-")
+                if line.rstrip().endswith("[vsyscall]"):
+                    continue
+                first, last = int(start, 16) // _PAGE, int(end, 16) // _PAGE
+                raw = os.pread(pagemap.fileno(), (last - first) * 8, first * 8)
+                entries = np.frombuffer(raw, dtype="<u8")
+                parts.append(entries[(entries & _PRESENT) != 0] & _PFN_MASK)
+    except OSError:
+        return None
+    frames = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype="<u8")
+    if len(frames) and not frames.any():
+        return None  # frame numbers zeroed: not allowed to see them
+    return frames
+
+
+def unique_mb(root: int) -> float | None:
+    """The tree's resident memory with every physical page counted once (the union of the
+    frames of `root` and its descendants): what the node's processes hold together, pages
+    shared among them once, pages shared with processes outside the node in full. For one
+    process it is its RSS. None where frame numbers are hidden (not root)."""
+    found: list[np.ndarray] = []
+    for pid in descendants(root):
+        frames = resident_pages(pid)
+        if frames is None:
+            if Path(f"/proc/{pid}").exists():
+                return None
+            continue
+        found.append(frames)
+    return len(np.unique(np.concatenate(found))) * _PAGE / _MB if found else 0.0
+
+
 def memory(root: int) -> TreeMemory:
     """RSS and Pss of `root` and its descendants now."""
     rss = pss = 0
@@ -70,7 +115,8 @@ def memory(root: int) -> TreeMemory:
 class PeakSampler:
     """Samples the tree's memory every `interval` seconds on a thread of its own until
     stopped; the peaks of the sums (the tree's own peak: not each process's peak added, which
-    would count peaks that never coincide)."""
+    would count peaks that never coincide), and of the union of its pages (`unique_mb`, the
+    gate: docs/memory.md, "Which figure")."""
 
     def __init__(self, root: int, interval: float = 0.02) -> None:
         self._root = root
@@ -78,6 +124,8 @@ class PeakSampler:
         self._stop = threading.Event()
         self.peak_rss_mb = 0.0
         self.peak_pss_mb = 0.0
+        self.peak_unique_mb: float | None = 0.0
+        """None where frame numbers are hidden (not root)."""
         self.most_processes = 0
         self.samples = 0
         self._thread = threading.Thread(target=self._run, name="tree-memory", daemon=True)
@@ -93,12 +141,24 @@ class PeakSampler:
     def _run(self) -> None:
         while True:
             now = memory(self._root)
+            unique = unique_mb(self._root)
             self.peak_rss_mb = max(self.peak_rss_mb, now.rss_mb)
             self.peak_pss_mb = max(self.peak_pss_mb, now.pss_mb)
+            if unique is None or self.peak_unique_mb is None:
+                self.peak_unique_mb = None
+            else:
+                self.peak_unique_mb = max(self.peak_unique_mb, unique)
             self.most_processes = max(self.most_processes, now.processes)
             self.samples += 1
             if self._stop.wait(self._interval):
                 return
+
+
+def together_mb(root: int) -> float:
+    """The memory the tree's processes hold together now: the union of their pages
+    (`unique_mb`), or where frame numbers are hidden, their RSS added (an upper bound)."""
+    unique = unique_mb(root)
+    return memory(root).rss_mb if unique is None else unique
 
 
 def process_peak_mb(pid: int) -> float:

@@ -106,6 +106,22 @@ def test_the_child_decodes_what_the_agent_would_and_limits_itself(decoder: Media
     np.testing.assert_array_equal(again.samples, want.samples)
 
 
+def test_the_child_starts_with_the_first_sound_and_ends_when_idle() -> None:
+    decoder = MediaDecoder(DecoderLimits(idle_s=1.0))
+    try:
+        assert decoder.pid is None  # nothing fetched: no child
+        data = wav_tone(0.2, 8000)
+        assert decoder.decode(data, RATE, max_bytes=len(data)).seconds == pytest.approx(0.2)
+        first = decoder.pid
+        assert first is not None
+        wait_until(lambda: decoder.pid is None, what="the idle child ended")
+        wait_until(lambda: not Path(f"/proc/{first}").exists(), what="it reaped")
+        assert decoder.decode(data, RATE, max_bytes=len(data)).seconds == pytest.approx(0.2)
+        assert decoder.pid not in (None, first)  # the next sound started another
+    finally:
+        decoder.stop()
+
+
 def _limit(limits: str, name: str) -> str:
     line = next(line for line in limits.splitlines() if line.startswith(name))
     return line[len(name) :].strip()

@@ -147,6 +147,32 @@ def test_a_hostile_file_by_name_is_refused_or_bounded_and_the_next_plays(
     control(agent)
 
 
+def decoder_children(agent: RunningAgent) -> list[int]:
+    """The decoder children in the agent's process tree."""
+    return [
+        pid
+        for pid in process_tree(agent.process.pid)
+        if "agent.speech.media_child" in command_line(pid)
+    ]
+
+
+def test_the_decoder_child_starts_with_the_first_sound(
+    start_agent: StartAgent, tiny_voice: Path, tmp_path: Path
+) -> None:
+    """No decoder child while no sound was fetched (its memory is the node's only while it
+    works: docs/memory.md); the first sound starts it, and it plays."""
+    path = tmp_path / "tone.wav"
+    path.write_bytes(wav_tone(0.3, 22_050))
+    agent = start_agent(voice=tiny_voice, audio={"media": {"it": str(path)}})
+    control(agent, "words-first")  # the engine is up and serving
+    assert decoder_children(agent) == []
+    speak(agent, id="sound", sound="it")
+    finished = last_event(agent, "sound")
+    assert finished["event"] == "finished", finished
+    assert float(finished["audio_seconds"]) == pytest.approx(0.3, abs=0.06)
+    assert len(decoder_children(agent)) == 1
+
+
 @pytest.mark.parametrize(
     "where_case",
     [
@@ -265,9 +291,10 @@ every message (the issue: +129 and +160 MiB)."""
 
 
 DECODING: Final = 102 * 1024 * 1024
-"""The decoder child at work, beyond its idle self in the baseline: its measured resident peaks
-are 55-102 MiB (`DecoderLimits.memory_mb`'s note). A separate process before the split too, it
-was never in the agent's own figure; the tree's figure holds it."""
+"""The decoder child at work: its measured resident peaks are 55-102 MiB
+(`DecoderLimits.memory_mb`'s note), all of it beyond the baseline (no child before the first
+sound). A separate process before the split too, it was never in the agent's own figure; the
+tree's figure holds it."""
 
 
 class RssSampler:

@@ -22,7 +22,6 @@ import pytest
 
 from agent.__main__ import ENGINE_NICE, SOUNDER_NICE
 from agent.speech.decoder_parts import SPLIT_FORMAT
-from agent.speech.media_decoder import DecoderLimits
 from agent.system.systemd import Notifier
 from harness import ROOT, TIMEOUT, Broker, Watcher
 from harness import unit as sandbox
@@ -343,8 +342,9 @@ def test_the_agent_runs_with_what_the_unit_gives_it_and_nothing_else_writable(
             assert os.getpriority(os.PRIO_PROCESS, sounder) == SOUNDER_NICE  # the unit's Nice=
             niceness = os.getpriority(os.PRIO_PROCESS, engine)
             assert niceness == os.getpriority(os.PRIO_PROCESS, sounder) + ENGINE_NICE
-            (decoder,) = [p for p in children(engine) if MEDIA_CHILD in command_line(p)]
-            assert os.getpriority(os.PRIO_PROCESS, decoder) == niceness + DecoderLimits().niceness
+            # no sound fetched: no decoder child (it starts with the first sound, docs/memory.md);
+            # its nice() is the engine's setpriority, allowed above; +10 in test_media_decoder
+            assert not [p for p in children(engine) if MEDIA_CHILD in command_line(p)]
             seen: list[str] = []
             while "READY=1" not in seen or "WATCHDOG=1" not in seen:
                 seen += manager.recv(4096).decode().split("\n")

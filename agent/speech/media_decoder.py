@@ -1,5 +1,7 @@
-"""The agent's side of the decoder child (`media_child`): one warm process, kept ready, that
-decodes every untrusted sound; killed and replaced when it dies, overruns or is aborted.
+"""The agent's side of the decoder child (`media_child`): one process that decodes every
+untrusted sound, started when the first sound is fetched, kept warm while sounds come and ended
+after `DecoderLimits.idle_s` without one (its ~17 MB are the node's only while it works:
+docs/memory.md); killed and replaced when it dies, overruns or is aborted.
 
 `MediaDecoder.decode` sends a sound's bytes to the child and waits for its samples, within a
 wall-clock deadline; the child limits its own CPU time and address space. Its answer is checked
@@ -8,7 +10,8 @@ announced, never more than the sound's bounds allow). A decode can be aborted fr
 (`abort`: a higher class needs the decoder, or the request is gone): the child is killed at
 once. A child that died, overran its deadline, answered nonsense or was aborted is replaced by a
 new one, started at once so that the next sound finds it warm (a cold start costs ~0.3 s of
-interpreter and imports here). One decode at a time (one caller thread).
+interpreter and imports here), and ended in turn when idle. One decode at a time (one caller
+thread).
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ class DecoderLimits:
     """How much lower than the agent's its CPU priority is."""
     sounds_per_child: int = 64
     """A child is replaced after this many sounds (what it may have accumulated is let go)."""
+    idle_s: float = 60.0
+    """A child that decoded nothing for this long is ended (the next sound starts another, ~0.3
+    s of CPU): a sound by name is decoded once and then played from the phrase cache, so a
+    child kept for good would hold ~17 MB (its own pages; docs/memory.md) for nothing."""
 
 
 class DecodeAbortedError(Exception):
@@ -143,6 +150,7 @@ class MediaDecoder:
         self._abort_next = False
         self._busy = False
         self._stopped = False
+        self._idle: threading.Timer | None = None
         self.replaced = 0
         """Children killed and replaced so far (after a failure, an overrun or an abort)."""
 
@@ -153,18 +161,48 @@ class MediaDecoder:
             return None if self._child is None else self._child.process.pid
 
     def start(self) -> None:
-        """Start the child now, so that the first sound finds it warm (any thread)."""
+        """Start the child now, so that the next sound finds it warm (any thread); it ends
+        after `idle_s` if no sound comes."""
         with self._lock:
             if self._child is None and not self._stopped:
                 self._child = _Child(self._command)
+                self._arm(self._child)
 
     def stop(self) -> None:
         """Kill the child; later decodes are refused."""
         with self._lock:
             self._stopped = True
             child, self._child = self._child, None
+            self._disarm()
         if child is not None:
             child.close()
+
+    def _arm(self, child: _Child) -> None:
+        """End `child` once it has been idle for `idle_s` (under the lock)."""
+        self._disarm()
+        timer = threading.Timer(self._limits.idle_s, self._end_idle, (child, child.sounds))
+        timer.daemon = True
+        timer.name = "decoder-idle"
+        self._idle = timer
+        timer.start()
+
+    def _disarm(self) -> None:
+        """Cancel the idle timer (under the lock)."""
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _end_idle(self, child: _Child, sounds: int) -> None:
+        """The idle timer: end the child if it is still the idle one it was armed for."""
+        with self._lock:
+            if self._child is not child or self._busy or child.sounds != sounds:
+                return
+            self._child = None
+            self._idle = None
+        _LOGGER.debug(
+            "Decoder child %d ended after %g s idle", child.process.pid, self._limits.idle_s
+        )
+        child.close()
 
     def abort(self) -> None:
         """Kill the decode in progress (any thread): `decode` raises DecodeAbortedError. Asked
@@ -231,6 +269,7 @@ class MediaDecoder:
                 self._child = _Child(self._command)
             child = self._child
             self._busy, self._aborted = True, False
+            self._disarm()
         if ended is not None:
             ended.close()
         return child
@@ -244,8 +283,11 @@ class MediaDecoder:
             if self._child is not child:
                 return
             if child.sounds < self._limits.sounds_per_child and not child.last:
+                self._arm(child)
                 return
             self._child = None if self._stopped else _Child(self._command)
+            if self._child is not None:
+                self._arm(self._child)
         child.close()
 
     def _replace(self, child: _Child) -> bool:
@@ -255,6 +297,8 @@ class MediaDecoder:
             self._busy = self._aborted = False
             if self._child is child:
                 self._child = None if self._stopped else _Child(self._command)
+                if self._child is not None:
+                    self._arm(self._child)
             self.replaced += 1
         child.close()
         return aborted or self._stopped

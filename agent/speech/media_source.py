@@ -159,8 +159,7 @@ class MediaSource:
         return frozenset(self._files)
 
     def start(self) -> None:
-        """Start the fetch and decode threads (and the decoder child, if not yet)."""
-        self._decoder.start()
+        """Start the fetch and decode threads (the decoder child starts with the first sound)."""
         for thread in self._threads:
             thread.start()
 
