@@ -11,6 +11,7 @@ import queue
 from collections.abc import Callable, Mapping, Sequence
 
 from agent.core.catalog import VoiceFacts
+from agent.core.intake import RecentIds
 from agent.core.messages import (
     AckRequested,
     Event,
@@ -20,7 +21,6 @@ from agent.core.messages import (
     SpeakRequest,
     StopRequested,
 )
-from agent.core.scheduler import RecentIds
 from agent.formats.text import clean_text
 from agent.protocol.lanes import is_alarm
 from agent.speaker_link import SpeakerLink

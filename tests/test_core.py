@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from agent.core.admission import Timing
+from agent.core.intake import RecentIds
 from agent.core.messages import (
     UNTIL_ACKNOWLEDGED,
     Acknowledge,
@@ -36,7 +37,7 @@ from agent.core.messages import (
     VolumeRequested,
 )
 from agent.core.reasons import Reason
-from agent.core.scheduler import RecentIds, SpeakCore
+from agent.core.scheduler import SpeakCore
 
 CHAT, INFO, WARNING, ALARM, CRITICAL = (
     Priority.CHAT,

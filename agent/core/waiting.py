@@ -24,6 +24,8 @@ class Item:
     """Plays finished so far."""
     held: int = 0
     """Bytes of media held for it (counted against the budget while it waits)."""
+    crash_loop: str = ""
+    """Where the agent died on it, for one said another way after a crash loop (restored)."""
 
     @property
     def order(self) -> tuple[int, int]:
@@ -39,6 +41,13 @@ class WaitingQueue:
         self._size = size
         self._budget = media_budget
         self._items: list[Item] = []
+        self._seq = 0
+
+    def ticket(self) -> int:
+        """The next number in arrival order (an arrival, a restored one, a repeat that waits
+        again: each goes behind those of its class already here)."""
+        self._seq += 1
+        return self._seq
 
     def __len__(self) -> int:
         return len(self._items)
