@@ -16,11 +16,9 @@ from __future__ import annotations
 import logging
 import os
 import random
-import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Final
 
 from agent.assembly import InboxEvent, assemble, new_id
@@ -42,13 +40,14 @@ from agent.core.messages import (
     UtteranceStarted,
 )
 from agent.core.reasons import Reason
-from agent.core.states import UpdatePhase, UpdateReason, UpdateReport
-from agent.core.tiers import TierState
+from agent.core.states import UpdateReport
+from agent.default_voice import DefaultVoice
 from agent.execution import Execution
 from agent.fact_sheet import FactSheet
 from agent.housekeeping import Housekeeping
-from agent.loop.voice_swap import SwapAsked, SwapWithdrawn
 from agent.protocol.inputs import (
+    AlarmLaneState,
+    AlarmNotified,
     Connected,
     HermesRequest,
     HermesToggle,
@@ -56,24 +55,23 @@ from agent.protocol.inputs import (
     HomeAssistantBirth,
     Ignored,
     OtaCommand,
+    SounderNotes,
+    SounderReport,
     SparkplugCommand,
     SparkplugConnected,
     SparkplugHostState,
     SparkplugLost,
+    SwapAsked,
+    SwapWithdrawn,
+    TierDecided,
+    VoicesLoaded,
 )
 from agent.protocol.status import NodeFacts
 from agent.settings.declarations import AgentConfig
 from agent.sounder_duty import SounderDuty
-from agent.speaker_link import (
-    AlarmLaneState,
-    AlarmNotified,
-    SounderNotes,
-    SounderReport,
-    SpeakerLink,
-)
+from agent.speaker_link import SpeakerLink
 from agent.speech.synthesizer import VoiceChoice
 from agent.speech.voice import Voice
-from agent.voices import TierDecided, VoicesLoaded, choice_for, int8_tier, load_engines
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -93,13 +91,7 @@ class App:
         speaker: SpeakerLink | None = None,
     ) -> None:
         self._config = config
-        self._tier = TierState(
-            config.tts.tier, int8="waiting for the voice"
-        )  # measured once loaded
         self._exit_code = 0
-        self._tier_from = ""
-        """The digest of the model the INT8 variant is being built from."""
-        self._voices = voices  # the loop's own; the synthesizer has its copy
         parts = assemble(
             config, voices, open_pcm, os.environ if environ is None else environ, speaker
         )
@@ -113,7 +105,6 @@ class App:
             )
         self._topics = parts.topics
         self._inbox = parts.inbox
-        self._catalog = parts.catalog
         self._core = parts.core
         self._player = parts.player
         self._cache = parts.cache
@@ -133,11 +124,11 @@ class App:
         self._notes = list(parts.notes)
         """What is wrong with the files (the journal, the cache): the state's `storage`."""
         self._audio_available = True
-        self._sheet = FactSheet(parts, voices)
-        self._sheet.tier = self._tier
+        self._sheet = FactSheet(parts, voices)  # the loop's own (the synthesizer's: a copy)
+        self._voice = DefaultVoice(config, voices, parts, self._sheet, self._duty)
         self._stopping = False
         self._failures: set[tuple[str, str]] = set()
-        self._execution = Execution(config.node_id, parts, self._switch_voice)
+        self._execution = Execution(config.node_id, parts, self._voice)
         self._housekeeping = Housekeeping(
             parts, self._execution, self._facts, config.homeassistant.prefix
         )
@@ -161,7 +152,7 @@ class App:
         self._synthesizer.start()
         if self._duty is not None:
             self._duty.serve(self._chime_files, self.request_stop)
-        self._start_loader()  # the voices' sessions: cached phrases play meanwhile
+        self._voice.start_loading()  # the voices' sessions: cached phrases play meanwhile
         self._restore(time.monotonic())
         self._link.start()
         if self._sparkplug is not None:
@@ -248,8 +239,8 @@ class App:
             case SounderNotes(notes):
                 self._notes += [n for n in notes if n not in self._notes]
                 self._status.changed()
-            case TierDecided(voice, state):
-                self._tier_decided(voice, state)
+            case TierDecided():
+                self._voice.tier_decided(event)
             case VoicesLoaded():
                 self._voices_loaded(event)
             case HomeAssistantBirth(delivery):
@@ -272,14 +263,10 @@ class App:
             case HermesVoicesAsked(request_id, delivery):
                 self._execution.publish(*self._hermes.voices(request_id, self._voice_names))
                 self._link.ack(delivery)
-            case OtaCommand(offer_id, body, delivery, problem):
+            case OtaCommand(offer_id, body, delivery):
                 assert self._updater is not None  # noqa: S101 - only routed with an updater
                 if body is None:
-                    failed = UpdatePhase.FAILED
-                    report = UpdateReport(
-                        offer_id, failed, reason=UpdateReason.MALFORMED, detail=problem
-                    )
-                    self._update_reported(report, now)
+                    self._update_reported(event.refused(), now)
                 else:
                     self._updater.command(offer_id, body)
                 self._link.ack(delivery)
@@ -310,10 +297,8 @@ class App:
         wall = None  # when its events happened: the audio writer's time for these, else now
         if isinstance(event, UtteranceStarted | UtteranceEnded) and event.wall:
             wall = event.wall
-        if isinstance(event, SpeakReceived) and not event.wall:  # `at` on the core's clock
-            event = replace(event, wall=time.time())
         with self._ledger.transaction():
-            for action in self._core.handle(event, now):
+            for action in self._core.handle(event, now, time.time()):
                 self._execution.execute(action, now, wall)
         if isinstance(event, AudioStatus):
             self._audio_available = event.available
@@ -383,95 +368,17 @@ class App:
     def _facts(self, now: float) -> NodeFacts:
         return self._sheet.facts(now, self._audio_available, self._notes)
 
-    # ---- model updates ----------------------------------------------------------------------
-
-    def _start_loader(self) -> None:
-        """Load the voices' sessions on a thread of their own (`voices.load_engines`)."""
-        voices = dict(self._voices)
-
-        def work() -> None:
-            try:
-                loaded = load_engines(self._config, voices)
-            except Exception as err:
-                _LOGGER.exception("The voice does not load")
-                loaded = VoicesLoaded(None, self._tier, f"{type(err).__name__}: {err}"[:300])
-            self._inbox.report(loaded)
-
-        threading.Thread(target=work, name="voice-loader", daemon=True).start()
-
-    def _voices_loaded(self, event: VoicesLoaded) -> None:
-        """The voices can speak: a replacement for an installed model that did not load is
-        switched to, the update of this start is confirmed (the agent is up with a model that
-        speaks), and the tier's work begins. The configured model not loading ends the agent
-        (exit status 1: systemd's restart, and its journal, say so)."""
-        if event.error is not None:
-            _LOGGER.error("The configured voice does not load: %s; stopping", event.error)
+    def _voices_loaded(self, event: VoicesLoaded[Voice]) -> None:
+        """The voices can speak (`DefaultVoice.loaded`), and the update of this start is
+        confirmed (the agent is up with a model that speaks). The configured model not loading
+        ends the agent (exit status 1: systemd's restart, and its journal, say so)."""
+        if not self._voice.loaded(event):
             self._exit_code = 1
             self._stopping = True
             return
-        if event.replacement is not None:
-            self._switch_voice(event.replacement.voice)
-        self._tier = self._sheet.tier = event.tier
-        self._tell_sounder()
-        if self._tier.working:
-            self._start_tier_worker()
         if self._updater is not None:
             self._updater.started()  # up with the active model: a pending switch is confirmed
             self._updater.start()
-        self._status.changed()
-
-    def _start_tier_worker(self) -> None:
-        """Build and judge the INT8 variant on a thread of its own (the child builds it); the
-        loop switches to it when it passes."""
-        choice = self._voices["default"]
-        self._tier_from = choice.voice.sha256
-
-        def work() -> None:
-            try:
-                decided = int8_tier(self._config, choice, self._tier)
-            except Exception as err:
-                _LOGGER.exception("INT8 tier failed")
-                decided = TierDecided(None, replace(self._tier, int8=f"failed: {err!r}"[:200]))
-            self._inbox.report(decided)
-
-        threading.Thread(target=work, name="tier", daemon=True).start()
-
-    def _tier_decided(self, voice: Voice | None, state: TierState) -> None:
-        """The INT8 variant is ready (or refused): switched to when it was built from the model
-        still in use (an update may have replaced it meanwhile)."""
-        current = self._voices["default"].voice
-        if voice is not None and current.sha256 == self._tier_from:
-            source = current
-            if self._switch_voice(voice):
-                self._sheet.tier_source = (source.path.stem, source.sha256, voice.sha256)
-            else:
-                state = replace(state, used="fp32", int8="refused: another sample rate")
-        elif voice is not None:
-            state = replace(state, used="fp32", int8="not used: the model changed meanwhile")
-        self._tier = self._sheet.tier = state
-        self._status.changed()
-
-    def _switch_voice(self, voice: Voice) -> bool:
-        if voice.sample_rate != self._voices["default"].voice.sample_rate:
-            return False
-        choice = choice_for(self._config, "default", voice)
-        if self._sheet.tier_source is not None:  # a model update replaces the INT8 variant
-            self._sheet.tier_source = None
-            self._tier = self._sheet.tier = replace(self._tier, used="fp32", int8="not built")
-        self._voices["default"] = choice
-        self._synthesizer.use_voice(choice)  # before any later request: one queue, in order
-        if self._wyoming is not None:
-            self._wyoming.renderer.use_voice(choice)
-        if self._duty is not None:
-            self._duty.use_voice(choice)
-        self._status.connected(time.monotonic())  # announce the new model
-        self._tell_sounder()
-        _LOGGER.info("Switched to the model %s (sha256 %s…)", voice.path, voice.sha256[:12])
-        return True
-
-    def _tell_sounder(self) -> None:
-        if self._duty is not None:
-            self._duty.ready(dict(self._catalog.voices), self._voices["default"].voice.sha256)
 
 
 def _subject(event: InboxEvent | Tick) -> str | None:

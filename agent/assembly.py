@@ -19,15 +19,15 @@ from agent.core.egress import EgressPolicy
 from agent.core.flood import FloodGate
 from agent.core.messages import Delivery, Priority, SpeakReceived, SpeakRequest
 from agent.core.scheduler import SpeakCore
-from agent.core.states import UpdateReport
 from agent.formats.media import MAX_AUDIO_BYTES
 from agent.link.mqtt.link import MessageHandler, MqttLink
 from agent.loop.inbox import Inbox
-from agent.loop.voice_swap import SwapAsked, SwapDesk, SwapWithdrawn
+from agent.loop.voice_swap import SwapDesk
 from agent.protocol.hermes_bridge import HermesBridge
 from agent.protocol.inputs import (
     Connected,
     HermesRequest,
+    LoopInput,
     SparkplugCommand,
     SparkplugConnected,
     SparkplugHostState,
@@ -35,18 +35,12 @@ from agent.protocol.inputs import (
 )
 from agent.protocol.lanes import in_alarm_lane
 from agent.protocol.rooms import SOURCES, SPARKPLUG, WYOMING, is_barrier
-from agent.protocol.routes import RoutedEvent, RouteTable, overflowed, route_table, urgency
+from agent.protocol.routes import RouteTable, overflowed, route_table, urgency
 from agent.protocol.status import Status
 from agent.protocol.topics import Topics
 from agent.settings.declarations import DEFAULT_CHIMES, AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
-from agent.speaker_link import (
-    AlarmLaneState,
-    AlarmNotified,
-    RemotePlayer,
-    SounderNotes,
-    SpeakerLink,
-)
+from agent.speaker_link import RemotePlayer, SpeakerLink
 from agent.speech.chimes import ChimePlan, chime_bank
 from agent.speech.media_decoder import MediaDecoder
 from agent.speech.media_source import FetchLimits, MediaSource
@@ -60,14 +54,7 @@ from agent.storage.step_marker import StepMarker
 from agent.system import allocator
 from agent.system.systemd import Notifier
 from agent.updates.updater import Updater
-from agent.voices import (
-    TierDecided,
-    VoicesLoaded,
-    catalog,
-    factory_model,
-    ota_directory,
-    voice_names,
-)
+from agent.voices import catalog, factory_model, ota_directory, voice_names
 
 if TYPE_CHECKING:  # imported when the edge node is on: protobuf costs a node without it
     from agent.sparkplug_node import SparkplugNode
@@ -83,22 +70,8 @@ URGENT_SLOTS: Final = 256
 REFUSAL_SLOTS: Final = 64
 """Answers to messages that found their source full (more are only counted)."""
 
-InboxEvent = (
-    RoutedEvent
-    | UpdateReport
-    | SwapAsked[Voice]
-    | SwapWithdrawn
-    | Connected
-    | TierDecided
-    | VoicesLoaded
-    | SparkplugConnected
-    | SparkplugLost
-    | SparkplugCommand
-    | SparkplugHostState
-    | AlarmNotified
-    | SounderNotes
-    | AlarmLaneState
-)
+InboxEvent = LoopInput[Voice]
+"""Every input of the loop (`agent/protocol/inputs.py` lists them), with this process's voices."""
 
 
 @dataclass(frozen=True, slots=True)

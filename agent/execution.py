@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 from agent.assembly import Parts
 from agent.core.messages import (
@@ -32,10 +32,18 @@ from agent.speech.voice import Voice
 _LOGGER = logging.getLogger(__name__)
 
 
-class Execution:
-    """Carries out actions for the loop; `switch_voice` answers a model switch."""
+class VoiceSwitch(Protocol):
+    """Where a model switch the core decided on is made (`default_voice.DefaultVoice`)."""
 
-    def __init__(self, node_id: str, parts: Parts, switch_voice: Callable[[Voice], bool]) -> None:
+    def switch(self, voice: Voice) -> bool:
+        """Make `voice` the default one; False when it is refused."""
+        ...
+
+
+class Execution:
+    """Carries out actions for the loop; `voice` makes the model switches."""
+
+    def __init__(self, node_id: str, parts: Parts, voice: VoiceSwitch) -> None:
         self._node_id = node_id
         self._topics = parts.topics
         self._ledger = parts.ledger
@@ -47,7 +55,7 @@ class Execution:
         self._status = parts.status
         self._flood = parts.flood
         self._link = parts.link
-        self._switch_voice = switch_voice
+        self._voice = voice
         satellite = parts.wyoming.satellite if parts.wyoming is not None else None
         self._announced = None if satellite is None else satellite.notified
         """The Wyoming announce target, told each event (it sends `played` at the last)."""
@@ -78,7 +86,7 @@ class Execution:
             case Remember(name, value):
                 self._ledger.remember(name, value)
             case SwitchVoice(token):
-                self._swaps.answer(token, self._switch_voice(self._swaps.voice(token)))
+                self._swaps.answer(token, self._voice.switch(self._swaps.voice(token)))
             case SwitchDeclined(token):
                 self._swaps.answer(token, False)
 

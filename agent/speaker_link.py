@@ -23,62 +23,25 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Final
 
 from agent.core.catalog import VoiceFacts
 from agent.core.messages import (
-    AudioStatus,
     Lifecycle,
     NormalPreempted,
     Notify,
     SpeakRequest,
-    UtteranceEnded,
-    UtteranceStarted,
 )
 from agent.formats.chunk import Chunk
 from agent.loop.pipe import Pipe
 from agent.protocol import engine_wire as wire
 from agent.protocol.engine_wire import Frame, WireError
+from agent.protocol.inputs import AlarmLaneState, AlarmNotified, SounderNotes, SounderReport
 from agent.storage.journal import request_from_json, request_json
 
 _LOGGER = logging.getLogger(__name__)
 
 _POLL_SECONDS: Final = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class AlarmNotified:
-    """An event of the alarm lane (the sounder published it): for the engine's readers."""
-
-    notify: Notify
-
-
-@dataclass(frozen=True, slots=True)
-class SounderNotes:
-    """What is wrong with the sounder's files (its alarm journal, its kit): the state says it."""
-
-    notes: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AlarmLaneState:
-    """The sounder's alarm lane: whether it speaks, and the ids of the alarms that repeat."""
-
-    speaking: bool
-    repeating: tuple[str, ...]
-
-
-SounderReport = (
-    UtteranceStarted
-    | UtteranceEnded
-    | AudioStatus
-    | NormalPreempted
-    | AlarmNotified
-    | SounderNotes
-    | AlarmLaneState
-)
-"""What the sounder tells the engine's loop."""
 
 
 class _Credits:

@@ -10,13 +10,14 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Final, TypeVar
 
 from agent.core.catalog import Catalog, VoiceFacts
 from agent.core.egress import EgressPolicy
 from agent.core.tiers import TierState, best, verdict, wants_int8
+from agent.protocol.inputs import TierDecided, VoicesLoaded
 from agent.settings.declarations import AgentConfig
 from agent.settings.loading import resolve_cache_dir, resolve_storage_dir
 from agent.speech.sessions import use_memory_arena
@@ -143,18 +144,7 @@ def describe_voices(config: AgentConfig) -> dict[str, VoiceChoice]:
     return voices
 
 
-@dataclass(frozen=True, slots=True)
-class VoicesLoaded:
-    """Every voice's sessions are loaded and prewarmed: the default voice's replacement when
-    its installed model did not load (None: it loaded), and the tier measured at start."""
-
-    replacement: VoiceChoice | None
-    tier: TierState
-    error: str | None = None
-    """The configured model did not load (the agent stops)."""
-
-
-def load_engines(config: AgentConfig, voices: Mapping[str, VoiceChoice]) -> VoicesLoaded:
+def load_engines(config: AgentConfig, voices: Mapping[str, VoiceChoice]) -> VoicesLoaded[Voice]:
     """Load and prewarm the sessions of described voices (on the loader thread: the synthesis
     thread waits for them only when it needs audio the cache does not hold), then measure the
     default voice's speed for its tier. An installed model that does not load is left for the
@@ -179,7 +169,7 @@ def load_engines(config: AgentConfig, voices: Mapping[str, VoiceChoice]) -> Voic
     for vid, choice in voices.items():
         if vid != "default":
             _load_engine(config, choice)
-    return VoicesLoaded(replacement, tier)
+    return VoicesLoaded(None if replacement is None else replacement.voice, tier)
 
 
 def _load_engine(config: AgentConfig, choice: VoiceChoice) -> None:
@@ -240,15 +230,6 @@ def catalog(
     return Catalog(facts, chimes, sounds, media_hosts or EgressPolicy())
 
 
-@dataclass(frozen=True, slots=True)
-class TierDecided:
-    """The INT8 tier's worker is done: the variant to switch to (None: stay on FP32), and what
-    the state says about it."""
-
-    voice: Voice | None
-    state: TierState
-
-
 IDLE_SHARE: Final = 0.25
 """The node counts as idle while other processes take less than this share of its CPUs."""
 IDLE_WAIT_S: Final = 60.0
@@ -278,7 +259,7 @@ def int8_tier(
     choice: VoiceChoice,
     state: TierState,
     idle: Callable[[float], bool] | None = None,
-) -> TierDecided:
+) -> TierDecided[Voice]:
     """The worker (on the tier's thread; the children do the work): with `auto`, FP32's speed
     on this CPU; where INT8 is wanted, every variant the installed release carries judged on
     this CPU (else one built here, where memory allows), the fastest that passes loaded. Each
@@ -329,7 +310,9 @@ def int8_tier(
     return _decided(config, state, judged)
 
 
-def _decided(config: AgentConfig, state: TierState, judged: Mapping[str, Built]) -> TierDecided:
+def _decided(
+    config: AgentConfig, state: TierState, judged: Mapping[str, Built]
+) -> TierDecided[Voice]:
     """The fastest variant that passes, loaded; or why none is used."""
     usable = {name: b for name, b in judged.items() if b.error is None and b.path is not None}
     if not usable:

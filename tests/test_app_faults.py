@@ -120,10 +120,10 @@ def test_a_fault_while_handling_one_message_ends_that_message_not_the_agent(
     if where == "report":
         handle = app._core.handle
 
-        def handle_breaking(event: Event, now: float) -> list[Action]:
+        def handle_breaking(event: Event, now: float, wall: float = 0.0) -> list[Action]:
             if isinstance(event, SynthesisDone) and event.id == "boom":
                 raise RuntimeError("injected fault while handling a worker's report")
-            return handle(event, now)
+            return handle(event, now, wall)
 
         monkeypatch.setattr(app._core, "handle", handle_breaking)
     watcher = Watcher(broker, "voice/guarded/#")

@@ -57,7 +57,7 @@ SHARED = {"guarded"}
 """Client libraries of our own that own no outside thing (no state, no thread): HTTP within the
 egress policy, files opened without following links; any edge may use them."""
 ROOTS = {"app", "assembly", "execution", "fact_sheet", "housekeeping", "voices", "__main__"}
-ROOTS |= {"sparkplug_node", "wyoming_service"}
+ROOTS |= {"sparkplug_node", "wyoming_service", "default_voice"}
 ROOTS |= {"__init__", "settings.loading", "speaker_link", "sounder_duty"}
 """The composition (the modules at the top of `agent/`, the sounder's in `agent/sounder/`, and
 the config's loader): may import anything; nothing imports them (but `__main__`, the modules
@@ -291,3 +291,20 @@ def test_operator_tools_import_only_what_they_are_allowed(module: str) -> None:
 def test_model_tiers_import_only_what_they_are_allowed(module: str) -> None:
     _, internal = imports_of(TIERS / f"{module}.py", "tiers")
     assert internal <= TIERS_ALLOWED[module], internal - TIERS_ALLOWED[module]
+
+
+def test_no_class_has_more_than_20_methods() -> None:
+    """Small classes whose names say what they hold (the developers' guide): the core, the loop,
+    the protocol and the engine's loop and wiring (`App`, `assemble`) first."""
+    paths = [*(AGENT / "core").glob("*.py"), *(AGENT / "loop").glob("*.py")]
+    paths += [*(AGENT / "protocol").glob("*.py"), AGENT / "app.py", AGENT / "assembly.py"]
+    paths += [AGENT / "default_voice.py"]
+    large = {
+        f"{path.relative_to(ROOT)}:{node.name}": count
+        for path in paths
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        and (count := sum(isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef) for f in node.body))
+        > 20
+    }
+    assert not large, large

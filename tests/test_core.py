@@ -601,6 +601,24 @@ def test_a_timed_request_is_made_ready_prepare_seconds_before_its_instant() -> N
     assert synth.start_at == 1_000_060.0  # the player pads to it
 
 
+def test_a_timed_request_is_placed_by_the_wall_clock_handed_with_now() -> None:
+    """The loop hands the core the wall-clock time of `now`; an event that carries its own
+    arrival time is placed by that instead."""
+    d = Driver(timing=Timing(max_lead=3600, max_late=10, prepare=5))
+    request = SpeakRequest("t", "text of t", at=1_000_060.0)
+    handed = d.core.handle(SpeakReceived(request, Delivery(1, 1)), 0.0, 1_000_000.0)
+    assert kinds(handed) == ["accepted:t", "ack:1"]
+    assert kinds(d.at(54.9).send(Tick())) == []
+    assert kinds(d.at(55.0).send(Tick())) == ["synth:t"]
+    own = Driver(timing=Timing(max_lead=3600, max_late=10, prepare=5))
+    event = SpeakReceived(
+        SpeakRequest("u", "text of u", at=1_000_060.0), Delivery(1, 1), 1_000_050.0
+    )
+    assert kinds(own.core.handle(event, 0.0, 1_000_000.0)) == ["accepted:u", "ack:1"]
+    assert kinds(own.at(4.9).send(Tick())) == []
+    assert kinds(own.at(5.0).send(Tick())) == ["synth:u"]  # 10 s from its own arrival, less 5
+
+
 def test_only_the_first_play_of_a_timed_repeat_waits_for_its_instant() -> None:
     """The core decides the start: `at` for the first play; a repeat plays when its turn comes."""
     d = Driver(timing=Timing(prepare=5))

@@ -57,6 +57,7 @@ from agent.protocol.inputs import (
     HomeAssistantBirth,
     Ignored,
     OtaCommand,
+    RoutedEvent,
 )
 from agent.protocol.payloads import (
     LAST_INSTANT,
@@ -72,7 +73,7 @@ from agent.protocol.payloads import (
     valid_id,
     whole_number_in,
 )
-from agent.protocol.routes import RoutedEvent, route_table
+from agent.protocol.routes import route_table
 from agent.protocol.topics import Topics
 from agent.settings import loading as configs
 from harness import Watcher, process_tree_peak_rss, reset_peak_rss, wait_until
@@ -239,6 +240,12 @@ def check_event(topic: str, event: RoutedEvent) -> None:  # noqa: PLR0912 - by k
             if body is None:
                 assert problem
                 assert problem.isprintable()
+                refused = event.refused()  # what the loop reports of it
+                assert (refused.state, refused.reason, refused.detail) == (
+                    "failed",
+                    "malformed",
+                    problem,
+                )
             else:
                 json.dumps(body)  # the updater encodes the envelope again: no RecursionError
         case _:

@@ -225,7 +225,7 @@ class SpeakReceived:
     delivery: Delivery
     wall: float = field(default=0.0, compare=False)
     """Wall-clock time (Unix seconds) it is handled at: how a request's `at` is placed on the
-    core's clock."""
+    core's clock (0: the `wall` the loop hands `SpeakCore.handle` with `now`)."""
 
 
 @dataclass(frozen=True, slots=True)

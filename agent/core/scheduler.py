@@ -1,6 +1,6 @@
 """The pure core: decides what happens to every announcement. Events and time in, actions out.
 
-No I/O, no clock, no threads: `SpeakCore.handle(event, now)` is a plain function of its state,
+No I/O, no clock, no threads: `SpeakCore.handle(event, now, wall)` is a plain function of its state,
 the event and the time it is given, so every rule is tested table by table.
 
 The rules:
@@ -165,17 +165,20 @@ class SpeakCore:
         until acknowledged): the one playing and those waiting between two plays."""
         return self._stage.repeating()
 
-    def handle(self, event: Event, now: float) -> list[Action]:
-        """Decide the actions that follow from one event at time `now` (seconds)."""
-        return [*self._decide(event, now), *self._let_go()]
+    def handle(self, event: Event, now: float, wall: float = 0.0) -> list[Action]:
+        """Decide the actions that follow from one event at time `now` (seconds, monotonic);
+        `wall` is the wall-clock time (Unix seconds) of `now`: a timed request's `at` is placed
+        on the core's clock by it (by the event's own when it carries one)."""
+        return [*self._decide(event, now, wall), *self._let_go()]
 
-    def _decide(self, event: Event, now: float) -> list[Action]:  # noqa: PLR0911, PLR0912 - per kind
+    def _decide(self, event: Event, now: float, wall: float) -> list[Action]:  # noqa: PLR0911, PLR0912 - per kind
         stage = self._stage
         match event:
-            case SpeakReceived(request, delivery, wall):
+            case SpeakReceived(request, delivery, stamped):
                 if self._intake.resent(request, delivery):
                     return [Acknowledge(delivery)]  # the broker resent what we already took
-                admitted = self._admitted(*self._intake.admit(request, delivery, now, wall))
+                arrived = self._intake.admit(request, delivery, now, stamped or wall)
+                admitted = self._admitted(*arrived)
                 return [*admitted, Acknowledge(delivery), *self._next(now)]
             case SpeakInvalid(rejection, delivery):
                 return [rejected(rejection), Acknowledge(delivery)]

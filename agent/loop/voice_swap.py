@@ -12,29 +12,14 @@ from __future__ import annotations
 import itertools
 import queue
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
+
+from agent.protocol.inputs import SwapAsked, SwapWithdrawn
 
 V = TypeVar("V")
 
 WAIT_SECONDS: Final = 600.0
 """How long a switch may wait for the current announcement to end."""
-
-
-@dataclass(frozen=True, slots=True)
-class SwapAsked(Generic[V]):
-    """The updater asks the loop to switch the default voice to `voice`."""
-
-    token: int
-    voice: V
-    answer: queue.Queue[bool] = field(default_factory=lambda: queue.Queue(maxsize=1))
-
-
-@dataclass(frozen=True, slots=True)
-class SwapWithdrawn:
-    """The updater no longer waits for the switch it asked with this token."""
-
-    token: int
 
 
 class SwapDesk(Generic[V]):
@@ -47,15 +32,16 @@ class SwapDesk(Generic[V]):
 
     def ask(self, voice: V, wait: float = WAIT_SECONDS) -> bool:
         """On the updater's thread: ask for the switch and wait for the answer."""
-        asked = SwapAsked(next(self._tokens), voice)
+        answer: queue.Queue[bool] = queue.Queue(maxsize=1)
+        asked = SwapAsked(next(self._tokens), voice, answer)
         if not self._send(asked):
             return False  # the agent is stopping
         try:
-            return asked.answer.get(timeout=wait)
+            return answer.get(timeout=wait)
         except queue.Empty:
             if not self._send(SwapWithdrawn(asked.token)):
                 return False
-            return asked.answer.get()  # switched meanwhile (True) or declined (False)
+            return answer.get()  # switched meanwhile (True) or declined (False)
 
     def taken(self, asked: SwapAsked[V]) -> int:
         """On the loop: the ask arrived; its token goes to the core."""

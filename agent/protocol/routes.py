@@ -18,7 +18,6 @@ from typing import Any
 from agent.core.messages import (
     AckRequested,
     Delivery,
-    Event,
     Priority,
     Rejection,
     ReplayRequested,
@@ -37,6 +36,7 @@ from agent.protocol.inputs import (
     HomeAssistantBirth,
     Ignored,
     OtaCommand,
+    RoutedEvent,
 )
 from agent.protocol.lanes import may_be_alarm
 from agent.protocol.manifest import MAX_ENVELOPE_BYTES
@@ -68,16 +68,6 @@ from agent.settings.declarations import AgentConfig
 
 PRIORITIES = {p.label: p for p in Priority}
 
-RoutedEvent = (
-    Event
-    | HermesRequest
-    | HermesToggle
-    | HermesVoicesAsked
-    | HomeAssistantBirth
-    | Ignored
-    | OtaCommand
-)
-"""What a route makes of a message."""
 Route = Callable[[str, bytes, Delivery], RoutedEvent]
 """Topic, payload and delivery in; one event out. Never raises for any payload."""
 

@@ -337,10 +337,8 @@ class Sounder:
         if isinstance(event, AckRequested) and not self._core.knows(event.id):
             self._link.ack(event.delivery)  # no alarm's: the engine answers it
             return
-        if isinstance(event, SpeakReceived) and not event.wall:
-            event = replace(event, wall=time.time())
         with self._ledger.transaction():
-            for action in self._core.handle(event, now):  # type: ignore[arg-type]
+            for action in self._core.handle(event, now, time.time()):  # type: ignore[arg-type]
                 self._execute(action, now)
         # the engine's lane waits while an alarm plays or will play again (a repeat), not for
         # one timed for later
