@@ -17,25 +17,17 @@ from agent.core.admission import Timing
 from agent.core.catalog import Catalog
 from agent.core.egress import EgressPolicy
 from agent.core.flood import FloodGate
-from agent.core.messages import Delivery, Priority, SpeakReceived, SpeakRequest
+from agent.core.messages import Priority, SpeakReceived
 from agent.core.scheduler import SpeakCore
 from agent.formats.media import MAX_AUDIO_BYTES
-from agent.link.mqtt.link import MessageHandler, MqttLink
+from agent.link.mqtt.link import MqttLink
+from agent.loop.entrance import Entrance
 from agent.loop.inbox import Inbox
 from agent.loop.voice_swap import SwapDesk
 from agent.protocol.hermes_bridge import HermesBridge
-from agent.protocol.inputs import (
-    Connected,
-    HermesRequest,
-    LoopInput,
-    SparkplugCommand,
-    SparkplugConnected,
-    SparkplugHostState,
-    SparkplugLost,
-)
-from agent.protocol.lanes import in_alarm_lane
-from agent.protocol.rooms import SOURCES, SPARKPLUG, WYOMING, is_barrier
-from agent.protocol.routes import RouteTable, overflowed, route_table, urgency
+from agent.protocol.inputs import HermesRequest, LoopInput
+from agent.protocol.rooms import SOURCES
+from agent.protocol.routes import overflowed, route_table
 from agent.protocol.status import Status
 from agent.protocol.topics import Topics
 from agent.settings.declarations import DEFAULT_CHIMES, AgentConfig
@@ -231,20 +223,20 @@ def assemble(
             cache_dir=cache_dir,  # the check builds the candidate there; the agent only loads
         )
     table = route_table(config, topics, new_id, {n: v for v, n in names.items()})
-    elsewhere = speaker is not None  # the alarm classes are the sounder's
-    fed = frozenset(table.sources[t] for t in table.routes)
+    # the alarm classes are the sounder's when there is one
+    entrance = Entrance(inbox, table, new_id, alarms_elsewhere=speaker is not None)
     link = MqttLink(
         config.mqtt,
         client_id=f"voice-agent-{config.node_id}",
         status_topic=topics.status if speaker is None else topics.engine,
-        handlers={t: _hand_off(inbox, table, t, elsewhere) for t in table.routes},
+        handlers={t: entrance.message_handler(t) for t in table.routes},
         retained=table.restored,
-        on_connected=lambda: inbox.notice(Connected()),
+        on_connected=entrance.connected,
         # the engine's: the broker keeps what the inbox has no room for (a Mosquitto resuming a
         # session sends all it queued at once), read on once there is room, never refused
         # `queue_full`; the alarms this would hold back are the sounder's, read by its own
         # session. Alone (no sounder) it refuses instead, and reads on for an alarm-class one.
-        room=(lambda: all(inbox.has_room(source) for source in fed)) if elsewhere else None,
+        room=entrance.has_room if speaker is not None else None,
     )
     return Parts(
         topics=topics,
@@ -266,10 +258,10 @@ def assemble(
         updater=updater,
         link=link,
         ledger=Ledger(journal, link, topics.events),
-        sparkplug=_sparkplug(config, inbox, None if journal.path is None else storage),
+        sparkplug=_sparkplug(config, entrance, None if journal.path is None else storage),
         wyoming=None
         if not config.wyoming.enabled
-        else _wyoming(config, voices, phrases, inbox, gate or UrgentGate()),
+        else _wyoming(config, voices, phrases, entrance, gate or UrgentGate()),
         speaker=speaker,
         words=words,
         chime_files={name: bytes(bank[name]) for name in audio.chime_files if name in bank},
@@ -280,7 +272,7 @@ def _wyoming(
     config: AgentConfig,
     voices: dict[str, VoiceChoice],
     phrases: PhraseCache,
-    inbox: Inbox[InboxEvent],
+    entrance: Entrance[Voice],
     gate: UrgentGate,
 ) -> Wyoming:
     """The Wyoming server, its render worker (giving way to the alarms the main synthesizer
@@ -288,35 +280,19 @@ def _wyoming(
     that need no acknowledgement (the package imported only when on)."""
     from agent.wyoming_service import build  # noqa: PLC0415 - wyoming only when on
 
-    def announce(request: SpeakRequest) -> None:
-        event = SpeakReceived(request, Delivery(0, 0))
-        rank = int(request.priority) if request.priority >= Priority.ALARM else 0
-        if not inbox.offer(event, WYOMING, rank=rank):
-            inbox.refuse(overflowed(event, WYOMING, new_id), WYOMING)
-
-    return build(config, voices, phrases, new_id, announce, gate=gate)
+    return build(config, voices, phrases, new_id, entrance.announced, gate=gate)
 
 
 def _sparkplug(
-    config: AgentConfig, inbox: Inbox[InboxEvent], storage: Path | None
+    config: AgentConfig, entrance: Entrance[Voice], storage: Path | None
 ) -> SparkplugNode | None:
-    """The edge node, its session's events handed to the inbox: commands, read on the
-    session's thread, in Sparkplug's budget (in the urgent lane when they speak at alarm or
-    critical; answered `queue_full` beyond), the rest as notices."""
+    """The edge node, its session's events handed to the inbox (`Entrance.sparkplug`): its
+    commands ranked by the class they speak at, as the node judges it."""
     if not config.sparkplug.enabled:
         return None
-    from agent.protocol.sparkplug import Write  # noqa: PLC0415 - protobuf only when on
-    from agent.sparkplug_node import SparkplugNode  # noqa: PLC0415
+    from agent.sparkplug_node import SparkplugNode  # noqa: PLC0415 - protobuf only when on
 
-    def hand_off(event: object) -> None:
-        if isinstance(event, SparkplugCommand):
-            stops = event.command.asks(Write.STOP)
-            if not inbox.offer(event, SPARKPLUG, rank=node.urgency(event), barrier=stops):
-                inbox.refuse(overflowed(None, SPARKPLUG, new_id), SPARKPLUG)
-        elif isinstance(event, SparkplugConnected | SparkplugLost | SparkplugHostState):
-            inbox.notice(event)
-
-    node = SparkplugNode(config, hand_off, storage)
+    node = SparkplugNode(config, lambda event: entrance.sparkplug(event, node.urgency), storage)
     return node
 
 
@@ -329,31 +305,6 @@ def _evicted(event: InboxEvent, source: str) -> InboxEvent | None:
 def new_id() -> str:
     """A fresh request id (32 hex digits)."""
     return uuid.uuid4().hex
-
-
-def _hand_off(
-    inbox: Inbox[InboxEvent], table: RouteTable, topic: str, alarms_elsewhere: bool
-) -> MessageHandler:
-    """The handler on paho's thread: route the message to one event and queue it, never
-    blocking: in the urgent lane for an alarm-class request, else in its source's budget. When
-    that is full, a message is read only if it may be urgent (a cheap look); the others are
-    answered `queue_full` and the link acknowledges them at once (never left to come back). An
-    alarm-class speak is the sounder's (`alarms_elsewhere`): acknowledged, not handled here."""
-    route, source, peek = table.routes[topic], table.sources[topic], table.peeks[topic]
-
-    def handle(topic: str, payload: bytes, delivery: Delivery) -> bool:
-        if not inbox.has_room(source) and not peek(payload):
-            inbox.refuse(overflowed(None, source, new_id), source)
-            return False
-        event = route(topic, payload, delivery)
-        if alarms_elsewhere and in_alarm_lane(event):
-            return False  # the sounder answers it; the link acknowledges it here
-        if inbox.offer(event, source, rank=urgency(event), barrier=is_barrier(event)):
-            return True
-        inbox.refuse(overflowed(event, source, new_id), source)
-        return False
-
-    return handle
 
 
 def _prewarmed(voice: Voice) -> Voice:

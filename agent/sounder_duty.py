@@ -47,17 +47,16 @@ class SounderDuty:
         self._alarm_ids = RecentIds(remembered_ids)
         """Ids the sounder's alarm lane accepted: their acks are its."""
         self._phrases = [clean_text(p) for p in phrases if p]
+        self._stop: Callable[[], None] = lambda: None
+        """Stops the engine (the loop's `request_stop`, once `serve` runs)."""
 
     def serve(self, chime_files: Mapping[str, bytes], stop: Callable[[], None]) -> None:
         """Say hello once the words can be said; the engine stops when the sounder is gone."""
-        speaker = self._speaker
-        speaker.on_gone = stop
-        speaker.on_words = self._say_words
-        speaker.on_cancel = self._words.cancel
+        self._stop = stop
         self._words.start()
-        speaker.hello()
+        self._speaker.hello(self)
         for name, pcm in chime_files.items():
-            speaker.chime(name, pcm)
+            self._speaker.chime(name, pcm)
 
     def stop(self) -> None:
         self._words.stop()
@@ -91,7 +90,15 @@ class SounderDuty:
     def use_voice(self, choice: VoiceChoice) -> None:
         self._words.use_voice(choice)
 
-    def _say_words(self, job: int, request: SpeakRequest) -> None:
+    def sounder_gone(self) -> None:
+        """On the pipe's thread: the sounder is gone; the engine stops."""
+        self._stop()
+
+    def cancel_words(self, job: int) -> None:
+        """On the pipe's thread: the words of `job` are no longer wanted."""
+        self._words.cancel(job)
+
+    def say_words(self, job: int, request: SpeakRequest) -> None:
         """On the pipe's thread: an alarm's words (its sounds made ready first)."""
         if request.has_media:
             self._media.prepare(request)

@@ -23,7 +23,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from agent.core.catalog import VoiceFacts
 from agent.core.messages import (
@@ -42,6 +42,22 @@ from agent.storage.journal import request_from_json, request_json
 _LOGGER = logging.getLogger(__name__)
 
 _POLL_SECONDS: Final = 0.05
+
+
+class SounderAsks(Protocol):
+    """What the sounder asks of the engine, on the pipe's thread (`SounderDuty` answers)."""
+
+    def say_words(self, job: int, request: SpeakRequest) -> None:
+        """Say an alarm's words (or a pinned phrase to keep) as job `job` of the words' lane."""
+        ...
+
+    def cancel_words(self, job: int) -> None:
+        """Those words are no longer wanted (the alarm was cut, or the generic phrase said)."""
+        ...
+
+    def sounder_gone(self) -> None:
+        """The pipe broke: the engine stops."""
+        ...
 
 
 class _Credits:
@@ -105,19 +121,18 @@ class SpeakerLink:
         self.normal_credits = _Credits()
         self.words_credits = _Credits()
         self.player = RemotePlayer(self)
-        self.on_gone: Callable[[], object] = lambda: None
-        self.on_words: Callable[[int, SpeakRequest], object] = lambda _job, _request: None
-        """The sounder asks for an alarm's words, or a pinned phrase (on the pipe's thread)."""
-        self.on_cancel: Callable[[int], object] = lambda _job: None
+        self._asks: SounderAsks | None = None
+        """Who answers what the sounder asks (set by `hello`: nothing is asked before)."""
         self._pipe = Pipe(sock, self._frame, self._broken, "sounder-pipe")
 
     def start(self) -> None:
         """Read and write the pipe (pings are answered from now on)."""
         self._pipe.start()
 
-    def hello(self) -> None:
-        """Say the engine serves: the sounder gives credits and asks for words from now on
-        (only once `on_words` is set: an ask before would be lost)."""
+    def hello(self, asks: SounderAsks) -> None:
+        """Say the engine serves: the sounder gives credits and asks for words from now on,
+        answered by `asks`."""
+        self._asks = asks
         self.send(wire.encode("hello"))
 
     def close(self) -> None:
@@ -179,9 +194,13 @@ class SpeakerLink:
                 lane = frame.text("lane")
                 (self.normal_credits if lane == "normal" else self.words_credits).give()
             case "say":
-                self.on_words(frame.integer("job"), self._request(frame))
+                request = self._request(frame)
+                if self._asks is not None:
+                    self._asks.say_words(frame.integer("job"), request)
             case "cancel":
-                self.on_cancel(frame.integer("job"))
+                job = frame.integer("job")
+                if self._asks is not None:
+                    self._asks.cancel_words(job)
             case _:
                 self._report(_report_of(frame))
 
@@ -195,7 +214,8 @@ class SpeakerLink:
         if not self._stopping.is_set():
             _LOGGER.warning("The pipe to the sounder broke (%s): stopping", why)
             self._stopping.set()
-            self.on_gone()
+            if self._asks is not None:
+                self._asks.sounder_gone()
 
 
 def _report_of(frame: Frame) -> SounderReport:  # noqa: PLR0911 - one return a kind

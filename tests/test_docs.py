@@ -122,3 +122,29 @@ def test_the_site_reads_lists_and_diagrams_as_github_shows_them() -> None:
     assert "next" not in second
     assert '<span class="w">  </span><span class="nt">b</span>' in second  # its own indent
     assert 'class="diagram' in html
+
+
+def test_the_walk_of_a_speak_and_an_alarm_names_what_is_there() -> None:
+    """docs/architecture.md's "Follow a speak, follow an alarm": each step's file exists and
+    defines the functions it names (`Class.method` or `function`), and every `Class.method`
+    of the section is defined in the agent: a rename that leaves the walk behind fails here."""
+    import ast  # noqa: PLC0415
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## Follow a speak, follow an alarm", 1)[1].split("\n## ", 1)[0]
+    steps = re.findall(r"^\d+\. `(agent/[\w/]+\.py)` — ((?:`[\w.]+`(?:, )?)+):", section, re.M)
+    assert len(steps) >= 20, steps
+
+    def defined(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        for node in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            names |= {f"{node.name}.{f.name}" for f in node.body if isinstance(f, ast.FunctionDef)}
+        return names
+
+    for path, names in steps:
+        missing = set(re.findall(r"`([\w.]+)`", names)) - defined(ROOT / path)
+        assert not missing, f"{path} has no {missing}"
+    everywhere = set().union(*(defined(p) for p in (ROOT / "agent").rglob("*.py")))
+    methods = set(re.findall(r"`([A-Z]\w+\.\w+)`", section))
+    assert methods <= everywhere, methods - everywhere

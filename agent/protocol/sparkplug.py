@@ -467,6 +467,11 @@ class Command:
         """Whether it writes `true` to a control (Stop, Acknowledge, Rebirth, Next Server)."""
         return self.values.get(write) is True
 
+    @property
+    def stops(self) -> bool:
+        """It writes Stop: handled before any alarm that arrives after it (a barrier)."""
+        return self.asks(Write.STOP)
+
 
 def command_of(payload: bytes, *, device: bool, classes: Sequence[str]) -> Command:
     """An NCMD (`device` False) or DCMD payload read into what it does (`read_command`), each
