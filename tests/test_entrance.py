@@ -13,7 +13,8 @@ from agent.core.reasons import Reason
 from agent.loop.entrance import Entrance
 from agent.loop.inbox import Inbox
 from agent.protocol.inputs import Connected, LoopInput
-from agent.protocol.routes import SOURCES, route_table
+from agent.protocol.rooms import SOURCES
+from agent.protocol.routes import route_table
 from agent.protocol.topics import Topics
 from agent.settings import loading as configs
 
