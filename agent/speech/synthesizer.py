@@ -16,56 +16,55 @@ is a refused sound, not the agent's. An alarm the agent died on is said another 
 (`SpeakRequest.fallback`). Two synthesizers can share an urgent gate (`urgent.UrgentGate`): the
 main one holds it through each alarm or critical request, and the Wyoming render worker waits
 before each of its inferences while it is held (a cached sentence does not wait).
+
+Its parts: the plan of a request (`speech_plan.SpeechPlanner`: text read, phonemized, bounded,
+estimated; sounds made ready), its inferences as streams it can cut (`inference_runs`), and here
+the worker that plays the plan, caches sentences and renders phrases.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
 import queue
 import threading
 import time
-from array import array
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import astuple, dataclass, replace
-from typing import Final, Protocol
+from typing import Final
 
 import numpy as np
 
-from agent.core.messages import FALLBACK_CACHED, Event, SpeakRequest, SynthesisDone, is_url
+from agent.core.messages import FALLBACK_CACHED, Event, SpeakRequest, SynthesisDone
 from agent.core.reasons import Reason
 from agent.core.refusal import Refused
-from agent.core.segments import Pause, Segment, Sound
 from agent.formats.chunk import Chunk
-from agent.formats.chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow, split_clause
+from agent.formats.chunking import FIRST_FRAMES, MAX_FRAMES, group_clauses, grow
 from agent.formats.media import Resampler
 from agent.formats.pcm import EDGE_SECONDS, PCM16, LeadTrim, TailTrim, le_bytes
-from agent.formats.program import program
 from agent.formats.text import clean_text
 from agent.speech.chimes import ChimePlan
+from agent.speech.inference_runs import PHRASES, InferenceRuns
 from agent.speech.media_source import MediaSource
 from agent.speech.phrase_cache import PhraseCache, cache_key
-from agent.speech.urgent import UrgentGate, is_urgent
-from agent.speech.voice import (
-    Audio,
-    Cancellation,
-    Clause,
-    FramePlan,
-    StreamCancelledError,
-    SynthesisParams,
-    TooManyPhonemesError,
-    Voice,
-    to_pcm16,
+from agent.speech.speech_plan import (
+    NoSteps,
+    PlanStep,
+    Play,
+    Say,
+    SpeechPlanner,
+    Steps,
+    SynthesisCancelledError,
+    TooLongError,
+    VoiceChoice,
+    step_digest,
 )
+from agent.speech.urgent import UrgentGate, is_urgent
+from agent.speech.voice import Audio, Clause, FramePlan, SynthesisParams, to_pcm16
 
+__all__ = ["CACHED_SECONDS_MAX", "COMMANDS", "CUT_FACTOR", "Synthesizer", "VoiceChoice"]
 _LOGGER = logging.getLogger(__name__)
 _POLL_SECONDS: Final = 0.2
-SECONDS_PER_PHONEME: Final = 0.045
-"""Speech per phoneme at length scale 1 (measured on en_US-joe-medium: 0.044-0.053 s over
-English, CJK and nonsense text), to estimate a request's length before synthesizing it."""
 CUT_FACTOR: Final = 1.25
 """Speech is cut at this many times `speak.max_audio_seconds` should the estimate be short."""
 CACHED_SECONDS_MAX: Final = 10.0
@@ -77,70 +76,11 @@ voice switch only while no request runs, so one of each at most."""
 
 
 @dataclass(frozen=True, slots=True)
-class VoiceChoice:
-    """A loaded voice under its id, with the synthesis parameters it uses by default."""
-
-    id: str
-    voice: Voice
-    params: SynthesisParams
-
-
-_PHRASES: Final = -1
-"""The job token of phrase rendering: a request arriving aborts it (it is done again later)."""
-
-
-class Steps(Protocol):
-    """The step marker (`step_marker.StepMarker`): marks a piece of a request's work."""
-
-    def step(self, request_id: str, step: str) -> AbstractContextManager[None]:
-        """Mark the work inside as `step` of request `request_id`."""
-
-
-class _NoSteps:
-    def step(self, request_id: str, step: str) -> AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-
-@dataclass(frozen=True, slots=True)
 class _Job:
     request: SpeakRequest
     token: int
     start_at: float | None = None
     """The wall-clock instant its first sample should play (a timed request's first play)."""
-
-
-class _CancelledError(Exception):
-    """The request was cut (or the worker is stopping): synthesize no more of it."""
-
-
-class _TooLongError(Exception):
-    """The request's speech would last longer than allowed (the message says how long)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Say:
-    """Speech in one voice: its sentences, parameters and gain."""
-
-    choice: VoiceChoice
-    params: SynthesisParams
-    sentences: list[list[Clause]]
-    gain: float = 1.0
-    trim: tuple[bool, bool] = (False, False)
-    """Whether a break stands just before it and just after it: the voice's own near-silence
-    there is cut to `EDGE_SECONDS` (`pcm.LeadTrim`, `pcm.TailTrim`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Play:
-    """Samples at the device's rate: a sound, or silence."""
-
-    pcm: PCM16
-    gain: float = 1.0
-    pause: bool = False
-    """Silence of a break (shortened by the edges the trimmed speech beside it keeps)."""
-
-
-_Step = _Say | _Play
 
 
 class Synthesizer:
@@ -170,16 +110,14 @@ class Synthesizer:
         if urgent is not None and urgent is yields_to:
             raise ValueError("a synthesizer cannot yield to the gate it holds")
         self._urgent = urgent
-        self._yields_to = yields_to
         self._voices = dict(voices)  # this thread's own: a switch arrives as a command
         self._rate = voices["default"].voice.sample_rate
         """The device's rate: the configured default voice's; other voices are resampled."""
         self._media = media
         self._after_request = after_request
         """Called on this thread after each request (the allocator gives memory back)."""
-        self._marker: Steps = steps or _NoSteps()
-        self._job_cancel = threading.Event()
-        """Set when the request being synthesized is cut (ends a wait for its sounds)."""
+        marker = steps or NoSteps()
+        self._runs = InferenceRuns(marker, yields_to)
         self._cache = cache
         self._first_chunk, self._max_chunk = chunk_phonemes
         self._first_frames, self._max_frames = chunk_frames
@@ -191,11 +129,15 @@ class Synthesizer:
         self._phrases = deque(phrases)
         self._phrase_counts = {"total": len(phrases), "rendered": 0, "cached": 0}
         self._commands: queue.Queue[_Job | VoiceChoice] = queue.Queue(maxsize=COMMANDS)
-        self._lock = threading.Lock()
-        self._cancelled: set[int] = set()
-        self._running: tuple[int, Cancellation] | None = None
-        self._job_seconds = 0.0
-        self._stopping = threading.Event()
+        self._plan = SpeechPlanner(
+            self._voices,
+            self._rate,
+            max_seconds,
+            self._max_chunk,
+            media,
+            marker,
+            self._runs.job_cancel,
+        )
         self._thread = threading.Thread(target=self._run_blocking, name="synthesis", daemon=True)
 
     def start(self) -> None:
@@ -207,52 +149,30 @@ class Synthesizer:
     def submit(self, request: SpeakRequest, job: int = 0, start_at: float | None = None) -> None:
         """Hand over a request (`job`: its activation token); the core only does so when the
         worker is free of requests. Phrase rendering in progress is aborted: requests go first."""
-        with self._lock:
-            self._cancelled = {token for token in self._cancelled if token >= job}
-            if self._running is not None and self._running[0] == _PHRASES:
-                self._running[1].cancel()
-        self._wake_gate()
+        self._runs.admit(job)
         self._commands.put_nowait(_Job(request, job, start_at))
 
     def use_voice(self, choice: VoiceChoice) -> None:
         """Replace a voice (a model update); requests after this one use it, and the configured
         phrases are rendered again for it (its digest is part of every cache key)."""
-        with self._lock:
-            if self._running is not None and self._running[0] == _PHRASES:
-                self._running[1].cancel()
-        self._wake_gate()
+        self._runs.abort_phrases()
         self._commands.put_nowait(choice)
 
     def cancel(self, job: int) -> None:
         """Stop synthesizing this activation: abort its running inference, skip the rest."""
-        with self._lock:
-            self._cancelled.add(job)
-            self._job_cancel.set()  # a wait for a sound ends; the worker clears it per request
-            if self._running is not None and self._running[0] == job:
-                self._running[1].cancel()
-        self._wake_gate()  # a wait for an urgent request's end ends now
+        self._runs.cancel(job)
         if self._media is not None:
             self._media.wake()  # a wait for a sound being downloaded or decoded ends now
 
     def stop(self) -> None:
         """Stop after the current chunk."""
-        self._stopping.set()
-        with self._lock:
-            if self._running is not None:
-                self._running[1].cancel()
-        self._wake_gate()
+        self._runs.stop()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
-    def _wake_gate(self) -> None:
-        """End the current poll of a wait on the gate yielded to (it checks cancellation now);
-        called without this synthesizer's lock held."""
-        if self._yields_to is not None:
-            self._yields_to.wake()
-
     def _run_blocking(self) -> None:
         started = time.monotonic()
-        while not self._stopping.is_set():
+        while not self._runs.stopping.is_set():
             try:
                 if self._phrases:
                     command = self._commands.get_nowait()
@@ -285,10 +205,7 @@ class Synthesizer:
     def _request_blocking(self, job: _Job) -> None:
         """Put the request's chime, sounds and speech into the player's buffer, then its end."""
         request = job.request
-        with self._lock:
-            if job.token not in self._cancelled:
-                self._job_cancel.clear()
-        self._job_seconds = 0.0
+        self._runs.begin(job.token)
         end = Chunk(request.id, end=True, priority=request.priority, job=job.token)
         try:
             if request.audio is not None:  # recorded audio (Hermes playBytes): no synthesis
@@ -297,21 +214,21 @@ class Synthesizer:
             if request.fallback is not None:  # an alarm the agent died on: said another way
                 self._fallback_blocking(job, end)
                 return
-            steps = self._steps(request)  # sounds fetched and decoded before the first sample
+            steps = self._plan.steps(request)  # sounds fetched and decoded before the first sample
             chime = self._chimes.for_request(request)
             if chime is not None:
                 self._emit_or_cancel(job, chime)
             sentences, cached = 0, 0
             for step in steps:
-                if isinstance(step, _Play):
+                if isinstance(step, Play):
                     self._emit_or_cancel(job, _gained(step.pcm, step.gain))
                 else:
                     sentences += len(step.sentences)
                     cached += self._speech_blocking(job, step)
-        except _CancelledError:
+        except SynthesisCancelledError:
             self._put(end)
             return
-        except _TooLongError as err:
+        except TooLongError as err:
             self._put(replace(end, error=Reason.TOO_LONG, detail=str(err)))
             return
         except Refused as err:
@@ -323,13 +240,13 @@ class Synthesizer:
             return
         self._put(self._ended(end, steps, sentences, cached))
 
-    def _ended(self, end: Chunk, steps: list[_Step], sentences: int, cached: int) -> Chunk:
+    def _ended(self, end: Chunk, steps: list[PlanStep], sentences: int, cached: int) -> Chunk:
         """The end of a request that played what it had: a failure if that was nothing."""
-        if not sentences and not any(isinstance(s, _Play) for s in steps):
+        if not sentences and not any(isinstance(s, Play) for s in steps):
             return replace(end, error=Reason.NO_SPEECH, detail="no phonemes")
         info: dict[str, object] = {"sentences": sentences, "cached_sentences": cached}
-        if self._job_seconds:
-            info["synthesis_seconds"] = round(self._job_seconds, 4)
+        if self._runs.seconds:
+            info["synthesis_seconds"] = round(self._runs.seconds, 4)
         return replace(end, info=info)
 
     def _clip_blocking(self, job: _Job, end: Chunk) -> None:
@@ -338,10 +255,10 @@ class Synthesizer:
         if self._media is None:
             raise Refused(Reason.UNSUPPORTED_AUDIO, "no decoder")
         try:
-            sound = self._media.clip(job.request.id, self._job_cancel)  # decoded since arrival
+            sound = self._media.clip(job.request.id, self._runs.job_cancel)  # decoded since arrival
         except Refused:
-            if self._job_cancel.is_set():
-                raise _CancelledError from None
+            if self._runs.job_cancel.is_set():
+                raise SynthesisCancelledError from None
             raise
         chime = self._chimes.for_request(job.request)
         if chime is not None:
@@ -361,7 +278,7 @@ class Synthesizer:
             self._emit_or_cancel(job, chime)
         sentences = cached = 0
         if request.fallback == FALLBACK_CACHED:
-            for say in self._steps_to_say(request):
+            for say in self._plan.steps_to_say(request):
                 for sentence in say.sentences:
                     sentences += 1
                     pcm = self._cache.get(self._key(say.choice, say.params, sentence), self._rate)
@@ -371,117 +288,7 @@ class Synthesizer:
         info = {"fallback": request.fallback, "sentences": sentences, "cached_sentences": cached}
         self._put(replace(end, info=info))
 
-    def _steps_to_say(self, request: SpeakRequest) -> list[_Say]:
-        """A request's speech, read into sentences (no sound is fetched or decoded)."""
-        choice = self._voices[request.voice or "default"]
-        segments = program(request, choice.id, choice.voice.info.language or "en")
-        says: list[_Say] = []
-        for segment in segments:
-            if not isinstance(segment, Pause | Sound):
-                with contextlib.suppress(Refused):
-                    says += [s for s in self._planned(segment, request) if isinstance(s, _Say)]
-        return says
-
-    def _step(self, request: SpeakRequest, kind: str, subject: str) -> AbstractContextManager[None]:
-        """A step of the step marker for this request's work on `subject` (none for a request
-        said another way)."""
-        if request.fallback is not None:
-            return contextlib.nullcontext()
-        return self._marker.step(request.id, f"{kind} {_digest(subject)}")
-
-    def _steps(self, request: SpeakRequest) -> list[_Step]:
-        """What the request plays after its chime: speech planned (refused before a sound when
-        its speech is estimated beyond the cap), pauses, and its sounds as samples."""
-        choice = self._voices[request.voice or "default"]
-        lang = choice.voice.info.language or "en"
-        segments = program(request, choice.id, lang)  # parsed on arrival; said in `lang`
-        steps: list[_Step] = []
-        estimate = 0.0
-        for segment in segments:  # the cap checked as it grows: no sound past it is decoded
-            planned = self._planned(segment, request)
-            estimate += sum(self._seconds(step) for step in planned)
-            if estimate > self._max_seconds:
-                detail = f"~{estimate:.0f} s of speech, at most {self._max_seconds:g} s"
-                raise _TooLongError(detail)
-            steps += planned
-        return self._fitted(steps)
-
-    def _fitted(self, steps: list[_Step]) -> list[_Step]:
-        """Each pause less the edge that the trimmed speech on either side keeps, so the
-        silence from the last loud sample before it to the first after it is the pause (at
-        least the edges: a break of no time leaves twice EDGE_SECONDS)."""
-        edge = round(EDGE_SECONDS * self._rate)
-        out: list[_Step] = []
-        for index, step in enumerate(steps):
-            if not (isinstance(step, _Play) and step.pause):
-                out.append(step)
-                continue
-            before = steps[index - 1] if index else None
-            after = steps[index + 1] if index + 1 < len(steps) else None
-            edges = (isinstance(before, _Say) and before.trim[1]) + (
-                isinstance(after, _Say) and after.trim[0]
-            )
-            out.append(replace(step, pcm=step.pcm[: max(0, len(step.pcm) - edges * edge)]))
-        return out
-
-    def _seconds(self, step: _Step) -> float:
-        """How long a step plays (speech estimated from its phonemes)."""
-        if isinstance(step, _Play):
-            return len(step.pcm) / self._rate
-        return sum(
-            len(clause) * SECONDS_PER_PHONEME * step.params.length_scale / step.params.rate
-            for sentence in step.sentences
-            for clause in sentence
-        )
-
-    def _planned(self, segment: Segment, request: SpeakRequest) -> list[_Step]:
-        """One segment as steps: speech in its voice (every clause bounded), silence, or a
-        sound (what stands in for it, if it is missing and has a stand-in)."""
-        if isinstance(segment, Pause):
-            silence = np.zeros(round(segment.seconds * self._rate), dtype=np.int16)
-            return [_Play(silence, pause=True)]
-        if isinstance(segment, Sound):
-            try:
-                if segment.names_only and is_url(segment.name):
-                    detail = "SSML <audio src> takes a name of audio.media, not a URL"
-                    raise Refused(Reason.UNKNOWN_SOUND, detail)
-                return [_Play(self._sound(segment.name, request), segment.volume)]
-            except Refused:
-                if not segment.fallback:
-                    raise
-                _LOGGER.info("Sound %r missing: its SSML content is said instead", segment.name)
-                return [step for part in segment.fallback for step in self._planned(part, request)]
-        choice = self._voices.get(segment.voice or request.voice or "default")
-        if choice is None:
-            raise Refused(Reason.UNKNOWN_VOICE, f"no voice {segment.voice!r}")
-        params = choice.voice.at_rate(choice.params, request.rate * segment.rate)
-        if segment.speaker is not None:
-            try:
-                params = replace(params, speaker=choice.voice.speaker_id(segment.speaker))
-            except ValueError as err:
-                raise Refused(Reason.UNKNOWN_SPEAKER, str(err)) from None
-        most = self._max_seconds * params.rate / (SECONDS_PER_PHONEME * params.length_scale)
-        with self._step(request, "phonemize", segment.text):
-            try:  # stopped at the cap: the rest of a long text is never phonemized
-                said = choice.voice.sentences(segment.text, int(most))
-            except TooManyPhonemesError:
-                detail = f"over {self._max_seconds:g} s of speech, phonemized no further"
-                raise _TooLongError(detail) from None
-            sentences = [self._bounded(s) for s in said]
-        trim = (segment.break_before, segment.break_after)
-        return [_Say(choice, params, sentences, segment.volume, trim)]
-
-    def _sound(self, name: str, request: SpeakRequest) -> PCM16:
-        if self._media is None:
-            raise Refused(Reason.UNKNOWN_SOUND, "no sounds configured")
-        try:
-            return self._media.get(request.id, request.priority, name, self._job_cancel)
-        except Refused:
-            if self._job_cancel.is_set():
-                raise _CancelledError from None
-            raise
-
-    def _speech_blocking(self, job: _Job, say: _Say) -> int:
+    def _speech_blocking(self, job: _Job, say: Say) -> int:
         """Stream every sentence (cached, or synthesized in clause groups, resampled to the
         device's rate where the voice has another); how many came from the cache. Cut at
         CUT_FACTOR times the cap, should the estimate have been short; a sentence longer than
@@ -520,15 +327,15 @@ class Synthesizer:
             groups = group_clauses([len(clause) for clause in sentence], budget, self._max_chunk)
             for index, group in enumerate(groups):
                 ids = voice.ids(sentence[group.start : group.stop])
-                step = (job.request.id, f"infer {_digest(key, ids)}")
-                chunks = self._streamed(job.token, voice.stream, ids, params, plan, step=step)
+                step = (job.request.id, f"infer {step_digest(key, ids)}")
+                chunks = self._runs.streamed(job.token, voice.stream, ids, params, plan, step=step)
                 if resample is not None:
                     chunks = _resampled(chunks, resample, last=index == len(groups) - 1)
                 for audio in chunks:
                     pcm = to_pcm16(audio)
                     played += len(pcm)
                     if played > CUT_FACTOR * self._max_seconds * rate:
-                        raise _TooLongError(f"cut at {played / rate:.0f} s of speech")
+                        raise TooLongError(f"cut at {played / rate:.0f} s of speech")
                     emit(pcm, last=last and index == len(groups) - 1)
                     if parts is not None:
                         parts.append(pcm)
@@ -541,73 +348,8 @@ class Synthesizer:
             self._emit_or_cancel(job, _gained(tail.end(), say.gain))
         return cached
 
-    def _bounded(self, sentence: list[Clause]) -> list[Clause]:
-        """The sentence with every clause at most `max_chunk_phonemes` long (one inference
-        never runs over more)."""
-        return [piece for clause in sentence for piece in split_clause(clause, self._max_chunk)]
-
-    def _streamed(
-        self,
-        token: int,
-        stream: Callable[
-            [list[int], SynthesisParams, FramePlan, Cancellation], Generator[Audio, None, None]
-        ],
-        ids: list[int],
-        params: SynthesisParams,
-        plan: FramePlan,
-        *,
-        step: tuple[str, str] | None = None,
-    ) -> Iterator[Audio]:
-        """A voice's stream that `cancel(token)` (or, for phrases, a request) can abort; the time
-        spent in it is counted, and marked as `step` (request id, step) of the step marker.
-        Before each inference it gives way to an urgent request (`yields_to`): that wait is not
-        counted, and a cancel or a stop ends it."""
-        cancellation = Cancellation()
-        with self._lock:
-            if token in self._cancelled or self._stopping.is_set():
-                raise _CancelledError
-            self._running = (token, cancellation)
-        chunks = stream(ids, params, plan, cancellation)
-        try:
-            while True:
-                self._give_way_blocking(token, cancellation)
-                began = time.perf_counter()
-                try:
-                    with self._marked(step):
-                        audio = next(chunks)
-                except StopIteration:
-                    return
-                except StreamCancelledError:
-                    raise _CancelledError from None
-                finally:
-                    self._job_seconds += time.perf_counter() - began
-                yield audio
-        finally:
-            chunks.close()
-            with self._lock:
-                self._running = None
-
-    def _give_way_blocking(self, token: int, cancellation: Cancellation) -> None:
-        """Wait while the gate yielded to is held; _CancelledError if the stream is cut (or
-        the worker stops) meanwhile."""
-        gate = self._yields_to
-        if gate is None:
-            return
-
-        def cancelled() -> bool:
-            with self._lock:
-                cut = token in self._cancelled
-            return cut or cancellation.cancelled or self._stopping.is_set()
-
-        if not gate.wait_clear(cancelled):
-            raise _CancelledError
-
-    def _marked(self, step: tuple[str, str] | None) -> AbstractContextManager[None]:
-        return contextlib.nullcontext() if step is None else self._marker.step(*step)
-
     def _emit_or_cancel(self, job: _Job, pcm: PCM16 | bytes) -> None:
-        with self._lock:
-            cancelled = job.token in self._cancelled
+        cut = self._runs.is_cut(job.token)
         request = job.request
         chunk = Chunk(
             request.id,
@@ -617,8 +359,8 @@ class Synthesizer:
             job=job.token,
             start_at=job.start_at,  # the player waits for it before the first sample only
         )
-        if cancelled or self._stopping.is_set() or not self._put(chunk):
-            raise _CancelledError
+        if cut or not self._put(chunk):
+            raise SynthesisCancelledError
 
     def _key(self, choice: VoiceChoice, params: SynthesisParams, sentence: list[Clause]) -> str:
         scales = astuple(replace(params, speaker=None))[:3]
@@ -646,15 +388,15 @@ class Synthesizer:
                     self._phrase_counts["cached"] += 1
                     continue
                 audio: list[Audio] = []
-                bounded = self._bounded(sentence)
+                bounded = self._plan.bounded(sentence)
                 lengths = [len(clause) for clause in bounded]
                 for group in group_clauses(lengths, self._max_chunk, self._max_chunk):
                     ids = voice.ids(bounded[group.start : group.stop])
                     plan = FramePlan.largest_only(self._max_frames)
-                    audio += self._streamed(_PHRASES, voice.stream, ids, choice.params, plan)
+                    audio += self._runs.streamed(PHRASES, voice.stream, ids, choice.params, plan)
                 self._cache.put(key, to_pcm16(np.concatenate(audio)), rate, pinned=True)
                 self._phrase_counts["rendered"] += 1
-        except _CancelledError:
+        except SynthesisCancelledError:
             self._phrases.appendleft(phrase)  # a request came first: render it again later
             return
         except Exception:
@@ -668,14 +410,6 @@ class Synthesizer:
                 self._phrase_counts["cached"],
                 time.monotonic() - started,
             )
-
-
-def _digest(text: str, ids: Sequence[int] = ()) -> str:
-    """A short name of what a step works on (the same content, the same name at every try):
-    a few microseconds for a clause group's ids."""
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass"))
-    digest.update(array("q", ids).tobytes())
-    return digest.hexdigest()[:16]
 
 
 def _gained(pcm: PCM16, gain: float) -> PCM16:
