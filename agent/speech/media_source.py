@@ -17,13 +17,13 @@ progress is aborted (the child killed) when a higher class needs the decoder, an
 later. A download does not begin while one that landed waits for the decoder (unless it is of
 a higher class), so undecoded downloads hold at most two downloads' bytes. Decoded sounds
 are kept in the phrase cache under the digest of their bytes, so a file or URL played again is
-not decoded again (a recording is not kept: it plays once).
+not decoded again (a recording is not kept: it plays once). Reading, downloading and decoding
+themselves are `media_bytes.SoundBytes`' work; here the sounds of requests, their order, the
+threads.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import logging
 import threading
 import time
@@ -33,45 +33,21 @@ from enum import Enum
 from pathlib import Path
 from typing import Final
 
-from agent.core.egress import EgressPolicy
 from agent.core.messages import Event, MediaHeld, SpeakRequest, is_url
 from agent.core.reasons import Reason
 from agent.core.refusal import Refused
 from agent.formats.pcm import PCM16
-from agent.guarded import nofollow
-from agent.guarded.http_fetch import FetchError, fetch_bytes, redact
+from agent.speech.media_bytes import Fetch, FetchLimits, SoundBytes
 from agent.speech.media_decoder import DecodeAbortedError, MediaDecoder
 from agent.speech.phrase_cache import PhraseCache
 
+__all__ = ["CLIP", "FetchLimits", "MediaSource"]
 _LOGGER = logging.getLogger(__name__)
 CLIP: Final = ""
 """The source of a request's recorded audio (Hermes playBytes) among its sounds."""
 _DECODE_WAIT_SECONDS: Final = 35.0
 """Beyond its download, the longest the synthesizer waits for a sound's decode (seconds): the
 decoder child's deadline (30 s) and its replacement's start."""
-
-
-@dataclass(frozen=True, slots=True)
-class FetchLimits:
-    """Bounds on a sound's download: its size, its time, where it may come from."""
-
-    max_bytes: int
-    timeout: float
-    stall_timeout: float
-    hosts: EgressPolicy = field(default_factory=EgressPolicy)
-    """`audio.media_hosts` (empty: no URL is fetched)."""
-
-
-class _Fetch:
-    """One URL's download: done once `data` or `error` is set. Once decoded, only the key of
-    its samples in the phrase cache is kept (`key`), not the bytes."""
-
-    def __init__(self) -> None:
-        self.begun = threading.Event()
-        self.done = threading.Event()
-        self.data: bytes | None = None
-        self.key: str | None = None
-        self.error: Refused[Reason] | None = None
 
 
 class _Stage(Enum):
@@ -140,6 +116,7 @@ class MediaSource:
         self._decoder = decoder or MediaDecoder()
         self._report = report or (lambda _event: None)
         self._after_work = after_work or (lambda: None)
+        self._bytes = SoundBytes(self._files, rate, cache, limits, self._decoder)
         self._sounds: dict[tuple[str, str], _Sound] = {}
         self._held: dict[str, int] = {}
         """What was last reported held for each request (bytes)."""
@@ -343,8 +320,8 @@ class MediaSource:
                 if entry is None:
                     return
                 entry.stage = _Stage.FETCHING
-            fetch = _Fetch()
-            self._fetch_into(entry.source, fetch, entry.cancel)
+            fetch = Fetch()
+            self._bytes.fetch_into(entry.source, fetch, entry.cancel)
             with self._changed:
                 if not self._live(entry):
                     continue  # its request ended meanwhile: the bytes go
@@ -378,8 +355,8 @@ class MediaSource:
         pcm: PCM16 | None = None
         error: Refused[Reason] | None = None
         try:
-            data = entry.data if entry.data is not None else self._read(entry.source)
-            pcm = self._decoded(data, cached=entry.source != CLIP)
+            data = entry.data if entry.data is not None else self._bytes.read(entry.source)
+            pcm = self._bytes.decoded(data, cached=entry.source != CLIP)
         except Refused as err:
             error = err
         except DecodeAbortedError:
@@ -396,60 +373,3 @@ class MediaSource:
                 entry.stage = _Stage.DONE
             self._changed.notify_all()
         self._report_held(entry.request_id)
-
-    def _decoded(self, data: bytes, *, cached: bool) -> PCM16:
-        """The samples of a sound file: from the phrase cache (`cached`: a file or a URL, not a
-        recording, which is played once), or decoded in the child (and kept there)."""
-        key = _key(data) if cached else ""
-        found = self._cache.get(key, self._rate) if cached else None
-        if found is not None:
-            return found
-        decoded = self._decoder.decode(data, self._rate, max_bytes=self._limits.max_bytes)
-        if cached:
-            self._cache.put(key, decoded.samples, self._rate)
-        return decoded.samples
-
-    def _read(self, name: str) -> bytes:
-        path = self._files.get(name)
-        if path is None:
-            raise Refused(Reason.UNKNOWN_SOUND, f"no sound named {name[:64]!r}")
-        try:  # the operator's file (a link is followed), a regular one: a FIFO never blocks
-            return nofollow.read_regular(path, self._limits.max_bytes)
-        except nofollow.FileRefusedError as err:
-            if err.errno == errno.EFBIG:
-                detail = f"{name}: {err.found}"
-                raise Refused(Reason.TOO_LARGE, detail) from None
-            raise Refused(Reason.SOUND_UNAVAILABLE, f"{name}: {err.found}") from None
-        except OSError as err:
-            detail = f"{name}: {err.strerror or err}"
-            raise Refused(Reason.SOUND_UNAVAILABLE, detail) from None
-
-    def _fetch_into(self, url: str, fetch: _Fetch, cancelled: threading.Event | None) -> None:
-        fetch.begun.set()
-        try:
-            fetch.data = fetch_bytes(
-                url,
-                policy=self._limits.hosts,
-                max_bytes=self._limits.max_bytes,
-                timeout=self._limits.timeout,
-                stall_timeout=self._limits.stall_timeout,
-                cancel=cancelled,
-            )
-            _LOGGER.info("Fetched a sound: %d bytes", len(fetch.data))
-        except FetchError as err:  # its text: a coarse code and the redacted URL
-            _LOGGER.warning("A sound could not be fetched: %s", err)
-            _LOGGER.debug("Why %s could not be fetched: %s", err.url, err.cause)
-            fetch.error = Refused(Reason.SOUND_UNAVAILABLE, str(err))
-        except Exception as err:  # noqa: BLE001 - whatever a server does, the sound is missing
-            detail = f"unreachable: {redact(url)}"  # an exception's text may quote the server
-            _LOGGER.warning("A sound could not be fetched: %s (%s)", detail, type(err).__name__)
-            fetch.error = Refused(Reason.SOUND_UNAVAILABLE, detail)
-        finally:
-            fetch.done.set()
-
-
-def _key(data: bytes) -> str:
-    """The phrase cache's key of a sound file's samples: the digest of its bytes."""
-    digest = hashlib.sha256(b"media|")
-    digest.update(data)  # not a copy of 16 MiB
-    return digest.hexdigest()
