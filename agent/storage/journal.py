@@ -8,6 +8,10 @@
 - Settings made at run time (the volume, the selected voice), kept across restarts.
 - Per announcement, the deaths of the agent inside one step of its work (see `ledger`).
 
+Its parts: the file (`journal_file`: its place checked, its schema and migrations), the outbox
+(`outbox`), the kept settings (`run_settings`) and the deaths counted per announcement
+(`death_counts`); here the announcements' records and the transactions.
+
 Every row is checked when it is read back (types, finite numbers in range, known classes and
 states, valid UTF-8): whatever a damaged card or a hand edit left in the file, a row that cannot
 be used is set aside (copied into the `damaged` table, for inspection) and reported, never a
@@ -25,9 +29,7 @@ import contextlib
 import json
 import logging
 import math
-import os
 import sqlite3
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -35,60 +37,23 @@ from typing import Any, Final
 
 from agent.core.messages import FALLBACKS, Priority, SpeakRequest
 from agent.core.states import EntryState
-from agent.guarded import nofollow
+from agent.storage.death_counts import DeathCounts
+from agent.storage.journal_file import (
+    MAX_NAME,
+    JournalDamagedError,
+    StorageRefusedError,
+    is_utf8,
+    move_aside,
+    open_database,
+    shown,
+    value_kind,
+)
 from agent.storage.outbox import KEPT, Outbox
+from agent.storage.run_settings import RunSettings
 from agent.storage.set_aside import SetAside
 
 _LOGGER = logging.getLogger(__name__)
 
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS announcements (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    fingerprint TEXT NOT NULL,
-    request TEXT NOT NULL,
-    received REAL NOT NULL,
-    state TEXT NOT NULL,
-    begun INTEGER NOT NULL DEFAULT 0,
-    crash_step TEXT,
-    crashes INTEGER NOT NULL DEFAULT 0,
-    crash_token TEXT
-);
-CREATE TABLE IF NOT EXISTS settings (
-    name TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS outbox (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    rank INTEGER NOT NULL DEFAULT 9
-);
-CREATE TABLE IF NOT EXISTS damaged (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    source TEXT NOT NULL,
-    row TEXT NOT NULL,
-    problem TEXT NOT NULL,
-    at REAL NOT NULL
-);
-"""
-_COLUMNS: Final = {
-    "announcements": (
-        ("begun", "INTEGER NOT NULL DEFAULT 0"),  # journals written before the crash-loop breaker
-        ("crash_step", "TEXT"),  # before deaths were counted per step
-        ("crashes", "INTEGER NOT NULL DEFAULT 0"),
-        ("crash_token", "TEXT"),
-    ),
-    "outbox": (("rank", "INTEGER NOT NULL DEFAULT 9"),),  # before the outbox was bounded
-}
-"""Columns added since the first journal: added to an older file when it is opened."""
-COMPANIONS: Final = ("", "-wal", "-shm", "-journal")
-"""The journal file and the files SQLite keeps beside it (its write-ahead log and shared
-memory; a rollback journal, which a WAL database never makes but SQLite would read)."""
-MAX_FILE_BYTES: Final = 256 * 1024 * 1024
-"""The largest journal (or companion) opened: what this agent writes stays far below (recent
-ids, waiting announcements, at most OUTBOX_MAX unsent events: a few MB); a larger one is no
-journal of its own (a planted sparse file), moved aside unread."""
 BOOT_SETTING: Final = "boot"
 """The setting that holds the boot id of the machine at the agent's last start."""
 
@@ -124,15 +89,6 @@ class Damaged:
     """Its text, when readable (reported in its event, so that nothing is silently lost)."""
 
 
-class JournalDamagedError(Exception):
-    """The journal file cannot be used (the message says why)."""
-
-
-class StorageRefusedError(Exception):
-    """The journal's directory cannot be used (a symbolic link, not writable): the message says
-    why."""
-
-
 class Journal:
     """The agent's durable memory (one SQLite file)."""
 
@@ -142,40 +98,16 @@ class Journal:
         directory cannot be used, JournalDamagedError when the file cannot."""
         self.path = path
         self._remembered = remembered
-        if path is not None:
-            _check_place(path)
-        # autocommit: each write is durable; one thread at a time (the app loop), which need not
-        # be the one that opened it
-        try:
-            self._db = sqlite3.connect(
-                ":memory:" if path is None else path, isolation_level=None, check_same_thread=False
-            )
-        except sqlite3.Error as err:
-            raise StorageRefusedError(f"{path}: {err}") from None
-        self._db.text_factory = _text  # a TEXT value that is no UTF-8 is read as damage
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
-            for table, columns in _COLUMNS.items():
-                present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-                for name, declaration in columns:
-                    if name not in present:
-                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
-            checked = self._db.execute("PRAGMA quick_check").fetchone()
-            for table in ("announcements", "settings", "outbox", "damaged"):  # every page read
-                self._db.execute(f"SELECT * FROM {table}").fetchall()  # noqa: S608 - our names
-        except sqlite3.DatabaseError as err:
-            self._db.close()
-            raise JournalDamagedError(str(err)) from err
-        if not checked or checked[0] != "ok":
-            self._db.close()
-            raise JournalDamagedError(f"integrity check: {checked[0] if checked else 'no answer'}")
+        self._db = open_database(path)
         self._set_aside = SetAside(self._db)
         self.notes = self._set_aside.notes
         """Problems met while reading rows back (rows set aside): for the log and the state."""
         self.outbox = Outbox(self._db, self._set_aside)
         """Events kept until the broker acknowledges them."""
+        self.run_settings = RunSettings(self._db, self._set_aside)
+        """Settings made at run time (the volume, the selected voice)."""
+        self.deaths = DeathCounts(self._db)
+        """Per announcement, its activations and the agent's deaths in a step of its work."""
 
     @classmethod
     def open_or_renew(cls, path: Path, remembered: int) -> tuple[Journal, str | None]:
@@ -190,20 +122,8 @@ class Journal:
             return cls._in_memory(remembered, str(err))
         except JournalDamagedError as err:
             damage = str(err)
-        aside = f"{path.name}.damaged-{int(time.time())}"
         try:
-            directory = nofollow.open_directory(path.parent)
-            try:
-                for suffix in COMPANIONS:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.replace(
-                            f"{path.name}{suffix}",
-                            f"{aside}{suffix}",
-                            src_dir_fd=directory,
-                            dst_dir_fd=directory,
-                        )
-            finally:
-                os.close(directory)
+            aside = move_aside(path)
             renewed = cls(path, remembered)
         except (OSError, StorageRefusedError, JournalDamagedError) as err:
             return cls._in_memory(remembered, f"{path.name} unreadable ({damage}), and {err}")
@@ -296,66 +216,15 @@ class Journal:
             if _usable_id(request_id):
                 ids.append(request_id)
             else:
-                self._set_aside.note(f"an announcement's id is unreadable ({_kind(request_id)})")
-            if isinstance(fingerprint, str) and fingerprint and len(fingerprint) <= _MAX_NAME:
+                self._set_aside.note(
+                    f"an announcement's id is unreadable ({value_kind(request_id)})"
+                )
+            if isinstance(fingerprint, str) and fingerprint and len(fingerprint) <= MAX_NAME:
                 fingerprints.append(fingerprint)
         return ids, fingerprints
 
-    def activated(self, request_id: str) -> None:
-        """Its synthesis begins (again): counted, so that a crash loop is seen at restart."""
-        self._db.execute("UPDATE announcements SET begun = begun + 1 WHERE id = ?", (request_id,))
-
-    def played_through(self, request_id: str) -> None:
-        """A play of it ended normally (a repeat finished, a preemption): its deaths are
-        forgotten."""
-        self._db.execute(
-            "UPDATE announcements SET begun = 0, crashes = 0, crash_step = NULL WHERE id = ?",
-            (request_id,),
-        )
-
-    def died_in(self, request_id: str, step: str, token: str) -> None:
-        """The agent died inside `step` of this announcement's work (the step marker of the
-        process `token` said so): one more death in that step if it was the last one's, else
-        the first. Counted once per process, however often this is called for it."""
-        self._db.execute(
-            "UPDATE announcements SET "
-            "crashes = CASE WHEN crash_step IS ? THEN crashes + 1 ELSE 1 END, "
-            "crash_step = ?, crash_token = ? "
-            "WHERE id = ? AND state IS NOT ? AND crash_token IS NOT ?",
-            (step, step, token, request_id, EntryState.ENDED, token),
-        )
-
-    def machine_restarted(self) -> None:
-        """The machine restarted since the last start (a power cut): no death before it counts
-        against an announcement."""
-        self._db.execute("UPDATE announcements SET begun = 0, crashes = 0, crash_step = NULL")
-
     def _set(self, request_id: str, state: EntryState) -> None:
         self._db.execute("UPDATE announcements SET state = ? WHERE id = ?", (state, request_id))
-
-    # ---- settings -----------------------------------------------------------------------------
-
-    def remember(self, name: str, value: str) -> None:
-        """Keep a setting (the volume, the selected voice) across restarts."""
-        self._db.execute(
-            "INSERT INTO settings (name, value) VALUES (?, ?) "
-            "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
-            (name, value),
-        )
-
-    def settings(self) -> dict[str, str]:
-        """The settings kept; one that cannot be used (a volume that is no number from 0 to 1,
-        a value that is no text) is removed and noted."""
-        out: dict[str, str] = {}
-        for name, value in self._db.execute("SELECT name, value FROM settings").fetchall():
-            problem = _setting_problem(name, value)
-            if problem is None:
-                out[name] = value
-                continue
-            self._set_aside.note(f"setting {_shown(name)}: {problem}; removed")
-            self._set_aside.keep("settings", (name, value), problem)
-            self._set_aside.quietly("DELETE FROM settings WHERE name IS ?", (name,))
-        return out
 
     # ---- outbox -------------------------------------------------------------------------------
 
@@ -401,50 +270,11 @@ class Journal:
                 self._db.execute("ROLLBACK")
 
 
-def _check_place(path: Path) -> None:
-    """The journal's directory is one (no symbolic link: StorageRefusedError); the file and its
-    companions (COMPANIONS) are regular files of at most MAX_FILE_BYTES, or absent (else
-    JournalDamagedError: moved aside), checked before SQLite opens any of them. A new file is
-    private from the start (SQLite's -wal and -shm take its mode)."""
-    try:
-        directory = nofollow.open_directory(path.parent)
-    except OSError as err:
-        raise StorageRefusedError(str(err)) from None
-    try:
-        for suffix in COMPANIONS:
-            name = f"{path.name}{suffix}"
-            try:
-                os.close(nofollow.open_regular(directory, name, max_bytes=MAX_FILE_BYTES))
-            except FileNotFoundError:
-                continue
-            except nofollow.FileRefusedError as err:
-                raise JournalDamagedError(f"{name} is {err.found}") from None
-        if nofollow.kind(directory, path.name) is None:
-            flags = os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open(path.name, flags, 0o600, dir_fd=directory))
-    except OSError as err:
-        raise StorageRefusedError(f"{path.parent}: {err}") from None
-    finally:
-        os.close(directory)
-
-
-class _Undecodable(bytes):
-    """A TEXT value that is no UTF-8 (as SQLite returned it)."""
-
-
-def _text(data: bytes) -> str | _Undecodable:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return _Undecodable(data)
-
-
 class _BadRowError(Exception):
     """A row read back cannot be used (the message names the field and what was expected)."""
 
 
 _MAX_ID: Final = 1024
-_MAX_NAME: Final = 1024
 _MAX_URL: Final = 8192
 _STATES: Final = frozenset(EntryState)
 
@@ -463,18 +293,18 @@ def _dump(request: SpeakRequest) -> str:
 def _load(text: object) -> SpeakRequest:
     """A journaled request, every field checked (raises _BadRowError)."""
     if not isinstance(text, str):
-        raise _BadRowError(f"request: expected JSON text, found {_kind(text)}")
+        raise _BadRowError(f"request: expected JSON text, found {value_kind(text)}")
     try:
         body = json.loads(text)
     except (ValueError, RecursionError):
         raise _BadRowError("request: not JSON") from None
     if not isinstance(body, dict):
-        raise _BadRowError(f"request: expected a JSON object, found {_kind(body)}")
+        raise _BadRowError(f"request: expected a JSON object, found {value_kind(body)}")
     values: dict[str, Any] = {}
     for name, value in body.items():
         check = REQUEST_FIELDS.get(name)
         if check is None:  # written by a later version: what this one cannot use is left out
-            _LOGGER.warning("Journal: a request's field %s is unknown; left out", _shown(name))
+            _LOGGER.warning("Journal: a request's field %s is unknown; left out", shown(name))
             continue
         try:
             values[name] = check(value)
@@ -530,7 +360,7 @@ def _counts(row: tuple[object, ...]) -> tuple[int, str | None, int] | None:
     """A row's crash counts (begun, crash step, crashes), or None when unreadable."""
     begun, crash_step, crashes = row[5:8]
     try:
-        step = None if crash_step is None else str(_string(_MAX_NAME)(crash_step))
+        step = None if crash_step is None else str(_string(MAX_NAME)(crash_step))
         return _count(begun, "begun"), step, _count(crashes, "crashes")
     except _BadRowError:
         return None
@@ -546,7 +376,7 @@ def _salvage(row: tuple[object, ...], problem: str) -> Damaged:
     if isinstance(body, dict):
         with contextlib.suppress(_BadRowError, TypeError, ValueError):
             priority = _priority(body.get("priority"))
-        if isinstance(body.get("text"), str) and _utf8(body["text"]):
+        if isinstance(body.get("text"), str) and is_utf8(body["text"]):
             text = body["text"]
     return Damaged("announcements", request_id, problem, priority, text)
 
@@ -556,20 +386,12 @@ Check = Callable[[object], Any]
 expected."""
 
 
-def _utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _usable_id(value: object) -> bool:
     return (
         isinstance(value, str)
         and 0 < len(value) <= _MAX_ID
         and value.isprintable()
-        and _utf8(value)
+        and is_utf8(value)
     )
 
 
@@ -579,7 +401,7 @@ def _string(max_chars: int, *, printable: bool = True) -> Check:
             isinstance(value, str)
             and len(value) <= max_chars
             and (value.isprintable() or not printable)
-            and _utf8(value)
+            and is_utf8(value)
         ):
             return value
         raise _BadRowError(f"expected text of at most {max_chars} characters")
@@ -643,7 +465,7 @@ def _chime(value: object) -> bool | str | None:
 
 def _names(value: object) -> tuple[str, ...]:
     if isinstance(value, list) and len(value) <= 1000:
-        return tuple(_string(_MAX_NAME)(v) for v in value)
+        return tuple(_string(MAX_NAME)(v) for v in value)
     raise _BadRowError("expected a list of names")
 
 
@@ -657,7 +479,7 @@ REQUEST_FIELDS: Final[Mapping[str, Check]] = {
     "id": _string(_MAX_ID),
     "text": _string(10**7, printable=False),
     "unknown_fields": _names,
-    "voice": _optional(_string(_MAX_NAME)),
+    "voice": _optional(_string(MAX_NAME)),
     "rate": _number(0.01, 100.0),
     "volume": _number(0.0, 1.0),
     "priority": _priority,
@@ -666,10 +488,10 @@ REQUEST_FIELDS: Final[Mapping[str, Check]] = {
     "chime": _chime,
     "repeat": _integer(0, 10**6),
     "repeat_interval": _number(0.0, 1e9),
-    "dedupe_key": _optional(_string(_MAX_NAME)),
+    "dedupe_key": _optional(_string(MAX_NAME)),
     "at": _optional(_number(0.0, 1e11)),
     "ssml": _boolean,
-    "speaker": _optional(_string(_MAX_NAME)),
+    "speaker": _optional(_string(MAX_NAME)),
     "lang": _optional(_string(64)),
     "sound": _optional(_string(_MAX_URL)),
     "sound_after": _optional(_string(_MAX_URL)),
@@ -682,42 +504,3 @@ that a damaged or edited value is found here, not in the synthesizer or the play
 UNJOURNALED: Final = frozenset({"audio", "document"})
 """Request fields never written to the journal: recorded audio (real-time only), and the parsed
 SSML document (parsed again from `text` when it is read back)."""
-
-
-def _setting_problem(name: object, value: object) -> str | None:
-    """Why a kept setting cannot be used, or None."""
-    if not isinstance(name, str) or not name.isprintable() or len(name) > 64:
-        return "its name is unreadable"
-    if not isinstance(value, str) or not _utf8(value) or len(value) > _MAX_NAME:
-        return f"expected text, found {_kind(value)}"
-    if name == "volume":
-        try:
-            volume = float(value)
-        except ValueError:
-            return "expected a number from 0 to 1"
-        if not (math.isfinite(volume) and 0.0 <= volume <= 1.0):
-            return "expected a number from 0 to 1"
-    elif name == "voice" and not (value and value.isprintable()):
-        return "expected a voice id"
-    return None
-
-
-def _kind(value: object) -> str:
-    """A value's kind, for a problem's text (never its content)."""
-    if isinstance(value, _Undecodable):
-        return "text that is no UTF-8"
-    if value is None:
-        return "null"
-    return {
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-        str: "text",
-        bytes: "bytes",
-        list: "a list",
-        dict: "an object",
-    }.get(type(value), type(value).__name__)
-
-
-def _shown(name: object) -> str:
-    return repr(name)[:66] if isinstance(name, str) else _kind(name)

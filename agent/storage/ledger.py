@@ -184,7 +184,7 @@ class Ledger:
             topic, rank = self._events_topic, outbox_rank(notify)
             keys.append(self._journal.note_event(notify.id, state, topic, payload, rank))
             if notify.event in (Lifecycle.FINISHED, Lifecycle.REQUEUED) and state is not None:
-                self._journal.played_through(notify.id)
+                self._journal.deaths.played_through(notify.id)
 
         self._write(write)
         self._unsent.append((keys[0] if keys else None, payload))
@@ -198,13 +198,13 @@ class Ledger:
 
     def remember(self, name: str, value: str) -> None:
         """Keep a setting across restarts (inside a transaction)."""
-        self._write(lambda: self._journal.remember(name, value))
+        self._write(lambda: self._journal.run_settings.remember(name, value))
 
     def settings(self) -> dict[str, str]:
         """The settings kept (none if the journal cannot be read; one that cannot be used is
         left out and noted)."""
         try:
-            return self._journal.settings()
+            return self._journal.run_settings.read()
         except sqlite3.Error as err:
             _LOGGER.error("The kept settings cannot be read: %s", err)
             return {}
@@ -216,7 +216,7 @@ class Ledger:
 
     def activated(self, request_id: str) -> None:
         """Its synthesis begins: counted in the journal (see `DEATHS_IN_A_ROW`)."""
-        self._write(lambda: self._journal.activated(request_id))
+        self._write(lambda: self._journal.deaths.activated(request_id))
 
     def unfinished(self, death: Death | None = None, boot_id: str = "") -> Restored:
         """After a restart: count the previous process's death against the announcement it
@@ -251,13 +251,13 @@ class Ledger:
 
     def _count_death(self, death: Death | None, boot_id: str) -> None:
         no_settings: dict[str, str] = {}
-        settings = self._read("settings", self._journal.settings, no_settings)
+        settings = self._read("settings", self._journal.run_settings.read, no_settings)
         before = settings.get(BOOT_SETTING)
         if boot_id and before and before != boot_id:
             _LOGGER.info("The machine restarted since the last start: no death counts before it")
-            self._write(self._journal.machine_restarted)
+            self._write(self._journal.deaths.machine_restarted)
         if boot_id and before != boot_id:
-            self._write(lambda: self._journal.remember(BOOT_SETTING, boot_id))
+            self._write(lambda: self._journal.run_settings.remember(BOOT_SETTING, boot_id))
         if death is None:
             return
         if not death.same_boot:
@@ -266,7 +266,7 @@ class Ledger:
             )
             return
         _LOGGER.warning("The agent died in step %r of %s; counted against it", death.step, death.id)
-        self._write(lambda: self._journal.died_in(death.id, death.step, death.token))
+        self._write(lambda: self._journal.deaths.died_in(death.id, death.step, death.token))
 
     def _read(self, what: str, read: Callable[[], _T], nothing: _T) -> _T:
         """A read of the journal at start; one the file refuses (damage SQLite finds only now)
