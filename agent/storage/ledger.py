@@ -10,8 +10,8 @@ When the journal cannot be written (disk full, a read-only or failing card), the
 serving: the ledger goes volatile. Events go out at once (not kept); a message whose
 announcement could not be recorded is not acknowledged (the broker keeps it: it comes again
 after a reconnect, and a crash meanwhile loses nothing); other messages are acknowledged. A
-small write is tried every PROBE_SECONDS; when one succeeds the journal is used again and the
-messages it held back are asked for again.
+small write is tried every `journal_guard.PROBE_SECONDS`; when one succeeds the journal is used
+again and the messages it held back are asked for again.
 
 The crash-loop breaker: a message whose content kills the agent (a clause on which the model
 runs out of memory, a text espeak-ng crashes on, a sound whose decoding segfaults) must not kill
@@ -23,7 +23,7 @@ SAME_STEP_DEATHS of them and it is not tried again as it is. Deaths outside any 
 audio plays, between steps, idle, while starting) and across a restart of the machine never
 count; a play that ends normally forgets them. A bound of DEATHS_IN_A_ROW deaths in a row while
 it was the active announcement, wherever they happened, ends a loop that moves from step to
-step. Used by the app loop only.
+step. Used by the app loop only. Writes that the disk may refuse go through `journal_guard`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from agent.core.messages import (
 from agent.core.reasons import Reason
 from agent.core.states import FINAL_PHASES, EntryState
 from agent.storage.journal import BOOT_SETTING, Damaged, Journal, Pending
+from agent.storage.journal_guard import JournalGuard
 from agent.storage.outbox import KEPT
 from agent.storage.step_marker import Death
 
@@ -66,8 +67,6 @@ DEATHS_IN_A_ROW: Final = 5
 that end it all the same (a fault that moves from step to step). Five: at systemd's restart
 every 2 s and a start of a few seconds, the node is stuck at most about half a minute, and
 random kills (the fault tests make three) never reach it."""
-PROBE_SECONDS: Final = 5.0
-"""While the journal cannot be written, how often a small write is tried."""
 
 
 class Broker(Protocol):
@@ -94,12 +93,14 @@ class Ledger:
         self._unsent: list[Delivery | tuple[int | None, bytes]] = []
         self._after: list[Callable[[], object]] = []
         self._recorded = False  # the open transaction recorded an announcement
-        self._refused = False  # a write of the open transaction was refused
-        self.problem: str | None = None
-        """Why the journal cannot be written now (None: it can)."""
+        self._guard = JournalGuard(journal)
         self.held_back = 0
         """Messages left unacknowledged because their announcement could not be recorded."""
-        self._next_probe = 0.0
+
+    @property
+    def problem(self) -> str | None:
+        """Why the journal cannot be written now (None: it can)."""
+        return self._guard.problem
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -107,15 +108,15 @@ class Ledger:
         out if the block raises (the writes are rolled back). A write the disk refuses rolls
         the journal's part back and makes the ledger volatile (see the module); the block
         carries on. Work handed to `after_sync` runs at the end, whatever happened."""
-        self._recorded = self._refused = False
+        self._recorded = self._guard.refused = False
         try:
-            if self.problem is None and self._begun():
+            if self.problem is None and self._guard.begin():
                 try:
                     yield
                 except BaseException:
-                    self._journal.rollback()
+                    self._guard.rollback()
                     raise
-                self._end()
+                self._guard.end()
             else:
                 yield
             self._send()
@@ -147,28 +148,10 @@ class Ledger:
         commit's milliseconds would otherwise never be counted, and come back forever)."""
         self._after.append(work)
 
-    def _begun(self) -> bool:
-        try:
-            self._journal.begin()
-        except sqlite3.Error as err:
-            self._failed(err)
-            return False
-        return True
-
-    def _end(self) -> None:
-        if self._refused:
-            self._journal.rollback()
-            return
-        try:
-            self._journal.commit()
-        except sqlite3.Error as err:
-            self._journal.rollback()
-            self._failed(err)
-
     def record(self, request: SpeakRequest, fingerprint: str) -> None:
         """Record an accepted announcement (inside a transaction)."""
         self._recorded = True
-        self._write(lambda: self._journal.record(request, fingerprint, time.time()))
+        self._guard.write(lambda: self._journal.record(request, fingerprint, time.time()))
 
     def acknowledge(self, delivery: Delivery) -> None:
         """Acknowledge this message once the transaction is synced."""
@@ -186,7 +169,7 @@ class Ledger:
             if notify.event in (Lifecycle.FINISHED, Lifecycle.REQUEUED) and state is not None:
                 self._journal.deaths.played_through(notify.id)
 
-        self._write(write)
+        self._guard.write(write)
         self._unsent.append((keys[0] if keys else None, payload))
 
     def unreported(self, notify: Notify) -> None:
@@ -194,11 +177,11 @@ class Ledger:
         entry still follows it."""
         state = entry_state(notify)
         if state == EntryState.ENDED:
-            self._write(lambda: self._journal.ended(notify.id))
+            self._guard.write(lambda: self._journal.ended(notify.id))
 
     def remember(self, name: str, value: str) -> None:
         """Keep a setting across restarts (inside a transaction)."""
-        self._write(lambda: self._journal.run_settings.remember(name, value))
+        self._guard.write(lambda: self._journal.run_settings.remember(name, value))
 
     def settings(self) -> dict[str, str]:
         """The settings kept (none if the journal cannot be read; one that cannot be used is
@@ -216,7 +199,7 @@ class Ledger:
 
     def activated(self, request_id: str) -> None:
         """Its synthesis begins: counted in the journal (see `DEATHS_IN_A_ROW`)."""
-        self._write(lambda: self._journal.deaths.activated(request_id))
+        self._guard.write(lambda: self._journal.deaths.activated(request_id))
 
     def unfinished(self, death: Death | None = None, boot_id: str = "") -> Restored:
         """After a restart: count the previous process's death against the announcement it
@@ -225,17 +208,19 @@ class Ledger:
         acknowledged; return what had not ended, what cannot be read, and the recent ids and
         payload digests."""
         self._count_death(death, boot_id)
-        unsent: list[tuple[int, str, bytes]] = self._read(
+        unsent: list[tuple[int, str, bytes]] = self._guard.read(
             "unsent events", self._journal.outbox.pending, []
         )
         for key, topic, payload in unsent:
             if topic != self._events_topic:  # the outbox only ever holds this node's events
-                self._write(functools.partial(self._journal.outbox.drop_unsent, key, topic[:64]))
+                self._guard.write(
+                    functools.partial(self._journal.outbox.drop_unsent, key, topic[:64])
+                )
                 continue
             self._outbox[self._broker.publish(topic, payload)] = key
         wall = time.time()
         nothing: tuple[list[Pending], list[Damaged]] = ([], [])
-        pending, damaged = self._read("announcements", self._journal.recover, nothing)
+        pending, damaged = self._guard.read("announcements", self._journal.recover, nothing)
         restored = Restored(damaged=[_damaged_event(d) for d in damaged if d.id is not None])
         for p in pending:
             poison = p.crashes >= SAME_STEP_DEATHS
@@ -244,20 +229,20 @@ class Ledger:
             step = p.crash_step if poison else None
             restored.pending.append(Unfinished(p.request, ttl_left, p.started, crashed, step))
         no_ids: tuple[list[str], list[str]] = ([], [])
-        restored.ids, restored.fingerprints = self._read(
+        restored.ids, restored.fingerprints = self._guard.read(
             "recent ids", self._journal.remembered, no_ids
         )
         return restored
 
     def _count_death(self, death: Death | None, boot_id: str) -> None:
         no_settings: dict[str, str] = {}
-        settings = self._read("settings", self._journal.run_settings.read, no_settings)
+        settings = self._guard.read("settings", self._journal.run_settings.read, no_settings)
         before = settings.get(BOOT_SETTING)
         if boot_id and before and before != boot_id:
             _LOGGER.info("The machine restarted since the last start: no death counts before it")
-            self._write(self._journal.deaths.machine_restarted)
+            self._guard.write(self._journal.deaths.machine_restarted)
         if boot_id and before != boot_id:
-            self._write(lambda: self._journal.run_settings.remember(BOOT_SETTING, boot_id))
+            self._guard.write(lambda: self._journal.run_settings.remember(BOOT_SETTING, boot_id))
         if death is None:
             return
         if not death.same_boot:
@@ -266,17 +251,7 @@ class Ledger:
             )
             return
         _LOGGER.warning("The agent died in step %r of %s; counted against it", death.step, death.id)
-        self._write(lambda: self._journal.deaths.died_in(death.id, death.step, death.token))
-
-    def _read(self, what: str, read: Callable[[], _T], nothing: _T) -> _T:
-        """A read of the journal at start; one the file refuses (damage SQLite finds only now)
-        is logged and noted, and the start goes on without it."""
-        try:
-            return read()
-        except sqlite3.Error as err:
-            _LOGGER.error("The journal's %s cannot be read: %s", what, err)
-            self._journal.notes.append(f"{what} unreadable: {err}")
-            return nothing
+        self._guard.write(lambda: self._journal.deaths.died_in(death.id, death.step, death.token))
 
     def settle(self) -> None:
         """Forget the events the broker acknowledged."""
@@ -287,42 +262,18 @@ class Ledger:
             if key is not None:
                 keys.append(key)
         if keys and self.problem is None:
-            self._write(lambda: self._journal.outbox.done(keys))
+            self._guard.write(lambda: self._journal.outbox.done(keys))
 
     def recovered(self, now: float) -> bool:
-        """While volatile: try a small write (every PROBE_SECONDS); True when it worked, i.e.
-        the journal is used again (the caller asks for the held back messages again)."""
-        if self.problem is None or now < self._next_probe:
-            return False
-        self._next_probe = now + PROBE_SECONDS
-        try:
-            self._journal.probe()
-        except sqlite3.Error:
-            return False
-        _LOGGER.warning("The journal can be written again (it could not: %s)", self.problem)
-        self.problem = None
-        return True
+        """While volatile: try a small write (every `journal_guard.PROBE_SECONDS`); True when it
+        worked, i.e. the journal is used again (the caller asks for the held back messages
+        again)."""
+        return self._guard.recovered(now)
 
     def close(self) -> None:
         """Settle and close the journal."""
         self.settle()
         self._journal.close()
-
-    def _write(self, write: Callable[[], object]) -> None:
-        """One journal write, unless volatile; a refused write makes the ledger volatile (the
-        transaction's writes are rolled back at its end)."""
-        if self.problem is not None:
-            return
-        try:
-            write()
-        except sqlite3.Error as err:
-            self._refused = True
-            self._failed(err)
-
-    def _failed(self, err: sqlite3.Error) -> None:
-        if self.problem is None:
-            _LOGGER.error("The journal cannot be written (%s): serving without it", err)
-        self.problem = f"journal: {err}"
 
 
 @dataclass(slots=True)
