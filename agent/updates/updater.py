@@ -19,28 +19,23 @@ model that does not load) picks only a slot whose release is not revoked and who
 have the digests they were installed with; the configured model otherwise. Every file below
 the OTA directory is opened through `update_store`, which never follows a link. The model
 loader is given: the updater never loads ONNX Runtime itself. The model a start begins with is
-`model_at_start`'s to choose.
+`model_at_start`'s to choose. Its parts: the trust in offers and revocations
+(`release_trust`), the downloads (`downloads`), the health check (`health_check`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import queue
-import signal
-import subprocess
-import sys
 import threading
-import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from agent.core.egress import EgressPolicy
 from agent.core.refusal import Refused
@@ -51,7 +46,9 @@ from agent.settings.declarations import OtaConfig
 from agent.updates import update_store as store
 from agent.updates.clean_up import clean_up
 from agent.updates.downloads import Downloads
+from agent.updates.health_check import HealthCheck
 from agent.updates.model_at_start import recovered_state
+from agent.updates.release_trust import ReleaseTrust
 from agent.updates.steps import Cancelled, fault_point
 from agent.updates.update_store import (
     Pending,
@@ -64,17 +61,9 @@ from agent.updates.update_store import (
     without_previous,
 )
 
-if TYPE_CHECKING:  # loaded by `manifest` where a key is read
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 _LOGGER = logging.getLogger(__name__)
 M = TypeVar("M")
 """A loaded model, as the agent's loader makes it (the updater only hands it over)."""
-
-CHECK_ENVIRONMENT: Final = {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "65536"}
-"""glibc settings of the health check (and the build processes it starts) unless the agent's
-environment sets them: the agent's own (`allocator`, set there with mallopt, which a child does
-not inherit). Measured: the check's peak 181 MB with them, 227 without (docs/memory.md)."""
 
 
 class Updater(Generic[M]):
@@ -95,21 +84,13 @@ class Updater(Generic[M]):
     ) -> None:
         self._config = config
         self._hosts = EgressPolicy.parse(config.hosts, "ota.hosts")
-        self._cache_dir = cache_dir
-        """The model cache `load` uses: the health check builds the candidate's parts there, so
-        `load` finds them (None: the check builds in a temporary directory, `load` again)."""
         self._load = load
         self._dir = directory
         self._factory = factory_model
-        self._rate = rate
-        self._threads = threads
         self._send = report
         self._finals: list[UpdateReport] = []
         self._swap = swap
-        self._trusted: dict[str, Ed25519PublicKey] = {}
-        for text in config.trusted_keys:
-            key = manifests.public_key_from_text(text)
-            self._trusted[manifests.key_id(key)] = key
+        self._trust = ReleaseTrust(config, self._hosts)
         self._offers: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue(maxsize=1)
         self._revocations: deque[tuple[str, dict[str, Any]]] = deque(maxlen=16)
         self._busy = threading.Event()
@@ -120,6 +101,10 @@ class Updater(Generic[M]):
         self._envelope = b""
         """The signed envelope of the release being installed."""
         self._downloads = Downloads(config, directory, self._hosts, self._cancel)
+        self._health = HealthCheck(config, rate, threads, cache_dir, self._cancel)
+        """`cache_dir`: the model cache `load` uses: the health check builds the candidate's
+        parts there, so `load` finds them (None: the check builds in a temporary directory,
+        `load` again)."""
         self.state = recovered_state(directory)
 
     # ---- start-up -----------------------------------------------------------------------------
@@ -275,7 +260,7 @@ class Updater(Generic[M]):
 
     def _update_blocking(self, offer_id: str, body: dict[str, Any]) -> None:
         self._report(UpdateReport(offer_id, UpdatePhase.VERIFYING))
-        release = self._verified(body)
+        release, self._envelope = self._trust.offer(body, self._downloads)
         if self.state.revoked(release.release):
             raise Refused(UpdateReason.REVOKED, f"release {release.release} was revoked")
         refusal = manifests.admissible(
@@ -293,36 +278,7 @@ class Updater(Generic[M]):
             raise Refused(UpdateReason.MALFORMED, "base_url: expected an http(s) URL")
         if (problem := self._hosts.url_problem(base)) is not None:
             raise Refused(UpdateReason.URL_NOT_ALLOWED, f"base_url: {problem}")
-        staged = self._download_blocking(offer_id, release, base)
-        fault_point("verify")
-        slot = self._install_blocking(offer_id, release, staged)
-        candidate = self._check_blocking(offer_id, release, slot)
-        self._switch_blocking(offer_id, release, slot, candidate)
 
-    def _verified(self, body: dict[str, Any]) -> Manifest:
-        if not self._trusted:
-            raise Refused(UpdateReason.NO_TRUSTED_KEYS, "ota.trusted_keys is empty")
-        envelope = body.get("manifest")
-        if isinstance(envelope, dict):
-            data = json.dumps(envelope).encode()
-        elif isinstance(body.get("manifest_url"), str):
-            url = str(body["manifest_url"])
-            if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
-                raise Refused(UpdateReason.MALFORMED, "manifest_url: expected an http(s) URL")
-            if (problem := self._hosts.url_problem(url)) is not None:
-                raise Refused(UpdateReason.URL_NOT_ALLOWED, f"manifest_url: {problem}")
-            data = self._downloads.manifest(url)
-        else:
-            raise Refused(UpdateReason.MALFORMED, "expected `manifest` or `manifest_url`")
-        checked = manifests.verify(data, self._trusted)
-        if isinstance(checked, Refused):
-            raise checked
-        self._envelope = data  # kept in the slot: its tiers are checked against it at start
-        return checked
-
-    # ---- download -----------------------------------------------------------------------------
-
-    def _download_blocking(self, offer_id: str, release: Manifest, base: str) -> dict[str, Path]:
         def progress(percent: int) -> None:
             self._report(
                 UpdateReport(
@@ -335,7 +291,11 @@ class Updater(Generic[M]):
                 )
             )
 
-        return self._downloads.release(release, base, progress)
+        staged = self._downloads.release(release, base, progress)
+        fault_point("verify")
+        slot = self._install_blocking(offer_id, release, staged)
+        candidate = self._check_blocking(offer_id, release, slot)
+        self._switch_blocking(offer_id, release, slot, candidate)
 
     # ---- install, check, switch -----------------------------------------------------------------
 
@@ -373,23 +333,7 @@ class Updater(Generic[M]):
             raise Cancelled
         model = self._dir / "slots" / slot / release.model.path
         fault_point("healthcheck")
-        command = [
-            sys.executable,
-            "-m",
-            "agent.speech.healthcheck",
-            str(model),
-            "--rate",
-            str(self._rate),
-        ]
-        command += ["--reference", str(self.active_model()), "--threads", str(self._threads)]
-        command += ["--memory-mb", str(self._config.health_memory_mb)]  # it limits itself
-        if self._cache_dir is not None:
-            command += ["--cache-dir", str(self._cache_dir)]
-        returncode, stdout, stderr = self._run_check(command)
-        verdict = _last_json(stdout)
-        if returncode != 0 or not verdict.get("ok"):
-            problems = verdict.get("problems") or [_exit_reason(returncode, stderr)]
-            raise Refused(UpdateReason.HEALTH_CHECK, "; ".join(str(p) for p in problems)[:300])
+        self._health.run(model, self.active_model())
         if self._cancel.is_set():
             raise Cancelled
         files = {entry.path: entry.sha256 for entry in release.files}
@@ -397,35 +341,6 @@ class Updater(Generic[M]):
         if problem is not None:
             raise Refused(UpdateReason.CHECKSUM_MISMATCH, problem)
         return self._load(model)  # as a start loads it: from the parts the check left in the cache
-
-    def _run_check(self, command: list[str]) -> tuple[int, str, str]:
-        """Run the health check in a process group of its own; a timeout, a cancel or a stop
-        kills the group (the check and the build processes it started)."""
-        deadline = time.monotonic() + self._config.health_timeout
-        environment = {**CHECK_ENVIRONMENT, **os.environ}
-        with subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=environment,
-            start_new_session=True,
-        ) as child:
-            while True:
-                try:
-                    stdout, stderr = child.communicate(timeout=0.25)
-                    return child.returncode, stdout, stderr
-                except subprocess.TimeoutExpired as err:
-                    cancelled, late = self._cancel.is_set(), time.monotonic() > deadline
-                    if not (cancelled or late):
-                        continue
-                    os.killpg(child.pid, signal.SIGKILL)  # not reaped yet: the group is its own
-                    child.communicate()
-                    if cancelled:
-                        raise Cancelled from err
-                    raise Refused(
-                        UpdateReason.HEALTH_CHECK, f"no answer in {self._config.health_timeout:g} s"
-                    ) from err
 
     def _switch_blocking(self, offer_id: str, release: Manifest, slot: str, voice: M) -> None:
         if self.state.revoked(release.release):  # a revocation came while it was downloaded
@@ -516,15 +431,7 @@ class Updater(Generic[M]):
         """A signed revocation: kept if newer than the one known; the active release, if it
         is revoked, is left at once for the previous one (if that one is not revoked too, its
         files still have their digests and it loads) or the configured model."""
-        if not self._trusted:
-            raise Refused(UpdateReason.NO_TRUSTED_KEYS, "ota.trusted_keys is empty")
-        if not isinstance(envelope, dict):
-            raise Refused(UpdateReason.MALFORMED, "revocation: expected a signed envelope")
-        revocation = manifests.verify_revocation(json.dumps(envelope).encode(), self._trusted)
-        if isinstance(revocation, Refused):
-            raise revocation
-        if revocation.device_class != self._config.device_class:
-            raise Refused(UpdateReason.WRONG_TARGET, f"for {revocation.device_class}")
+        revocation = self._trust.revocation(envelope)
         known = self.state.revocation
         if known is not None and revocation.issued <= datetime.fromisoformat(known["issued"]):
             _LOGGER.debug("Revocation %s is not newer than the one kept", offer_id)
@@ -574,23 +481,3 @@ class Updater(Generic[M]):
         if state.active is None or state.model is None:
             return self._factory
         return self._dir / "slots" / state.active / state.model
-
-
-# ---- helpers ------------------------------------------------------------------------------------
-
-
-def _exit_reason(code: int, stderr: str) -> str:
-    """Why the health check process ended without a verdict: its signal or its last words."""
-    if code < 0:
-        return f"the check process was killed by {signal.Signals(-code).name}"
-    lines = [line for line in stderr.strip().splitlines() if line.strip()]
-    return f"the check process failed (exit code {code}): {lines[-1] if lines else 'no output'}"
-
-
-def _last_json(text: str) -> Mapping[str, Any]:
-    for line in reversed(text.strip().splitlines()):
-        with contextlib.suppress(ValueError):
-            value = json.loads(line)
-            if isinstance(value, dict):
-                return value
-    return {}
