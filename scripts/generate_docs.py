@@ -327,9 +327,69 @@ _FRESH_RUN = "bench/fresh-run.json"
 _FRESH_INSTALL = "bench/fresh-install.json"
 _FRESH_TEST = "bench/fresh-test.json"
 _TIERS = "bench/tiers.json"
+_ALARMS = "bench/alarms.json"
+_ROOMS = "bench/rooms.json"
 _MS = "{:.0f} ms"
+_MS1 = "{:.1f} ms"
+_MS3 = "{:.2f} ms"
+_MB = "{:.0f} MB"
+_MIB = "{:.1f} MiB"
 _MINUTES = "{:.1f} minutes"
 _TIMES = "\u00d7"  # the multiplication sign
+_RATIO = "{:.2f}" + _TIMES
+_SPEED = "{:.1f}" + _TIMES
+_PERCENT = "{:+.1f} %"
+_DATE = "{:.10}"
+_WHEN = "{:.16}"
+_LOAD = "{:.0f}"
+_COUNT = "{:.0f}"
+_ALARM_MS = "{} ms"
+"""An alarm figure as bench/alarms.json holds it (rounded to 0.1 ms there; null when lost)."""
+
+
+def _metric(
+    prefix: str, source: str, metric: str, ours: str = "", piper: str = ""
+) -> dict[str, Figure]:
+    """A bench metric's ratio, and its ours / piper values where `ours` / `piper` give forms."""
+    found = {f"{prefix}_ratio": Figure(source, f"metrics.{metric}.ratio", _RATIO)}
+    if ours:
+        found[f"{prefix}_ours"] = Figure(source, f"metrics.{metric}.ours_value", ours)
+    if piper:
+        found[f"{prefix}_piper"] = Figure(source, f"metrics.{metric}.piper_value", piper)
+    return found
+
+
+def _value(name: str, source: str, metric: str, form: str) -> dict[str, Figure]:
+    """A bench metric's own value (a metric with no piper side)."""
+    return {name: Figure(source, f"metrics.{metric}.ours_value", form)}
+
+
+def _alarm(name: str, scenario: str) -> dict[str, Figure]:
+    """Publish -> first alarm sample under one of bench/alarms.py's scenarios: p50 and max."""
+    path = f"latest.scenarios.{scenario}.summary_ms"
+    return {
+        f"{name}_p50": Figure(_ALARMS, f"{path}.p50", _ALARM_MS),
+        f"{name}_max": Figure(_ALARMS, f"{path}.max", _ALARM_MS),
+    }
+
+
+def _trust(name: str, row: str) -> dict[str, Figure]:
+    """A `critical` beside a hostile sound (bench/trust.py): publish -> started, p50 and max."""
+    return {
+        f"{name}_p50": Figure(_TRUST, f"alarm_start_ms.{row}.median", _MS1),
+        f"{name}_max": Figure(_TRUST, f"alarm_start_ms.{row}.max", _MS1),
+    }
+
+
+def _sync(name: str, run: str) -> dict[str, Figure]:
+    """Two nodes, one `at` (bench/rooms.py): |offset| p95 and max, uncached and cached."""
+    return {
+        f"{name}_{kind}_{stat}": Figure(_ROOMS, f"results.{run}.{kind}.abs_offset_ms.{stat}", _MS3)
+        for kind in ("uncached", "cached")
+        for stat in ("p95", "max")
+    }
+
+
 FIGURES: Final[Mapping[str, Figure]] = {
     # make bench: bench/run.py against piper-tts (bench/REPORT.md)
     "bench_cpu": Figure(_METRIC, "machine.cpu_model", "{}"),
@@ -407,6 +467,98 @@ FIGURES: Final[Mapping[str, Figure]] = {
     "tier_device_calibration_mb": Figure(
         _TIERS, "children.build_on_device.result.calibration_peak_rss_mb", "{:.0f} MB"
     ),
+    # make bench: bench/run.py against piper-tts, every row of docs/performance.md (REPORT.md)
+    "bench_date": Figure(_METRIC, "machine.date", _WHEN),
+    "bench_seconds": Figure(_METRIC, "run.duration_s", "{:.0f} s"),
+    "bench_load_start": Figure(_METRIC, "machine.load_average_at_start.0", _LOAD),
+    "bench_load_end": Figure(_METRIC, "run.load_average_at_end.0", _LOAD),
+    "bench_piper_version": Figure(_METRIC, "machine.piper-tts", "{}"),
+    **{
+        name: figure
+        for text in ("short", "medium", "long")
+        for name, figure in (
+            _metric(f"cpu_{text}", _METRIC, f"cpu_speed_{text}", _SPEED, _SPEED)
+            | _metric(f"warm_{text}", _METRIC, f"warm_speed_{text}", _SPEED, _SPEED)
+            | _metric(f"int8_{text}", _METRIC, f"int8_speed_{text}", _SPEED, _SPEED)
+        ).items()
+    },
+    **_metric("ttfa", _METRIC, "ttfa_vs_piper_whole_text"),
+    **_metric("ttfa_first", _METRIC, "ttfa_vs_piper_first_sentence", piper=_MS),
+    **_metric("ttfa_short", _METRIC, "ttfa_short", _MS, _MS),
+    **_metric("ttfa_unpunctuated", _METRIC, "ttfa_unpunctuated", _MS, _MS),
+    **_value("cached_p50_ms", _METRIC, "cached_latency_p50", _MS1),
+    **_value("cached_p99_ms", _METRIC, "cached_latency_p99", _MS),
+    **_value("media_p50_ms", _METRIC, "cached_media_latency_p50", _MS1),
+    **_value("media_p99_ms", _METRIC, "cached_media_latency_p99", _MS),
+    **_value("chunking_three", _METRIC, "chunking_overhead_three_sentences", _PERCENT),
+    **_value("chunking_long", _METRIC, "chunking_overhead_long", _PERCENT),
+    **_value("chunking_unpunctuated", _METRIC, "chunking_overhead_unpunctuated", _PERCENT),
+    **_value("underruns", _METRIC, "paced_underruns", _COUNT),
+    **_metric("peak_rss", _METRIC, "peak_rss"),
+    **_metric("peak_sampled", _METRIC, "peak_rss_sampled", _MB),
+    **_value("peak_pss_mb", _METRIC, "peak_pss_sampled", _MB),
+    **_metric("steady_rss", _METRIC, "steady_rss", piper=_MB),
+    **_metric("steady_pss", _METRIC, "pss", _MB, _MB),
+    **_metric("cold_start", _METRIC, "cold_start", "{:.2f} s", "{:.2f} s"),
+    **_value("power_on_alarm_ms", _METRIC, "power_on_alarm", _MS),
+    **_metric("power_on_online", _METRIC, "power_on_online", "{:.2f} s", "{:.2f} s"),
+    **_metric("power_on_loaded", _METRIC, "power_on_loaded", "{:.2f} s"),
+    # make bench: bench/wyoming.py, the rest of docs/performance.md's Wyoming rows
+    "wyoming_date": Figure(_WYOMING, "machine.date", _WHEN),
+    "wyoming_seconds": Figure(_WYOMING, "run.duration_s", "{:.0f} s"),
+    "wyoming_load_start": Figure(_WYOMING, "machine.load_average_at_start.0", _LOAD),
+    "wyoming_load_end": Figure(_WYOMING, "run.load_average_at_end.0", _LOAD),
+    "wyoming_piper_version": Figure(_WYOMING, "machine.versions.wyoming-piper", "{}"),
+    "wyoming_three_paired": Figure(
+        _WYOMING, "summary.paired_median_ratios.three_sentences.first_over_whole", _RATIO
+    ),
+    **_metric("wyoming_first_short", _WYOMING, "first_audio_short"),
+    **_metric("wyoming_first_three", _WYOMING, "first_audio_three_sentences"),
+    **_metric("wyoming_first_paragraph", _WYOMING, "first_audio_paragraph"),
+    **_metric("wyoming_whole_short", _WYOMING, "whole_short"),
+    **_metric("wyoming_whole_three", _WYOMING, "whole_three_sentences"),
+    **_metric("wyoming_whole_paragraph", _WYOMING, "whole_paragraph"),
+    "wyoming_stream_p90_ms": Figure(_WYOMING, "summary.stream_vs_mqtt.stream_first_p90_ms", _MS),
+    "wyoming_stream_bound_ms": Figure(_WYOMING, "summary.stream_vs_mqtt.bound_ms", _MS),
+    "wyoming_mqtt_first_ms": Figure(_WYOMING, "summary.stream_vs_mqtt.mqtt_first_ms", _MS),
+    # make bench: bench/alarms.py (bench/ALARMS.md), its latest run
+    "alarms_date": Figure(_ALARMS, "latest.machine.date", _WHEN),
+    "alarms_load_start": Figure(_ALARMS, "latest.machine.load_average_at_start.0", _LOAD),
+    **_alarm("alarms_quiet", "quiet"),
+    **_alarm("alarms_all", "all at once"),
+    "alarms_power_on_ms": Figure(_ALARMS, "latest.power_on.median_ms", _ALARM_MS),
+    "alarms_power_on_piper_ms": Figure(_ALARMS, "latest.power_on.piper_tts_median_ms", _ALARM_MS),
+    # make bench: bench/trust.py (bench/TRUST.md), an earlier run
+    "trust_date": Figure(_TRUST, "machine.date", _DATE),
+    "trust_trials": Figure(_TRUST, "trials", _COUNT),
+    **_trust("trust_bomb_url", "bomb as sound (URL)"),
+    **_trust("trust_bomb_playbytes", "bomb as Hermes playBytes"),
+    **_trust("trust_bomb_stalled", "bomb being fetched (server stalls)"),
+    "trust_refused_p50_ms": Figure(_TRUST, "bomb_refused_ms.median", _MS1),
+    "trust_refused_max_ms": Figure(_TRUST, "bomb_refused_ms.max", _MS),
+    "trust_baseline_mib": Figure(_TRUST, "memory.default_budget.baseline_mib", _MIB),
+    "trust_budget_over_mib": Figure(_TRUST, "memory.default_budget.over_baseline_mib", "+" + _MIB),
+    "trust_budget_settled_mib": Figure(_TRUST, "memory.default_budget.settled_mib", _MIB),
+    "trust_budget_refused": Figure(_TRUST, "memory.default_budget.refused_queue_full", _COUNT),
+    "trust_budget_waiting": Figure(_TRUST, "memory.default_budget.waiting", _COUNT),
+    "trust_gib_over_mib": Figure(_TRUST, "memory.budget_1_gib.over_baseline_mib", "+" + _MIB),
+    "trust_gib_settled_mib": Figure(_TRUST, "memory.budget_1_gib.settled_mib", _MIB),
+    "trust_gib_refused": Figure(_TRUST, "memory.budget_1_gib.refused_queue_full", _COUNT),
+    "trust_allowed_mib": Figure(_TRUST, "allowed_over_baseline_mib", "+{:.0f} MiB"),
+    # make bench: bench/rooms.py (bench/ROOMS.md), an earlier run
+    "rooms_date": Figure(_ROOMS, "machine.date", _DATE),
+    "rooms_block_ms": Figure(_ROOMS, "results.sync_default.sink_latency_ms", _MS3),
+    "rooms_small_block_ms": Figure(_ROOMS, "results.sync_default_2ms_blocks.sink_latency_ms", _MS3),
+    **_sync("rooms_sync", "sync_default"),
+    **_sync("rooms_sync_small", "sync_default_2ms_blocks"),
+    **{
+        f"rooms_lead_{text}_max": Figure(_ROOMS, f"results.lead.{text}.max", _MS)
+        for text in ("short", "medium", "long")
+    },
+    **{
+        f"rooms_idle_{kind}": Figure(_ROOMS, f"results.idle.{kind}.p50", _MS1)
+        for kind in ("defaults", "lead_in_300ms", "release_when_idle")
+    },
 }
 """Every figure the pages may show, by the name its marker gives."""
 
