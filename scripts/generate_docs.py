@@ -447,6 +447,7 @@ FIGURES: Final[Mapping[str, Figure]] = {
         _TIERS, "builds.0.result.noiseless_distance_db", "{:.2f} dB"
     ),
     "tier_build1_sha": Figure(_TIERS, "builds.0.result.sha256", "{:.8}"),
+    "tier_build1_share": Figure(_TIERS, "builds.0.selection.quantized_cost_share", "{:.0%}"),
     "tier_build2_sha": Figure(_TIERS, "builds.1.result.sha256", "{:.8}"),
     "tier_build1_peak_mb": Figure(_TIERS, "builds.0.result.peak_rss_mb", "{:.0f} MB"),
     "tier_build2_peak_mb": Figure(_TIERS, "builds.1.result.peak_rss_mb", "{:.0f} MB"),
