@@ -368,6 +368,7 @@ def _alarm(name: str, scenario: str) -> dict[str, Figure]:
     """Publish -> first alarm sample under one of bench/alarms.py's scenarios: p50 and max."""
     path = f"latest.scenarios.{scenario}.summary_ms"
     return {
+        f"{name}_n": Figure(_ALARMS, f"{path}.n", _COUNT),
         f"{name}_p50": Figure(_ALARMS, f"{path}.p50", _ALARM_MS),
         f"{name}_max": Figure(_ALARMS, f"{path}.max", _ALARM_MS),
     }
