@@ -313,7 +313,8 @@ def installed(machine: Machine, report: Report, before: set[str]) -> None:
     passwd = (root / "etc/passwd").read_text(encoding="utf-8")
     check(report, "the service user exists", "\nvoice-agent:" in f"\n{passwd}")
     models = root / "var/cache/voice-agent/models"
-    check(report, "the voice is prepared at install", any(models.glob("*.split2.json")))
+    prepared = sorted(path.name for path in models.glob("*.split*.json"))  # any split format
+    check(report, "the voice is prepared at install", bool(prepared), prepared)
 
 
 TIMEOUT_STOP_S: Final = 15.0
