@@ -536,9 +536,11 @@ def _cut_of_cached_parts(models: Path, digest: str) -> dict[str, list[list[str]]
     (read without their weights)."""
     import onnx  # noqa: PLC0415
 
+    from agent.speech.decoder_parts import SPLIT_FORMAT  # noqa: PLC0415
+
     cut = {}
     for part in ("prior", "flow", "decoder"):
-        (path,) = models.glob(f"{digest}-*.split2.{part}.onnx")
+        (path,) = models.glob(f"{digest}-*.split{SPLIT_FORMAT}.{part}.onnx")
         graph = onnx.load(str(path), load_external_data=False).graph
         constants = {tensor.name for tensor in graph.initializer}
         inputs = [i.name for i in graph.input if i.name not in constants]
