@@ -32,7 +32,9 @@ from agent.speech.tier_build import (
     RESULT,
     RESULT_MAX_BYTES,
     SEAL,
+    SPEED_MEMORY_MB,
     known,
+    measure_speed,
     seal_key,
     write_seal,
 )
@@ -194,6 +196,16 @@ def _flip_last_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
+
+
+def test_the_speed_is_not_measured_without_the_memory_its_child_needs(tmp_path: Path) -> None:
+    """A board without room for a second copy of the voice (a 256 MB one) keeps FP32 and says
+    why: no child is started (the model path does not even exist), nothing is written."""
+    short = measure_speed(
+        tmp_path / "absent.onnx", tmp_path, "d" * 64, b"k" * 32, available=SPEED_MEMORY_MB - 1
+    )
+    assert short == f"{SPEED_MEMORY_MB - 1} MB free, the measurement needs {SPEED_MEMORY_MB}"
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_sealed_result_is_used_while_it_and_its_files_are_whole(tmp_path: Path) -> None:

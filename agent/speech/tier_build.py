@@ -52,6 +52,10 @@ RESULT_MAX_BYTES: Final = 64 * 1024
 JSON_MAX_BYTES: Final = 1024 * 1024
 """A voice's `.onnx.json` (the phoneme map: ~5 KB) read at most this large."""
 VARIANT_MAX_BYTES: Final = 512 * 1024 * 1024
+SPEED_MEMORY_MB: Final = 300
+"""Memory the speed measurement needs (MB, as `BUILD_MEMORY_MB`): its child loads the FP32 voice
+beside the node's (bench/TIERS.md: 278 MB peak). Below it (a 256 MB board), the node keeps FP32
+and says why in the state, rather than have the child or the node OOM-killed."""
 BUILD_MEMORY_MB: Final = 640
 """Memory the on-device build needs (MB of MemAvailable, or of the memory cgroup's room): its
 calibration child's measured peak on the bundled medium voice (507 MB, percentile ranges one
@@ -278,8 +282,14 @@ def known_speed(folder: Path, digest: str, key: bytes) -> Speed | None:
 # ---- the children ---------------------------------------------------------------------------
 
 
-def measure_speed(model: Path, folder: Path, digest: str, key: bytes) -> Speed | str:
-    """FP32's speed on this CPU, measured by the child and sealed; why not, as text."""
+def measure_speed(
+    model: Path, folder: Path, digest: str, key: bytes, available: float | None = None
+) -> Speed | str:
+    """FP32's speed on this CPU, measured by the child (only with `SPEED_MEMORY_MB` available:
+    the child loads the voice beside the node's own) and sealed; why not, as text."""
+    free = available_mb() if available is None else available
+    if free is not None and free < SPEED_MEMORY_MB:
+        return f"{free:.0f} MB free, the measurement needs {SPEED_MEMORY_MB}"
     done = _child(model, folder, ["--speed-only"], SPEED)
     if done is not None:
         return done
