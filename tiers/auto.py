@@ -183,6 +183,7 @@ def build_here(model: Path, out: Path, recipe: dict[str, Any], repeat: int) -> d
     """Calibrate (in a child), build the recipe's variant into out, then judge it."""
     started = time.perf_counter()
     cache = out / CALIBRATION
+    out.mkdir(parents=True, exist_ok=True)
     (out / RECIPE).write_text(json.dumps(recipe), encoding="utf-8")
     command = [sys.executable, "-m", "tiers.auto", str(model), "--out", str(out), "--calibrate"]
     command += ["--recipe", str(out / RECIPE)]
