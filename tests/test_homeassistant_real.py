@@ -201,7 +201,7 @@ def announced(seen: Watcher, node_id: str) -> dict[str, dict[str, Any]]:
 
 def spoken(node: Node, since: int, topic: str = "") -> tuple[bytes, dict[str, Any]]:
     """The first message on `topic` (the speak topic by default) after message number `since`,
-    and the `finished` event of what it made."""
+    and the `finished` event of what it made (any other end fails at once, with its reason)."""
     topic = topic or node.topics.speak
 
     def after() -> list[Any]:
@@ -214,7 +214,69 @@ def spoken(node: Node, since: int, topic: str = "") -> tuple[bytes, dict[str, An
     wait_until(lambda: any(m.topic == topic for m in after()), what=f"a message on {topic}")
     payload = next(m.payload for m in after() if m.topic == topic)
     wait_until(lambda: bool(accepted()), what="an accepted event")
-    return payload, node.watcher.wait_event(accepted()[0]["id"], "finished")
+    end = node.watcher.wait_end(accepted()[0]["id"])
+    assert end["event"] == "finished", end
+    return payload, end
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What to look at when a Home Assistant service call speaks nothing: taken before it."""
+
+    ha: HomeAssistant
+    node: Node
+    broker: Broker
+    entity_id: str
+    messages: int
+    """The node watcher's message count."""
+    log: int
+    """Home Assistant's log mark."""
+    state: dict[str, Any] | None
+    """The entity's state object."""
+
+    @classmethod
+    def before(cls, ha: HomeAssistant, node: Node, broker: Broker, entity_id: str) -> Sent:
+        """Taken just before the call."""
+        messages = len(node.watcher.snapshot())
+        return cls(ha, node, broker, entity_id, messages, ha.log_mark(), ha.state(entity_id))
+
+    def spoken(self) -> tuple[bytes, dict[str, Any]]:
+        """`spoken` on the say topic; when it fails, the evidence of who dropped the message."""
+        try:
+            return spoken(self.node, self.messages, self.node.topics.say)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.evidence()}") from None
+
+    def evidence(self) -> str:
+        """Home Assistant's view of the entity before and after (a notify entity's state is the
+        time it last sent: unchanged, Home Assistant never ran the send, as for an unavailable
+        entity, which a service call skips without an error), the availability the node
+        published, Home Assistant's warnings since, the broker's log of the say topic (each
+        PUBLISH with its client), and the node's events since."""
+        topics = self.node.topics
+        seen = self.node.watcher.snapshot()
+        availability = {
+            t: [m.payload.decode() for m in seen if m.topic == t]
+            for t in (topics.status, topics.engine)
+        }
+        warnings = [
+            f"{r.level} [{r.logger}] {r.message[:300]}"
+            for r in self.ha.log_records(self.log)
+            if r.level in {"WARNING", "ERROR", "CRITICAL"}
+        ]
+        log = self.broker.log.read_text(encoding="utf-8", errors="replace")
+        broker = [line for line in log.splitlines() if f"'{topics.say}'" in line]
+        events = [m.payload.decode() for m in seen[self.messages :] if m.topic == topics.events]
+        return "\n".join(
+            [
+                f"{self.entity_id} before the call: {self.state}",
+                f"{self.entity_id} now: {self.ha.state(self.entity_id)}",
+                f"availability the node published (oldest first): {availability}",
+                f"Home Assistant's warnings since the call: {warnings}",
+                f"the broker's log of {topics.say}: {broker[-10:]}",
+                f"the node's events since the call: {events}",
+            ]
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,28 +433,28 @@ def test_sensors_show_what_the_state_carries(
 
 
 def test_notify_send_message_speaks(
-    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+    homeassistant: HomeAssistant, node: Node, ha_broker: Broker, entities: dict[str, str]
 ) -> None:
-    since = len(node.watcher.snapshot())
+    sent = Sent.before(homeassistant, node, ha_broker, entities["speak"])
     homeassistant.call_service(
         "notify",
         "send_message",
         {"entity_id": entities["speak"], "message": '{"door": "open"} is said, not parsed.'},
     )
-    payload, finished = spoken(node, since, node.topics.say)
+    payload, finished = sent.spoken()
     assert payload == b'{"door": "open"} is said, not parsed.'  # plain text, never JSON
     assert finished["priority"] == "info"
     assert finished["audio_seconds"] > 0
 
 
 def test_text_set_value_speaks_and_home_assistant_caps_it(
-    homeassistant: HomeAssistant, node: Node, entities: dict[str, str]
+    homeassistant: HomeAssistant, node: Node, ha_broker: Broker, entities: dict[str, str]
 ) -> None:
-    since = len(node.watcher.snapshot())
+    sent = Sent.before(homeassistant, node, ha_broker, entities["say"])
     homeassistant.call_service(
         "text", "set_value", {"entity_id": entities["say"], "value": "Dinner is ready."}
     )
-    payload, finished = spoken(node, since, node.topics.say)
+    payload, finished = sent.spoken()
     assert payload == b"Dinner is ready."
     assert finished["audio_seconds"] > 0
     with pytest.raises(ApiError, match=rf"too long \(maximum length {TEXT_MAX}\)"):
