@@ -307,8 +307,6 @@ class App:
 
     def _connected(self, now: float) -> None:
         self._status.connected(now)
-        if self._duty is not None:
-            self._duty.connected()
 
     def _alarm_notified(self, notify: Notify, now: float) -> None:
         self._execution.alarm_notified(notify, now)

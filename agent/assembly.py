@@ -237,7 +237,11 @@ def assemble(
         # `queue_full`; the alarms this would hold back are the sounder's, read by its own
         # session. Alone (no sounder) it refuses instead, and reads on for an alarm-class one.
         room=entrance.has_room if speaker is not None else None,
+        # the sounder says `online` where this session is subscribed, and leads it to its server
+        on_session=speaker.session if speaker is not None else None,
     )
+    if speaker is not None:
+        speaker.follow_with(link.follow)
     return Parts(
         topics=topics,
         inbox=inbox,

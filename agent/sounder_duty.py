@@ -84,9 +84,6 @@ class SounderDuty:
         """The voice is ready (or switched): the voices' facts, the model, the phrases to keep."""
         self._speaker.ready(voices, model, self._phrases)
 
-    def connected(self) -> None:
-        self._speaker.connected()  # the sounder says `online`: this session exists
-
     def use_voice(self, choice: VoiceChoice) -> None:
         self._words.use_voice(choice)
 

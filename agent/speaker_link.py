@@ -10,9 +10,12 @@ alarm lane it serves. Part of the composition root of the engine process.
   cache, which says what the sounder asks (an alarm's words, a pinned phrase to keep), holding the
   urgent gate through an alarm's words so that the engine's own synthesis and Wyoming's renders
   give way to it, its chunks sent one per credit too.
-- **What the sounder hears of**: the engine's session being up, its voice ready (with the voices'
-  facts and the pinned phrases to render), alarm-class requests the engine's edges received
-  (handed over, never played here), and decoded chime files.
+- **What the sounder hears of**: the server the engine's session is subscribed on (and when that
+  connection ends), its voice ready (with the voices' facts and the pinned phrases to render),
+  alarm-class requests the engine's edges received (handed over, never played here), and decoded
+  chime files.
+- **The server to use**: the sounder says which server its own session is on; the engine's
+  link follows it (`MqttLink.follow`), so that both sessions meet on one broker.
 
 A broken pipe (the sounder gone) stops the engine.
 """
@@ -123,6 +126,10 @@ class SpeakerLink:
         self.player = RemotePlayer(self)
         self._asks: SounderAsks | None = None
         """Who answers what the sounder asks (set by `hello`: nothing is asked before)."""
+        self._leader_lock = threading.Lock()
+        self._leader: str | None = None
+        """The server the sounder's session is on, as it last said (None: not said yet)."""
+        self._follow: Callable[[str], object] | None = None
         self._pipe = Pipe(sock, self._frame, self._broken, "sounder-pipe")
 
     def start(self) -> None:
@@ -155,8 +162,21 @@ class SpeakerLink:
 
     # ---- told to the sounder ----------------------------------------------------------------
 
-    def connected(self) -> None:
-        self.send(wire.encode("connected"))
+    def session(self, server: str | None) -> None:
+        """On paho's thread: the engine's session is subscribed on `server` (None: its
+        connection ended). Never waits."""
+        if server is None:
+            self.send(wire.encode("disconnected"))
+        else:
+            self.send(wire.encode("connected", {"server": server}))
+
+    def follow_with(self, follow: Callable[[str], object]) -> None:
+        """`follow` hears the sounder's server: the one it said already, and each it says."""
+        with self._leader_lock:
+            self._follow = follow
+            leader = self._leader
+        if leader is not None:
+            follow(leader)
 
     def ready(self, voices: Mapping[str, VoiceFacts], model: str, phrases: Sequence[str]) -> None:
         facts = {
@@ -201,8 +221,17 @@ class SpeakerLink:
                 job = frame.integer("job")
                 if self._asks is not None:
                     self._asks.cancel_words(job)
+            case "server":
+                self._lead(frame.text("server", limit=wire.MAX_ADDRESS))
             case _:
                 self._report(_report_of(frame))
+
+    def _lead(self, server: str) -> None:
+        with self._leader_lock:
+            self._leader = server
+            follow = self._follow
+        if follow is not None:
+            follow(server)
 
     def _request(self, frame: Frame) -> SpeakRequest:
         try:

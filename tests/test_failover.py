@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -176,6 +177,61 @@ def test_publishes_made_while_no_server_answers_reach_the_next_one(
             late.close()
     finally:
         link.stop()
+
+
+def test_a_link_follows_the_server_it_is_told_and_says_online_only_there(
+    brokers: tuple[Broker, Broker],
+) -> None:
+    """The engine's link as the sounder leads it (issue 33): `follow` moves a connected link to
+    the server it is told (`offline` said where it leaves); `on_session` hears each server once
+    the broker acknowledged the subscriptions there; `say_online(server)` says `online` only on
+    that server, once a connection."""
+    a, b = brokers
+    on_a, on_b = server(a).address, server(b).address
+    sessions: list[str | None] = []
+    probe = Probe()
+    config = MqttConfig(hosts=(server(a), server(b)), reconnect_min=0.2, reconnect_max=2.0)
+    link = MqttLink(
+        config,
+        f"voice-agent-{NODE}",
+        STATUS,
+        {SPEAK: probe.handle},
+        online_now=lambda: False,  # `online` only when asked
+        on_session=sessions.append,
+    )
+    probe.link = link
+    mark = f"voice/{NODE}/mark"
+    status_a, status_b = Watcher(a, STATUS), Watcher(b, STATUS, mark)
+    link.start()
+    try:
+        wait_until(lambda: sessions == [on_a], what="the session subscribed on a")
+        link.say_online(on_b)  # not the server the link is on: nothing
+        link.say_online(on_a)
+        link.say_online(on_a)  # once a connection
+        status_a.wait_payload(STATUS, b"online")
+        publish(a, SPEAK, b"on a")
+        probe.wait_payload(b"on a")
+
+        link.follow(on_b)
+        wait_until(lambda: sessions[-1:] == [on_b], what="the session subscribed on b")
+        assert sessions == [on_a, None, on_b]
+        status_a.wait_payload(STATUS, b"offline")  # said where it left
+        publish(b, SPEAK, b"on b")
+        probe.wait_payload(b"on b")
+        link.say_online(on_a)  # the server it left: nothing
+        link.say_online(on_b)
+        status_b.wait_payload(STATUS, b"online")
+        link.say_online(on_b)  # once a connection
+        link.follow(on_b)  # where it is: nothing changes
+        link.publish(mark, b"after")  # after them on the same connection
+        status_b.wait_payload(mark, b"after")
+        assert sessions == [on_a, None, on_b]
+        assert [m.payload for m in status_a.snapshot()] == [b"online", b"offline"]
+        assert [m.payload for m in status_b.snapshot()] == [b"online", b"after"]
+    finally:
+        link.stop()
+        status_a.close()
+        status_b.close()
 
 
 @pytest.fixture
@@ -509,6 +565,152 @@ def test_the_agent_speaks_through_the_second_broker_and_comes_back(
         assert (request, "finished") in both, both  # nothing lost
         assert both.count((request, "accepted")) >= 1, both
     assert not [e for e in repeated if e[0] != "first"]  # only what was in flight at the kill
+
+
+class ClientGate:
+    """A real Mosquitto behind a gate that refuses (closes) the connections of one client id
+    while `held` is set; every other connection goes through to Mosquitto."""
+
+    def __init__(self, backend: Broker, client_id: str) -> None:
+        self.host, self.port = "127.0.0.1", free_port()
+        self.backend = backend
+        self.client_id = client_id
+        self.held = threading.Event()
+        self.held.set()
+        self.refused = 0
+        self.passed: list[str] = []
+        self._listener = socket.create_server((self.host, self.port))
+        self._open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        packet = _read_packet(client)
+        if packet is None:
+            client.close()
+            return
+        who = _client_id(packet)
+        if who == self.client_id and self.held.is_set():
+            self.refused += 1
+            client.close()
+            return
+        self.passed.append(who)
+        upstream = socket.create_connection((self.backend.host, self.backend.port))
+        self._open += [client, upstream]
+        upstream.sendall(packet)
+        for source, sink in ((client, upstream), (upstream, client)):
+            threading.Thread(target=_pipe, args=(source, sink), daemon=True).start()
+
+    def close(self) -> None:
+        for sock in self._open:
+            _close(sock)
+        self._listener.close()
+
+
+def _read_packet(sock: socket.socket) -> bytes | None:
+    """One whole MQTT packet (the client's CONNECT), None if the connection closed first."""
+    data = _recv_exactly(sock, 2)
+    while data is not None and data[-1] & 0x80:
+        more = _recv_exactly(sock, 1)
+        data = None if more is None else data + more
+    if data is None:
+        return None
+    length, shift = 0, 0
+    for byte in data[1:]:
+        length |= (byte & 0x7F) << shift
+        shift += 7
+    rest = _recv_exactly(sock, length)
+    return None if rest is None else data + rest
+
+
+def _client_id(connect: bytes) -> str:
+    """The client id of a whole CONNECT packet (MQTT 5 or 3.1.1)."""
+    at = 1
+    while connect[at] & 0x80:  # the remaining length
+        at += 1
+    at += 1 + 6  # past it, and the protocol name "MQTT"
+    level = connect[at]
+    at += 1 + 1 + 2  # the level, the flags, the keepalive
+    if level == 5:
+        length, shift = 0, 0
+        while True:  # the properties' length
+            byte = connect[at]
+            at += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        at += length
+    size = int.from_bytes(connect[at : at + 2], "big")
+    return connect[at + 2 : at + 2 + size].decode()
+
+
+@pytest.mark.plant
+def test_online_on_a_broker_waits_for_the_speak_session_and_a_new_engine_goes_there(
+    brokers: tuple[Broker, Broker], tmp_path: Path, tiny_voice: Path
+) -> None:
+    """Issue 33. The node's two sessions: the sounder's (alarms) and the engine's (every other
+    speak). After a failover, `online` on the new broker waits until the engine's session is
+    subscribed there too: a speak published after it is never lost (before the fix the sounder
+    said `online` at its own connect, and a speak published then reached no session). And an
+    engine started again connects where the sounder is, not to the first server of the list."""
+    a, b = brokers
+    node = f"f{uuid.uuid4().hex[:8]}"
+    gate = ClientGate(b, f"voice-agent-{node}")  # the engine's session, held back at b
+    hosts = [{"host": a.host, "port": a.port}, {"host": gate.host, "port": gate.port}]
+    config = agent_config(None, tmp_path, node, voice=tiny_voice, mqtt={"hosts": hosts})
+    process = AgentProcess(write_config(tmp_path / "agent.yaml", config), tmp_path / "agent.log")
+    watch_a = Watcher(a, f"voice/{node}/status")
+    watch_b = Watcher(b, f"voice/{node}/#", persistent=f"watch-b-{node}")
+    speak, status = f"voice/{node}/speak", f"voice/{node}/status"
+    # The sounder's session on b made beforehand (as by an earlier stay there): the alarm below
+    # waits in it, so that its `accepted` shows the sounder's connect to b is behind us.
+    Watcher(b, speak, persistent=f"voice-agent-{node}-alarms").close()
+
+    def onlines_on_b() -> int:
+        return sum(m.topic == status and m.payload == b"online" for m in watch_b.snapshot())
+
+    process.start()
+    try:
+        watch_a.wait_payload(status, b"online")
+        a.stop(signal.SIGKILL)
+        watch_b.publish(speak, b'{"id": "alarm-b", "text": "Fire in hall 2", "priority": "alarm"}')
+        # The sounder's session reaches b and takes the alarm (its connect, and the `online` it
+        # would say there, are behind it); the engine's is refused there.
+        watch_b.wait_event("alarm-b", "accepted")
+        wait_until(lambda: gate.refused >= 1, what="the engine refused at b")
+        assert onlines_on_b() == 0, [m.payload for m in watch_b.snapshot() if m.topic == status]
+        gate.held.clear()
+        watch_b.wait_payload(status, b"online")
+        watch_b.publish(speak, b'{"id": "after-online", "text": "Said through b."}')
+        watch_b.wait_event("after-online", "finished")
+        watch_b.wait_end("alarm-b")
+
+        a.start()  # the first server is back: a new engine must still go to b
+        first = process.engine_pid()
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: process.engine_pid() != first, what="a new engine")
+        watch_b.publish(speak, b'{"id": "new-engine", "text": "Said by the new engine."}')
+        watch_b.wait_event("new-engine", "finished")
+        assert onlines_on_b() == 1
+    finally:
+        code = process.signal(signal.SIGTERM)
+        watch_a.close()
+        watch_b.close()
+        gate.close()
+    log = process.output()
+    assert code == 0, log[-3000:]
+    assert gate.refused >= 1
+    assert f"voice-agent-{node}" in gate.passed  # once let through
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert not errors, errors
 
 
 @pytest.mark.plant

@@ -145,6 +145,31 @@ def test_a_fixed_version_never_falls_back(protocol: MqttProtocol) -> None:
     assert ring.version == protocol
 
 
+def test_a_ring_that_follows_a_leader_goes_there_first_and_back_there_from_elsewhere() -> None:
+    """The engine's ring follows the sounder's server (issue 33): its first attempt, and the
+    next after a failure or a loss elsewhere, go to the leader; a failure or a loss on the
+    leader's server goes round as usual (the leader most likely goes the same way)."""
+    ring = Ring((A, B, C), "auto")
+    assert ring.follow("nowhere:1883") is None
+    assert ring.leader is None
+    assert ring.follow(C.address) == 2
+    ring.start_at_leader()
+    assert ring.current.host == "c"
+    assert ring.failed(maybe_not_v5=False) is Step.NEXT  # c, the leader's, failed: round
+    assert ring.current.host == "a"
+    assert ring.failed(maybe_not_v5=False) is Step.NEXT  # a failed: back to the leader's
+    assert ring.current.host == "c"
+    assert not ring.connected()
+    ring.lost()  # lost on the leader's server: on round the ring
+    assert ring.current.host == "a"
+    assert ring.follow(B.address) == 1
+    ring.lost()  # lost elsewhere: to the leader's
+    assert ring.current.host == "b"
+    unled = Ring((A, B, C), "auto")
+    unled.start_at_leader()
+    assert unled.current.host == "a"
+
+
 def test_the_delays_short_in_a_round_then_growing_per_round() -> None:
     for _ in range(200):
         assert delay(Step.SAME, 0, 0.5, 60) == 0

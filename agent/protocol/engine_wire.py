@@ -7,12 +7,15 @@ lengths are bounded before anything is read into memory, and every field a side 
 checked: whatever the other process sends (it may be broken, or busy with hostile input), a
 frame is used as it is meant or refused as a whole (`WireError`), never half-believed.
 
-Messages, engine → sounder: `hello`; `ready` (voice readiness and the catalog); `chunk` (audio of
-the engine's own lane) and `words` (audio for an alarm the sounder asked to be said), each with
-its PCM; `cut`; `volume`; `alarm` (an alarm-class request another edge received); `pong`.
-Sounder → engine: `credit` (room for one more chunk of a lane); `started`, `ended`, `audio`,
-`preempted` (what the speaker did with the engine's lane); `say` and `cancel` (an alarm's
-words); `notified` (the lifecycle of an alarm the engine handed over); `ping`.
+Messages, engine → sounder: `hello`; `connected` (the server the engine's MQTT session is
+subscribed on: the broker acknowledged its subscriptions there) and `disconnected` (that
+connection ended); `ready` (voice readiness and the catalog); `chunk` (audio of the engine's own
+lane) and `words` (audio for an alarm the sounder asked to be said), each with its PCM; `cut`;
+`volume`; `alarm` (an alarm-class request another edge received); `pong`.
+Sounder → engine: `server` (the server the sounder's session is on: the engine's follows it);
+`credit` (room for one more chunk of a lane); `started`, `ended`, `audio`, `preempted` (what the
+speaker did with the engine's lane); `say` and `cancel` (an alarm's words); `notified` (the
+lifecycle of an alarm the engine handed over); `ping`.
 
 Pure: no I/O, no clock, no threads.
 """
@@ -37,6 +40,8 @@ MAX_BODY: Final = 8 << 20
 """A body's most bytes (a chunk of PCM; a phrase is sent chunk by chunk)."""
 _MAX_TEXT: Final = 4096
 """The most characters of a short text field (a detail, an id, a name)."""
+MAX_ADDRESS: Final = 300
+"""The most characters of a server's address (`host:port`: a DNS name is at most 253)."""
 
 Header = dict[str, object]
 

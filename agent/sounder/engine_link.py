@@ -3,18 +3,18 @@
 From the engine: its lane's audio (relayed into the player's normal lane by a thread of its own,
 one credit per chunk, so the pipe's reader never waits on the player), words for an alarm (to
 the alarm voice), cuts and the volume (to the player), alarm-class requests its edges received
-(to the loop, as requests), and what it knows (its session is up, its voice is ready, the
-voices' facts, decoded chime files, pinned phrases rendered at the sounder's asking: to the loop,
-which keeps them in the kit). To the engine: what the speaker did with its lane (started, ended,
-preempted, the device's state), asks for an alarm's words, renders of the pinned phrases, and
-the lifecycle of the alarms it handed over. Every frame from the engine is checked
-(`engine_wire`): one that breaks the rules ends that engine.
+(to the loop, as requests), what it knows (its voice is ready, the voices' facts, decoded chime
+files, pinned phrases rendered at the sounder's asking: to the loop, which keeps them in the
+kit), and the server its MQTT session is subscribed on (or none). To the
+engine: the server the sounder's session is on (which the engine's follows), what the speaker
+did with its lane (started, ended, preempted, the device's state), asks for an alarm's words,
+renders of the pinned phrases, and the lifecycle of the alarms it handed over. Every frame from
+the engine is checked (`engine_wire`): one that breaks the rules ends that engine.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -36,6 +36,7 @@ from agent.sounder.engine_lane import CREDITS, EngineLane, Lanes, player_job
 from agent.sounder.engine_process import EngineProcess
 from agent.sounder.kit import MAX_SOUND_BYTES, Kit
 from agent.sounder.pinned_renders import RENDER_JOBS, KitSound, PinnedRenders
+from agent.sounder.session_servers import SessionServers
 from agent.storage.journal import request_from_json, request_json
 
 _LOGGER = logging.getLogger(__name__)
@@ -82,10 +83,8 @@ class EngineLink:
         self.chimes = ChimeBank(kit)
         self.lane = EngineLane(self._process.send, lambda: self._process.epoch)
         self.renders = PinnedRenders(self._process.send, to_loop)
-        self.session = threading.Event()
-        """The engine's own MQTT session exists (it connected once since the sounder started)."""
-        self.on_session: Callable[[], object] = lambda: None
-        """Hears when it first does (the sounder then says `online`)."""
+        self.servers = SessionServers(self._process.send)
+        """Where the sounder's session and the engine's are (the engine's follows)."""
         self.kit_changed = False
         """The kit holds something new since it was last kept (the loop keeps it and says so)."""
         self._lane_told: tuple[bool, tuple[str, ...]] | None = None
@@ -186,10 +185,8 @@ class EngineLink:
     def _frame(self, frame: Frame, epoch: int) -> None:
         if frame.kind == "hello":
             self._hello()
-        elif frame.kind == "connected":
-            if not self.session.is_set():
-                self.session.set()
-                self.on_session()
+        elif frame.kind in ("connected", "disconnected"):
+            self.servers.frame(frame)
         elif frame.kind == "chunk":
             self.lane.received(wire.chunk_of(frame), epoch)
         elif frame.kind == "words":
@@ -227,7 +224,9 @@ class EngineLink:
             player.volume = value
 
     def _changed(self) -> None:
-        """The engine came or went (the keeper's thread): a new one is not ready yet."""
+        """The engine came or went (the keeper's thread): a new one is not ready yet, has no
+        session yet, and hears at once which server to use."""
+        self.servers.engine_changed()
         self.lane.lost()
         self.renders.put_back(cancel=False)
         if self._words is not None:

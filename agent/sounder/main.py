@@ -162,10 +162,10 @@ class Sounder:
             client_id=f"voice-agent-{config.node_id}-alarms",
             status_topic=topics.status,
             handlers=self._handlers(config, topics),
-            on_connected=lambda: None,
-            online_now=self._engine.session.is_set,
+            on_connected=self._connected,
+            online_now=self._engine_here,
         )
-        self._engine.on_session = self._link.say_online
+        self._engine.servers.on_engine = self._link.say_online
         self._ledger = Ledger(journal, self._link, topics.events)
         self._flood = FloodGate()
         self._systemd = Notifier(environ)
@@ -192,6 +192,17 @@ class Sounder:
             frozenset(audio.media),
             EgressPolicy.parse(audio.media_hosts, "audio.media_hosts"),
         )
+
+    def _engine_here(self) -> bool:
+        """On paho's thread, at each connect: whether the engine's session is subscribed on
+        this same server, so that `online` can be said now (else it is said when the engine
+        says it is: `EngineLink.on_session`). Every message published there after `online` is
+        then answered, by one session or the other."""
+        return self._engine.servers.engine == self._link.server
+
+    def _connected(self) -> None:
+        """On paho's thread: the engine's session follows this one to its server."""
+        self._engine.servers.lead(self._link.server)
 
     def _from_engine(self, event: object) -> None:
         """What the engine reports, on its relay thread: an alarm it hands over (Sparkplug,

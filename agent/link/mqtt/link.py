@@ -14,6 +14,12 @@ publish until the broker acknowledges it, and hands the new client the ones stil
 unacknowledged, in order, under the ids it returned. A message received on one connection is
 acknowledged on that connection only: its packet id means nothing to the next.
 
+A link may follow another's server (`follow`: the engine's link follows the sounder's, so that
+the node's two sessions meet on one broker): it leaves the server in use for that one (its
+status `offline` there, a clean disconnect) and comes back to it after a loss (`servers.Ring`).
+`on_session` hears the server once the broker acknowledged a connection's subscriptions there
+(from then on every message published there reaches this session), and None when it ends.
+
 Each connection holds a packet above `mqtt.max_packet_bytes` off from its fixed header, before
 its body is read (`bounded_socket`): MQTT 5 servers are told that maximum and never send more; a
 server that does anyway loses the connection, which the link treats as a lost one (the next
@@ -114,11 +120,14 @@ class MqttLink:
         on_connected: Callable[[], object] | None = None,
         online_now: Callable[[], bool] | None = None,
         room: Callable[[], bool] | None = None,
+        on_session: Callable[[str | None], object] | None = None,
     ) -> None:
-        """`online_now`: asked at each connect whether to say `online` then (None: always);
-        when it says no, `say_online` says it later. `room`: asked on the network thread before
-        each packet of a session (not before its CONNACK), the next one is read only when it
-        says yes (None: always)."""
+        """`online_now`: asked at each connect (on the network thread, the link's lock held)
+        whether to say `online` then (None: always); when it says no, `say_online` says it
+        later. `room`: asked on the network thread before each packet of a session (not before
+        its CONNACK), the next one is read only when it says yes (None: always). `on_session`:
+        on the network thread, the server's address once the broker acknowledged the
+        subscriptions, None when the connection ends; it must not block."""
         self._config = config
         self._room = room
         self._online_now = online_now
@@ -127,6 +136,7 @@ class MqttLink:
         self._handlers = dict(handlers)
         self._retained = retained
         self._on_connected = on_connected
+        self._on_session = on_session
         self._ring = Ring(servers(config), config.protocol)
         self._contexts = tls_contexts(self._ring.servers)  # a file that cannot be used: now
         self._passwords = passwords(self._ring.servers)
@@ -136,6 +146,11 @@ class MqttLink:
         """The last connection or subscription problem (for the state), None once connected."""
         self._stopping = threading.Event()
         self._redelivering = threading.Event()
+        self._moving = threading.Event()
+        """`follow` asked for another server than the one in use: the connection is left once
+        it is up, and the next attempt goes to the leader's server without a pause."""
+        self._online_said = False
+        """`online` was published on the current connection (or queued for it; under the lock)."""
         self._connack: ReasonCode | None = None
         self._step = Step.ROUND
         self._failed_at = ""
@@ -231,11 +246,38 @@ class MqttLink:
         _LOGGER.warning("Publish to %s dropped: %s", topic, mqtt.error_string(info.rc))
         return ours
 
-    def say_online(self) -> None:
-        """Publish `online` (retained) now: for a link whose `online_now` said not yet."""
+    def say_online(self, server: str | None = None) -> None:
+        """Publish `online` (retained) now, once a connection: for a link whose `online_now`
+        said not yet. With `server`: only if this link's connection (or the attempt under way)
+        is to that server."""
         with self._lock:
+            here = self._ring.servers[self._client_key[0]].address
+            if self._online_said or (server is not None and server != here):
+                return
             info = self._client.publish(self._status_topic, ONLINE, qos=1, retain=True)
             self._meet(info.mid, 0)
+            self._online_said = True
+
+    def follow(self, address: str) -> None:
+        """Use the server of this address (`host:port`, as `mqtt.hosts` makes it) from now on:
+        leave the one in use for it (`offline` said there, a clean disconnect: no Last Will),
+        and come back to it after a loss. Safe from any thread; never waits. An address not
+        among the servers changes nothing."""
+        index = self._ring.follow(address)
+        if index is None:
+            _LOGGER.warning("Asked to follow %s, which is not in mqtt.hosts: ignored", address)
+            return
+        with self._lock:
+            client = self._client
+            if self._client_key[0] == index:
+                return
+            self._moving.set()
+            if not self.connected.is_set():
+                return  # the next attempt goes there (or the one under way is left once up)
+            info = client.publish(self._status_topic, OFFLINE, qos=1, retain=True)
+            self._meet(info.mid, 0)
+        _LOGGER.info("Leaving %s for %s", self.server, address)
+        client.disconnect()
 
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge a received QoS 1 message (QoS 0 needs none). One received on an earlier
@@ -285,17 +327,22 @@ class MqttLink:
             while not self._stopping.is_set():
                 asked = self._redelivering.is_set()  # a reconnect the agent asked for: no pause
                 self._redelivering.clear()
-                if not first and not asked:
+                moving = self._moving.is_set()  # `follow` left the server: no pause either
+                self._moving.clear()
+                if first:
+                    self._ring.start_at_leader()
+                elif not asked:
                     self._ring.lost()  # on to the next server (the same one if it is alone)
-                    if not self._pause_before_reconnect(short_sessions):
+                    if not moving and not self._pause_before_reconnect(short_sessions):
                         return
                 first = False
                 self._connect_with_backoff()
+                self._leave_if_astray()
                 up_since = time.monotonic()
                 self._client.loop_forever()  # returns when the connection ends
                 self.connected.clear()
                 stable = time.monotonic() - up_since >= _STABLE_SECONDS
-                if not self._redelivering.is_set():
+                if not (self._redelivering.is_set() or self._moving.is_set()):
                     short_sessions = 0 if stable else short_sessions + 1
                 if short_sessions == _FLAPPING and not self._stopping.is_set():
                     _LOGGER.warning(
@@ -311,6 +358,20 @@ class MqttLink:
             if not self._stopping.is_set():  # when stopping, tenacity re-raises the last error
                 _LOGGER.exception("The MQTT connection failed for good")
                 self.failed.set()
+
+    def _leave_if_astray(self) -> None:
+        """`follow` asked for another server while this connection was being made: leave it
+        now (`offline` said there), once."""
+        with self._lock:
+            if not self._moving.is_set():
+                return
+            if self._ring.index == self._ring.leader:
+                self._moving.clear()  # made where it was asked for
+                return
+            info = self._client.publish(self._status_topic, OFFLINE, qos=1, retain=True)
+            self._meet(info.mid, 0)
+        _LOGGER.info("Leaving %s for the server followed", self.server)
+        self._client.disconnect()
 
     def _pause_before_reconnect(self, short_sessions: int) -> bool:
         """Wait a jittered delay that grows while connections keep dropping; False if stopping.
@@ -510,6 +571,7 @@ class MqttLink:
             keep = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)
             skip = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
             with self._lock:
+                self._online_said = False
                 self._deliveries = {}  # packet ids of earlier connections mean nothing here
                 if self._version == V5:
                     client.subscribe(
@@ -520,6 +582,7 @@ class MqttLink:
                 if self._online_now is None or self._online_now():
                     info = client.publish(self._status_topic, ONLINE, qos=1, retain=True)
                     self._meet(info.mid, 0)
+                    self._online_said = True
             self.last_error = None
             self.connected.set()
             if self._on_connected is not None:
@@ -554,6 +617,7 @@ class MqttLink:
         refused = [str(code) for code in reason_codes if code.is_failure]
         if not refused:
             self.subscribed.set()
+            self._tell_session(self.server)
             return
         # A broker that refuses a subscription (e.g. an ACL) would leave the agent deaf: report
         # it and go through the reconnect path, whose pauses grow while sessions stay short.
@@ -571,6 +635,7 @@ class MqttLink:
     ) -> None:
         self.connected.clear()
         self.subscribed.clear()
+        self._tell_session(None)
         if self._stopping.is_set():
             return
         if reason_code.value == _SESSION_TAKEN_OVER:
@@ -580,6 +645,13 @@ class MqttLink:
             )
         else:
             _LOGGER.warning("Disconnected from the broker at %s: %s", self.server, reason_code)
+
+    def _tell_session(self, server: str | None) -> None:
+        if self._on_session is not None:
+            try:
+                self._on_session(server)
+            except Exception:
+                _LOGGER.exception("on_session failed")
 
     def _may_read(self) -> bool:
         """On paho's thread, before each packet: a session's next packet waits for room (its

@@ -14,6 +14,12 @@ of any other kind) says nothing of the version it speaks.
 
 Each server has its own credentials (`mqtt.hosts[i].username` and `password_file`), sent to it
 alone: a server of the ring never learns another's password.
+
+A ring may follow a leader (`follow`: the engine's link follows the sounder's server, so that
+the node's two sessions meet on one broker): its first attempt goes to the leader's server, and
+after a failure or a loss elsewhere the next attempt goes there; a failure or a loss on the
+leader's server itself goes on round the ring as usual (the leader, whose session saw the same
+broker go, most likely goes the same way, and says where it went).
 """
 
 from __future__ import annotations
@@ -74,11 +80,42 @@ class Ring:
         self._fallback_refused = False  # ...after an explicit refusal of MQTT 5
         self._v311_only: set[int] = set()
         self._took_v5: set[int] = set()
+        self.leader: int | None = None
+        """The server this ring follows (set by `follow`), None for none."""
 
     @property
     def current(self) -> MqttServer:
         """The server of the current connection, or of the next attempt."""
         return self.servers[self.index]
+
+    def find(self, address: str) -> int | None:
+        """The index of the server of this address (`MqttServer.address`), None if none."""
+        for index, server in enumerate(self.servers):
+            if server.address == address:
+                return index
+        return None
+
+    def follow(self, address: str) -> int | None:
+        """Follow the server of this address from now on (the attempt after the next failure
+        or loss goes there); its index, None (nothing changed) for an address not in the ring.
+        Safe from another thread: one assignment."""
+        index = self.find(address)
+        if index is not None:
+            self.leader = index
+        return index
+
+    def start_at_leader(self) -> None:
+        """The link's first attempt goes to the leader's server, when it follows one."""
+        if self.leader is not None:
+            self.index = self.leader
+
+    def _next(self) -> int:
+        """The server after the current one: the leader's when there is one and it is not the
+        current one, else the next in order."""
+        leader = self.leader
+        if leader is not None and leader != self.index:
+            return leader
+        return (self.index + 1) % len(self.servers)
 
     @property
     def version(self) -> Version:
@@ -100,7 +137,7 @@ class Ring:
             self._fallback_refused = refused_version
             return Step.SAME
         self._fallback = False
-        self.index = (self.index + 1) % len(self.servers)
+        self.index = self._next()
         self._tried += 1
         if self._tried < len(self.servers):
             return Step.NEXT
@@ -124,9 +161,9 @@ class Ring:
         return learned
 
     def lost(self) -> None:
-        """The connection that was up ended: the next attempt goes to the next server, and a
-        new round begins there."""
-        self.index = (self.index + 1) % len(self.servers)
+        """The connection that was up ended: the next attempt goes to the next server (the
+        leader's, when the ring follows one and was elsewhere), and a new round begins there."""
+        self.index = self._next()
         self._fallback = False
         self._tried = 0
         self.rounds = 0
