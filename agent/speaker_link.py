@@ -138,8 +138,12 @@ class SpeakerLink:
 
     def hello(self, asks: SounderAsks) -> None:
         """Say the engine serves: the sounder gives credits and asks for words from now on,
-        answered by `asks`."""
+        answered by `asks`. A pipe that broke before (the sounder killed while this engine
+        started) stops the engine now: `_broken` found no one to tell."""
         self._asks = asks
+        if self._pipe.broken:
+            asks.sounder_gone()  # (told twice if `_broken` ran meanwhile: a stop is a stop)
+            return
         self.send(wire.encode("hello"))
 
     def close(self) -> None:

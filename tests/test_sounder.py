@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -15,8 +17,9 @@ import numpy as np
 import pytest
 
 from agent.formats.chimes import BUILTIN, render_notes
+from agent.sounder.engine_process import engine_command
 from agent.sounder.kit import KitFiles
-from harness import Broker, publish, read_pcm, wait_until
+from harness import TIMEOUT, Broker, agent_config, publish, read_pcm, wait_until, write_config
 from harness.audio import located
 from tests.conftest import RunningAgent, StartAgent
 
@@ -174,3 +177,30 @@ def test_online_comes_before_the_voice_is_ready_and_the_state_says_when_it_is(
         if m.topic == "voice/" + agent.topics.node_id + "/engine"
     ]
     assert engine[-1:] == [b"online"]
+
+
+def test_an_engine_whose_sounder_is_gone_before_its_hello_stops(
+    broker: Broker, tmp_path: Path, tiny_voice: Path
+) -> None:
+    """A sounder killed while its engine starts closes the pipe before the engine's hello: the
+    engine stops by itself. (It served on before, an orphan whose session took the next
+    engine's and back: two engines of one client id, seen in test_faults' random kills.)"""
+    config = agent_config(broker, tmp_path, "orphan", voice=tiny_voice)
+    path = write_config(tmp_path / "agent.yaml", config)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    command = [*engine_command(str(path), False), "--fd", str(theirs.fileno())]
+    with (tmp_path / "engine.log").open("wb") as log:
+        engine = subprocess.Popen(
+            command, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    theirs.close()
+    ours.close()  # gone before the engine's imports are done, let alone its hello
+    try:
+        code = engine.wait(TIMEOUT)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+    output = (tmp_path / "engine.log").read_text(errors="replace")
+    assert code == 0, output[-3000:]
+    assert "The pipe to the sounder broke" in output
