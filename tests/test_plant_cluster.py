@@ -403,7 +403,9 @@ class TestPlantCluster:
                 assert (connection.server, connection.version) == (address(first), "3.1.1")
                 fallback = agent.lines("trying MQTT 3.1.1")
                 assert fallback, agent.log()
-                assert agent.lines(f"{address(first)} does not take MQTT 5")
+                # RabbitMQ closes an MQTT 5 CONNECT without a CONNACK: an early close is not a
+                # refusal in words, so it is not remembered (docs/brokers.md, "MQTT 3.1.1")
+                assert not agent.lines(f"{address(first)} does not take MQTT 5"), agent.log()
                 took = connection.at - log_time(fallback[0])
                 print(f"MQTT 5 refused by {first.name}, 3.1.1 connected {took * 1000:.0f} ms later")
 
