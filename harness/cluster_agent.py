@@ -149,14 +149,15 @@ class ClusterAgent:
         return self.process.output()
 
     def connections(self) -> list[Connection]:
-        """Its link's connections so far, in order, as its log tells them."""
+        """Its sounder's session's connections so far (the alarm lane and the status), in order,
+        as its log tells them; the engine's lines, prefixed `engine`, are not these."""
         return [
             Connection(_when(m["at"]), m["server"], m["version"], m["present"] == "True")
             for m in _CONNECTED.finditer(self.log())
         ]
 
     def sparkplug_sessions(self) -> list[tuple[float, str]]:
-        """Its Sparkplug sessions so far: (time.time() of the log line, host:port)."""
+        """Its Sparkplug sessions so far (the engine's): (time.time() of the log line, host:port)."""
         return [(_when(m["at"]), m["server"]) for m in _SPARKPLUG.finditer(self.log())]
 
     def lines(self, pattern: str, since: float = 0.0) -> list[str]:
@@ -187,7 +188,8 @@ _CONNECTED: Final = re.compile(
     r"(?P<version>\S+) \(session present: (?P<present>True|False)\)"
 )
 _SPARKPLUG: Final = re.compile(
-    rf"(?P<at>{_TIME}) INFO agent\.link\.sparkplug\.session: Sparkplug session on (?P<server>\S+) "
+    rf"(?P<at>{_TIME}) INFO (?:engine )?agent\.link\.sparkplug\.session: Sparkplug session on "
+    r"(?P<server>\S+) "
 )
 
 
