@@ -255,6 +255,24 @@ def test_chunks_of_any_size_join_into_the_whole_decoding(vits_voice: Path, size:
     assert voice.inferences == 2  # one prior run for each stream, however many chunks
 
 
+def test_the_streaming_decoder_takes_its_tensors_from_the_arena_without_a_plan(
+    vits_voice: Path, tmp_path: Path
+) -> None:
+    """The streaming decoder's session has no memory pattern (a plan per set of input shapes,
+    each growing the arena by a block of its own: docs/memory.md); the prior and the flow keep
+    theirs. Built here and loaded from the cache alike."""
+    for cache_dir in (None, tmp_path / "cache", tmp_path / "cache"):  # built, built, cached
+        voice = Voice.load(vits_voice, threads=1, cache_dir=cache_dir)
+        parts = voice._parts
+        assert parts is not None
+        assert parts.stream is not None
+        assert parts.flow is not None
+        assert not parts.decoder.get_session_options().enable_mem_pattern
+        assert parts.prior.get_session_options().enable_mem_pattern
+        assert parts.flow.get_session_options().enable_mem_pattern
+        assert np.concatenate(list(voice.synthesize(TEXT))).size > 0
+
+
 def test_a_decoder_chunk_is_decoded_in_runs_of_cache_size() -> None:
     assert decoder_runs(range(128)) == [range(32), range(32, 64), range(64, 96), range(96, 128)]
     assert decoder_runs(range(128, 166)) == [range(128, 166)]  # a 6-frame tail joins

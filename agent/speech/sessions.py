@@ -115,16 +115,28 @@ def releasing() -> ort.RunOptions | None:
     return options
 
 
+STREAM_PATTERN: Final = False
+"""Whether the streaming decoder's session plans each run's memory as one block (ONNX Runtime's
+memory pattern; every other session does). A plan is made per set of input shapes, and the
+streaming decoder's runs of a clause group come in three (its first run, with its states still
+empty; its middle runs; its last, with the end flag): each plan's block grew the arena by a
+region of its own (6, 6 and 9-14 MB at 32 frames), which a region's free space could not serve
+for the next plan's larger block, and the group gave them back only at its end. Without the
+pattern, each tensor comes from the arena's free space, whatever the run's shapes: a clause
+group holds ~7 MB, its last run none more; the long text's peak 10-15 MB lower, the same CPU
+time, page faults 60 instead of 8,700 over the bench's three texts (docs/memory.md)."""
+
 NO_SPINNING: Final = ("session.intra_op.allow_spinning", "0")
 """A session option: the intra-op pool's threads block while they wait for work."""
 
 
 def session_options(
-    threads: int, level: ort.GraphOptimizationLevel, part: bool = False
+    threads: int, level: ort.GraphOptimizationLevel, part: bool = False, *, planned: bool = True
 ) -> ort.SessionOptions:
     """Options of one session: `threads` intra-op threads, sequential, at this optimization
     level, with or without ONNX Runtime's memory arena (`use_memory_arena`); `part` for the
-    parts of a split voice, which run one after another."""
+    parts of a split voice, which run one after another; `planned` False for the streaming
+    decoder (no memory pattern: `STREAM_PATTERN`)."""
     import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
 
     options = ort.SessionOptions()
@@ -143,6 +155,7 @@ def session_options(
     # next (what `session.force_spinning_stop` did before: +30 to +90 % without it).
     options.add_session_config_entry(*NO_SPINNING)
     del part  # every session waits the same way now
+    options.enable_mem_pattern = planned
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = level
     return options
@@ -357,15 +370,22 @@ def _seal_path(model: Path) -> Path:
     return model.with_name(model.name + _SEAL_SUFFIX)
 
 
-def load_optimized(model: Path, threads: int, part: bool = False) -> ort.InferenceSession:
-    """A saved optimized model, loaded with no further optimization (its weights mapped)."""
+def load_optimized(
+    model: Path, threads: int, part: bool = False, *, planned: bool = True
+) -> ort.InferenceSession:
+    """A saved optimized model, loaded with no further optimization (its weights mapped);
+    `planned` as `session_options` has it."""
     import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
 
-    options = session_options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, part)
+    options = session_options(
+        threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, part, planned=planned
+    )
     return ort.InferenceSession(str(model), options, providers=PROVIDERS)
 
 
-def cached_session(cached: Path, threads: int, part: bool = False) -> ort.InferenceSession | None:
+def cached_session(
+    cached: Path, threads: int, part: bool = False, *, planned: bool = True
+) -> ort.InferenceSession | None:
     """A cached optimized model, loaded with no further optimization; None if absent or
     damaged (a file missing, changed or not loading; a damaged copy is removed, so it is built
     again; a symbolic link among them, or as their directory, is refused)."""
@@ -393,7 +413,7 @@ def cached_session(cached: Path, threads: int, part: bool = False) -> ort.Infere
     problem = _seal_problem(cached)
     if problem is None:
         try:
-            return load_optimized(cached, threads, part)
+            return load_optimized(cached, threads, part, planned=planned)
         except Exception as err:  # noqa: BLE001 - any load failure means a damaged copy
             problem = f"it does not load: {str(err)[:200]}"
     _LOGGER.warning("Optimized model %s is damaged (%s); rebuilding it", cached, problem)
