@@ -255,12 +255,13 @@ def test_chunks_of_any_size_join_into_the_whole_decoding(vits_voice: Path, size:
     assert voice.inferences == 2  # one prior run for each stream, however many chunks
 
 
-def test_the_streaming_decoder_takes_its_tensors_from_the_arena_without_a_plan(
+def test_the_parts_take_their_tensors_from_the_arena_without_a_plan(
     vits_voice: Path, tmp_path: Path
 ) -> None:
-    """The streaming decoder's session has no memory pattern (a plan per set of input shapes,
-    each growing the arena by a block of its own: docs/memory.md); the prior and the flow keep
-    theirs. Built here and loaded from the cache alike."""
+    """A split voice's parts have no memory pattern (a plan per set of input shapes, each
+    growing the arena by a block of its own: docs/memory.md), the streaming decoder's as the
+    prior's and the flow's; a whole model's session keeps it. Built here and loaded from the
+    cache alike."""
     for cache_dir in (None, tmp_path / "cache", tmp_path / "cache"):  # built, built, cached
         voice = Voice.load(vits_voice, threads=1, cache_dir=cache_dir)
         parts = voice._parts
@@ -268,9 +269,12 @@ def test_the_streaming_decoder_takes_its_tensors_from_the_arena_without_a_plan(
         assert parts.stream is not None
         assert parts.flow is not None
         assert not parts.decoder.get_session_options().enable_mem_pattern
-        assert parts.prior.get_session_options().enable_mem_pattern
-        assert parts.flow.get_session_options().enable_mem_pattern
+        assert not parts.prior.get_session_options().enable_mem_pattern
+        assert not parts.flow.get_session_options().enable_mem_pattern
         assert np.concatenate(list(voice.synthesize(TEXT))).size > 0
+    whole = Voice.load(vits_voice, threads=1, cache_dir=None, split=False)
+    assert whole._session is not None
+    assert whole._session.get_session_options().enable_mem_pattern
 
 
 def test_a_decoder_chunk_is_decoded_in_runs_of_cache_size() -> None:

@@ -29,7 +29,6 @@ import onnxruntime as ort
 from agent.speech.sessions import (
     PER_UTTERANCE,
     SPEAKER_INPUT,
-    STREAM_PATTERN,
     Feed,
     cached_session,
     graph_feed,
@@ -335,21 +334,16 @@ def load_parts(
     for name in names:
         file = STREAM_PART if name == "decoder" and spec is not None else name
         path = part_path(stem, file)
-        planned = file != STREAM_PART or STREAM_PATTERN
-        session = (
-            cached_session(path, threads, part=True, planned=planned)
-            if sealed
-            else _loaded(path, threads, planned)
-        )
+        session = cached_session(path, threads, part=True) if sealed else _loaded(path, threads)
         if session is None:
             return None
         sessions[name] = session
     return joined(sessions, shape, spec)
 
 
-def _loaded(path: Path, threads: int, planned: bool) -> ort.InferenceSession | None:
+def _loaded(path: Path, threads: int) -> ort.InferenceSession | None:
     try:
-        return load_optimized(path, threads, part=True, planned=planned)
+        return load_optimized(path, threads, part=True)
     except Exception:
         _LOGGER.exception("The part %s does not load", path)
         return None

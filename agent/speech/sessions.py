@@ -115,28 +115,29 @@ def releasing() -> ort.RunOptions | None:
     return options
 
 
-STREAM_PATTERN: Final = False
-"""Whether the streaming decoder's session plans each run's memory as one block (ONNX Runtime's
-memory pattern; every other session does). A plan is made per set of input shapes, and the
-streaming decoder's runs of a clause group come in three (its first run, with its states still
-empty; its middle runs; its last, with the end flag): each plan's block grew the arena by a
-region of its own (6, 6 and 9-14 MB at 32 frames), which a region's free space could not serve
-for the next plan's larger block, and the group gave them back only at its end. Without the
-pattern, each tensor comes from the arena's free space, whatever the run's shapes: a clause
-group holds ~7 MB, its last run none more; the long text's peak 10-15 MB lower, the same CPU
-time, page faults 60 instead of 8,700 over the bench's three texts (docs/memory.md)."""
+PART_PATTERN: Final = False
+"""Whether a split voice's parts plan each run's memory as one block (ONNX Runtime's memory
+pattern; a whole model's session does). A plan is made, and kept for the session's life, per set
+of input shapes, and the parts' shapes change with every clause group and within one: the
+streaming decoder's first run (its states empty), its middle runs and its last (the end flag)
+each grew the arena by a block of its own (6, 6 and 9-14 MB at 32 frames), which no region's
+free space could serve for the next plan's, and a group gave them back only at its end; the
+prior and the flow kept a plan for each length of text they had seen. Without the pattern each
+tensor comes from the arena's free space, whatever the shapes: a clause group holds ~7 MB, the
+long text's engine peak 200.6 -> 185 MB, ~1 MB less after 400 announcements, the same CPU time
+(0.99x; page faults 1,500 against 8,700) over the bench's texts (docs/memory.md)."""
 
 NO_SPINNING: Final = ("session.intra_op.allow_spinning", "0")
 """A session option: the intra-op pool's threads block while they wait for work."""
 
 
 def session_options(
-    threads: int, level: ort.GraphOptimizationLevel, part: bool = False, *, planned: bool = True
+    threads: int, level: ort.GraphOptimizationLevel, part: bool = False
 ) -> ort.SessionOptions:
     """Options of one session: `threads` intra-op threads, sequential, at this optimization
     level, with or without ONNX Runtime's memory arena (`use_memory_arena`); `part` for the
-    parts of a split voice, which run one after another; `planned` False for the streaming
-    decoder (no memory pattern: `STREAM_PATTERN`)."""
+    parts of a split voice, which run one after another, each tensor taken from the arena's
+    free space (no memory pattern: PART_PATTERN)."""
     import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
 
     options = ort.SessionOptions()
@@ -154,8 +155,7 @@ def session_options(
     # "Streaming decoder"). It also keeps one part's threads from taking the cores from the
     # next (what `session.force_spinning_stop` did before: +30 to +90 % without it).
     options.add_session_config_entry(*NO_SPINNING)
-    del part  # every session waits the same way now
-    options.enable_mem_pattern = planned
+    options.enable_mem_pattern = PART_PATTERN if part else True
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = level
     return options
@@ -370,22 +370,15 @@ def _seal_path(model: Path) -> Path:
     return model.with_name(model.name + _SEAL_SUFFIX)
 
 
-def load_optimized(
-    model: Path, threads: int, part: bool = False, *, planned: bool = True
-) -> ort.InferenceSession:
-    """A saved optimized model, loaded with no further optimization (its weights mapped);
-    `planned` as `session_options` has it."""
+def load_optimized(model: Path, threads: int, part: bool = False) -> ort.InferenceSession:
+    """A saved optimized model, loaded with no further optimization (its weights mapped)."""
     import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
 
-    options = session_options(
-        threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, part, planned=planned
-    )
+    options = session_options(threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, part)
     return ort.InferenceSession(str(model), options, providers=PROVIDERS)
 
 
-def cached_session(
-    cached: Path, threads: int, part: bool = False, *, planned: bool = True
-) -> ort.InferenceSession | None:
+def cached_session(cached: Path, threads: int, part: bool = False) -> ort.InferenceSession | None:
     """A cached optimized model, loaded with no further optimization; None if absent or
     damaged (a file missing, changed or not loading; a damaged copy is removed, so it is built
     again; a symbolic link among them, or as their directory, is refused)."""
@@ -413,7 +406,7 @@ def cached_session(
     problem = _seal_problem(cached)
     if problem is None:
         try:
-            return load_optimized(cached, threads, part, planned=planned)
+            return load_optimized(cached, threads, part)
         except Exception as err:  # noqa: BLE001 - any load failure means a damaged copy
             problem = f"it does not load: {str(err)[:200]}"
     _LOGGER.warning("Optimized model %s is damaged (%s); rebuilding it", cached, problem)
