@@ -478,3 +478,31 @@ def test_a_decoder_that_cannot_run_in_chunks_runs_whole(
     assert not list(models.glob(f"*.split{SPLIT_FORMAT}.*.onnx"))  # the parts were never installed
     assert not list(models.glob(".build-*"))
     assert sum(len(pcm) for pcm in voice.synthesize(TEXT)) > 0
+
+
+def test_espeak_ng_is_set_to_a_voice_only_when_it_changes(
+    tiny_voice: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `set_voice` keeps memory espeak-ng never gives back (docs/memory.md): a voice
+    phonemizes with it once, then as long as no other voice has set another; the phonemes are
+    those of a voice set before each piece."""
+    from piper import espeakbridge  # noqa: PLC0415 - the library the voice phonemizes with
+
+    import agent.speech.voice as voice_module  # noqa: PLC0415
+
+    real = espeakbridge.set_voice
+    calls: list[str] = []
+
+    def counted(name: str) -> None:
+        calls.append(name)
+        real(name)
+
+    monkeypatch.setattr(espeakbridge, "set_voice", counted)
+    monkeypatch.setattr(voice_module, "_ESPEAK_VOICE", {})
+    voice = Voice.describe(tiny_voice, None)
+    first = [voice.sentences(f"{TEXT} Number {n}.") for n in range(5)]
+    assert len(calls) == 1
+    real("de")  # another voice's language, as a second voice would set it
+    voice_module._ESPEAK_VOICE["set"] = "de"
+    assert voice.sentences(f"{TEXT} Number 0.") == first[0]
+    assert len(calls) == 2
