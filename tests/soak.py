@@ -15,10 +15,10 @@ variant in a child process in the middle of the soak (seen: 760 MB and over ten 
 the soak measures the node's steady work, not the tier's choice (`tiers/`, docs/quantization.md).
 
 Warm-up ends with the first interval, or later when the phrase cache in memory is still filling:
-it holds every uncached sentence up to `cache.memory_bytes` (8 MB by default, full after ~3
-minutes of this mix), which is growth by design, not a leak. The report shows the cache's bytes
-(from the agent's retained state) beside the RSS, and measures growth from the first interval
-at which the cache was full (95 % of its bound).
+it holds every uncached sentence up to `cache.memory_bytes` (2 MB by default, full within the
+first minute of this mix), which is growth by design, not a leak. The report shows the cache's
+bytes (from the agent's retained state) beside the RSS, and measures growth from the first
+interval at which the cache was full (95 % of its bound).
 """
 
 from __future__ import annotations

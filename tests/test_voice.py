@@ -255,6 +255,28 @@ def test_chunks_of_any_size_join_into_the_whole_decoding(vits_voice: Path, size:
     assert voice.inferences == 2  # one prior run for each stream, however many chunks
 
 
+def test_the_parts_take_their_tensors_from_the_arena_without_a_plan(
+    vits_voice: Path, tmp_path: Path
+) -> None:
+    """A split voice's parts have no memory pattern (a plan per set of input shapes, each
+    growing the arena by a block of its own: docs/memory.md), the streaming decoder's as the
+    prior's and the flow's; a whole model's session keeps it. Built here and loaded from the
+    cache alike."""
+    for cache_dir in (None, tmp_path / "cache", tmp_path / "cache"):  # built, built, cached
+        voice = Voice.load(vits_voice, threads=1, cache_dir=cache_dir)
+        parts = voice._parts
+        assert parts is not None
+        assert parts.stream is not None
+        assert parts.flow is not None
+        assert not parts.decoder.get_session_options().enable_mem_pattern
+        assert not parts.prior.get_session_options().enable_mem_pattern
+        assert not parts.flow.get_session_options().enable_mem_pattern
+        assert np.concatenate(list(voice.synthesize(TEXT))).size > 0
+    whole = Voice.load(vits_voice, threads=1, cache_dir=None, split=False)
+    assert whole._session is not None
+    assert whole._session.get_session_options().enable_mem_pattern
+
+
 def test_a_decoder_chunk_is_decoded_in_runs_of_cache_size() -> None:
     assert decoder_runs(range(128)) == [range(32), range(32, 64), range(64, 96), range(96, 128)]
     assert decoder_runs(range(128, 166)) == [range(128, 166)]  # a 6-frame tail joins
@@ -456,3 +478,31 @@ def test_a_decoder_that_cannot_run_in_chunks_runs_whole(
     assert not list(models.glob(f"*.split{SPLIT_FORMAT}.*.onnx"))  # the parts were never installed
     assert not list(models.glob(".build-*"))
     assert sum(len(pcm) for pcm in voice.synthesize(TEXT)) > 0
+
+
+def test_espeak_ng_is_set_to_a_voice_only_when_it_changes(
+    tiny_voice: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `set_voice` keeps memory espeak-ng never gives back (docs/memory.md): a voice
+    phonemizes with it once, then as long as no other voice has set another; the phonemes are
+    those of a voice set before each piece."""
+    from piper import espeakbridge  # noqa: PLC0415 - the library the voice phonemizes with
+
+    import agent.speech.voice as voice_module  # noqa: PLC0415
+
+    real = espeakbridge.set_voice
+    calls: list[str] = []
+
+    def counted(name: str) -> None:
+        calls.append(name)
+        real(name)
+
+    monkeypatch.setattr(espeakbridge, "set_voice", counted)
+    monkeypatch.setattr(voice_module, "_ESPEAK_VOICE", {})
+    voice = Voice.describe(tiny_voice, None)
+    first = [voice.sentences(f"{TEXT} Number {n}.") for n in range(5)]
+    assert len(calls) == 1
+    real("de")  # another voice's language, as a second voice would set it
+    voice_module._ESPEAK_VOICE["set"] = "de"
+    assert voice.sentences(f"{TEXT} Number 0.") == first[0]
+    assert len(calls) == 2

@@ -9,7 +9,9 @@ input's size, its channels and sample rate, its duration (the output's size) and
 to decode (frames x channels: the work); and again while decoding (a header can lie). Blocks
 are decoded one at a time, so memory follows the output, never the header. The agent runs this
 in a child process of its own (`media_child`), never in its own. No threads, no network, no
-files: it is given bytes (the chimes' loader reads a configured file).
+files: it is given bytes (the chimes' loader reads a configured file). soundfile (and libsndfile
+with it) is imported by the first decode, so the engine, which imports this module for its
+resampler and its bounds, does not hold it (~1.7 MB; docs/memory.md).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
-import soundfile as sf
 import soxr
+
+if TYPE_CHECKING:
+    import soundfile as sf
 
 from agent.core.reasons import Reason
 from agent.core.refusal import Refused
@@ -103,6 +107,8 @@ def decode_audio(
     if len(data) > max_bytes:
         detail = f"{len(data)} bytes, at most {max_bytes} allowed"
         raise MediaError(Reason.TOO_LARGE, detail)
+    import soundfile as sf  # noqa: PLC0415 - only where sounds are decoded (module docstring)
+
     try:
         with sf.SoundFile(io.BytesIO(data)) as sound:
             return _decode(sound, rate, max_seconds, max_samples)

@@ -522,9 +522,10 @@ class CacheConfig:
     )
     memory_bytes: int = _key(
         "Phrase cache in memory: synthesized sentences, least recently used dropped first "
-        "(bytes of audio; 8 MiB is about 3 minutes of speech); the disk tier keeps the "
-        "rest.",
-        8 * 1024 * 1024,
+        "(bytes of audio; 2 MiB is about 47 s of speech at 22,050 Hz); the disk tier keeps "
+        "the rest, and a hit there costs a page-cache read and a sha256 (2 MiB, not more: "
+        "the node's steady memory, docs/memory.md).",
+        2 * 1024 * 1024,
         _between(0, 2**40),
     )
     disk_bytes: int = _key(

@@ -115,6 +115,18 @@ def releasing() -> ort.RunOptions | None:
     return options
 
 
+PART_PATTERN: Final = False
+"""Whether a split voice's parts plan each run's memory as one block (ONNX Runtime's memory
+pattern; a whole model's session does). A plan is made, and kept for the session's life, per set
+of input shapes, and the parts' shapes change with every clause group and within one: the
+streaming decoder's first run (its states empty), its middle runs and its last (the end flag)
+each grew the arena by a block of its own (6, 6 and 9-14 MB at 32 frames), which no region's
+free space could serve for the next plan's, and a group gave them back only at its end; the
+prior and the flow kept a plan for each length of text they had seen. Without the pattern each
+tensor comes from the arena's free space, whatever the shapes: a clause group holds ~7 MB, the
+long text's engine peak 200.6 -> 185 MB, ~1 MB less after 400 announcements, the same CPU time
+(0.99x; page faults 1,500 against 8,700) over the bench's texts (docs/memory.md)."""
+
 NO_SPINNING: Final = ("session.intra_op.allow_spinning", "0")
 """A session option: the intra-op pool's threads block while they wait for work."""
 
@@ -124,7 +136,8 @@ def session_options(
 ) -> ort.SessionOptions:
     """Options of one session: `threads` intra-op threads, sequential, at this optimization
     level, with or without ONNX Runtime's memory arena (`use_memory_arena`); `part` for the
-    parts of a split voice, which run one after another."""
+    parts of a split voice, which run one after another, each tensor taken from the arena's
+    free space (no memory pattern: PART_PATTERN)."""
     import onnxruntime as ort  # noqa: PLC0415 - see the module's docstring
 
     options = ort.SessionOptions()
@@ -142,7 +155,7 @@ def session_options(
     # "Streaming decoder"). It also keeps one part's threads from taking the cores from the
     # next (what `session.force_spinning_stop` did before: +30 to +90 % without it).
     options.add_session_config_entry(*NO_SPINNING)
-    del part  # every session waits the same way now
+    options.enable_mem_pattern = PART_PATTERN if part else True
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = level
     return options
