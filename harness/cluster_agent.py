@@ -157,7 +157,7 @@ class ClusterAgent:
         ]
 
     def sparkplug_sessions(self) -> list[tuple[float, str]]:
-        """Its Sparkplug sessions so far (the engine's): (time.time() of the log line, host:port)."""
+        """Its Sparkplug sessions so far (the engine's): (time.time() of the line, host:port)."""
         return [(_when(m["at"]), m["server"]) for m in _SPARKPLUG.finditer(self.log())]
 
     def lines(self, pattern: str, since: float = 0.0) -> list[str]:
