@@ -339,6 +339,7 @@ _TIMES = "\u00d7"  # the multiplication sign
 _RATIO = "{:.2f}" + _TIMES
 _SPEED = "{:.1f}" + _TIMES
 _PERCENT = "{:+.1f} %"
+_PERCENT_SHARE = "{:.0%}"
 _DATE = "{:.10}"
 _WHEN = "{:.16}"
 _LOAD = "{:.0f}"
@@ -465,6 +466,9 @@ FIGURES: Final[Mapping[str, Figure]] = {
         _TIERS, "children.build_on_device.result.speedup", "{:.2f}" + _TIMES
     ),
     "tier_device_db": Figure(_TIERS, "children.build_on_device.result.distance_db", "{:.2f} dB"),
+    "tier_node_judge_busy": Figure(
+        _TIERS, "children.judge_release_variant.result.busy_share", _PERCENT_SHARE
+    ),
     "tier_device_mb": Figure(_TIERS, "children.build_on_device.result.peak_rss_mb", "{:.0f} MB"),
     "tier_device_calibration_mb": Figure(
         _TIERS, "children.build_on_device.result.calibration_peak_rss_mb", "{:.0f} MB"
@@ -496,6 +500,8 @@ FIGURES: Final[Mapping[str, Figure]] = {
     **_value("chunking_long", _METRIC, "chunking_overhead_long", _PERCENT),
     **_value("chunking_unpunctuated", _METRIC, "chunking_overhead_unpunctuated", _PERCENT),
     **_value("underruns", _METRIC, "paced_underruns", _COUNT),
+    **_metric("peak_together", _METRIC, "peak_together", _MB, _MB),
+    **_metric("steady_together", _METRIC, "steady_together", _MB, _MB),
     **_metric("peak_rss", _METRIC, "peak_rss"),
     **_metric("peak_sampled", _METRIC, "peak_rss_sampled", _MB),
     **_value("peak_pss_mb", _METRIC, "peak_pss_sampled", _MB),
