@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import signal
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,6 +32,23 @@ from tests.tiny_voice import write_tiny_voice
 # `@settings` inherits this profile for what it does not set.
 settings.register_profile("behaviour", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("behaviour")
+
+
+@pytest.fixture(autouse=True)
+def _espeak_voice_set_again() -> Iterator[None]:
+    """Tests set espeak-ng's voice outside the agent's `Voice` (piper's own phonemizer, a test
+    of the remembered voice): each test starts with none remembered, as a node's process does."""
+    _forget_espeak_voice()
+    yield
+    _forget_espeak_voice()
+
+
+def _forget_espeak_voice() -> None:
+    """Where a test loaded the voice module (never loaded for this alone: some tests check
+    what a process imports)."""
+    voice = sys.modules.get("agent.speech.voice")
+    if voice is not None:
+        voice.forget_espeak_voice()
 
 
 @pytest.fixture(autouse=True)

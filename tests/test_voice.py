@@ -502,7 +502,8 @@ def test_espeak_ng_is_set_to_a_voice_only_when_it_changes(
     voice = Voice.describe(tiny_voice, None)
     first = [voice.sentences(f"{TEXT} Number {n}.") for n in range(5)]
     assert len(calls) == 1
-    real("de")  # another voice's language, as a second voice would set it
-    voice_module._ESPEAK_VOICE["set"] = "de"
+    with voice_module.ESPEAK_LOCK:  # another voice's language, as a second voice sets it
+        real("de")
+        voice_module._ESPEAK_VOICE["set"] = "de"
     assert voice.sentences(f"{TEXT} Number 0.") == first[0]
     assert len(calls) == 2

@@ -76,7 +76,17 @@ _ESPEAK_VOICE: dict[str, str] = {}
 """The voice espeak-ng was last set to (`"set"`), read and written under ESPEAK_LOCK: each
 `set_voice` keeps ~1.2 KB that espeak-ng never gives back (1.65 MiB per 1,000 sentences phonemized,
 measured; every request is phonemized, cached or not), so it is called only when the voice
-changes (docs/memory.md)."""
+changes (docs/memory.md). `Voice.sentences` is the only caller of `set_voice` in the node's
+processes; code that sets espeak-ng's voice any other way (piper's own phonemizer, in tests and
+tools) calls `forget_espeak_voice` after it."""
+
+
+def forget_espeak_voice() -> None:
+    """espeak-ng's voice was set outside `Voice.sentences`: the next phonemizing sets it again."""
+    with ESPEAK_LOCK:
+        _ESPEAK_VOICE.clear()
+
+
 _WHOLE: Final = 2**31
 _ENGINE_POLL_S: Final = 0.02
 """How often a wait for a loading voice's sessions looks at its cancellation (seconds)."""
