@@ -438,7 +438,12 @@ def test_the_whole_life_of_a_node_fits_in_384_mb(run_node: StartNode, tmp_path: 
         assert result["state"] == "installed", result
         assert "agent.speech.healthcheck" in update.processes, update  # it ran in the group
         speaks_with(node, new, 1, "new")
-        assert node.state()["last_update"]["state"] == "installed", node.state()
+        # the state is published on a change, gathered for 0.25 s: wait for the one that shows it
+        wait_until(
+            lambda: (node.state().get("last_update") or {}).get("state") == "installed",
+            60,
+            f"a state with the update installed (latest: {node.state()})",
+        )
         node.meter.end_phase("speech, new model")
 
         node.watcher.publish(node.topics.ota, b'{"id": "back1", "rollback": true}')
