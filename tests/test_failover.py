@@ -347,16 +347,13 @@ def test_on_mqtt_311_an_oversized_message_is_dropped_and_acknowledged(
     assert caplog.text.count("over mqtt.max_packet_bytes") == 8
 
 
-class VersionGate:
-    """A real Mosquitto behind a gate that answers an MQTT 5 CONNECT as a broker that speaks
-    3.1.1 only: a CONNACK with return code 1 ("unacceptable protocol version"), or the
-    connection closed before any CONNACK. Other connections go through to Mosquitto."""
+class _Gate:
+    """A real Mosquitto behind a gate on a port of its own: each connection is served by
+    `_serve` on a thread of its own, and what it lets through is piped to Mosquitto."""
 
-    def __init__(self, backend: Broker, answer: str) -> None:
+    def __init__(self, backend: Broker) -> None:
         self.host, self.port = "127.0.0.1", free_port()
         self.backend = backend
-        self.answer = answer
-        self.v5_connects = 0
         self._listener = socket.create_server((self.host, self.port))
         self._open: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -370,19 +367,13 @@ class VersionGate:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        head = _read_connect(client)
-        if head is None:
-            client.close()
-            return
-        if head[-1] == 5:  # the protocol level byte of the variable header
-            self.v5_connects += 1
-            if self.answer == "connack":
-                client.sendall(b"\x20\x02\x00\x01")
-            client.close()
-            return
+        raise NotImplementedError
+
+    def _through(self, client: socket.socket, read: bytes) -> None:
+        """The connection goes through to Mosquitto, starting with what the gate read of it."""
         upstream = socket.create_connection((self.backend.host, self.backend.port))
         self._open += [client, upstream]
-        upstream.sendall(head)
+        upstream.sendall(read)
         for source, sink in ((client, upstream), (upstream, client)):
             threading.Thread(target=_pipe, args=(source, sink), daemon=True).start()
 
@@ -395,6 +386,30 @@ class VersionGate:
     def close(self) -> None:
         self.cut()
         self._listener.close()
+
+
+class VersionGate(_Gate):
+    """A real Mosquitto behind a gate that answers an MQTT 5 CONNECT as a broker that speaks
+    3.1.1 only: a CONNACK with return code 1 ("unacceptable protocol version"), or the
+    connection closed before any CONNACK. Other connections go through to Mosquitto."""
+
+    def __init__(self, backend: Broker, answer: str) -> None:
+        self.answer = answer
+        self.v5_connects = 0
+        super().__init__(backend)
+
+    def _serve(self, client: socket.socket) -> None:
+        head = _read_connect(client)
+        if head is None:
+            client.close()
+            return
+        if head[-1] == 5:  # the protocol level byte of the variable header
+            self.v5_connects += 1
+            if self.answer == "connack":
+                client.sendall(b"\x20\x02\x00\x01")
+            client.close()
+            return
+        self._through(client, head)
 
 
 def _read_connect(sock: socket.socket) -> bytes | None:
@@ -567,29 +582,17 @@ def test_the_agent_speaks_through_the_second_broker_and_comes_back(
     assert not [e for e in repeated if e[0] != "first"]  # only what was in flight at the kill
 
 
-class ClientGate:
+class ClientGate(_Gate):
     """A real Mosquitto behind a gate that refuses (closes) the connections of one client id
     while `held` is set; every other connection goes through to Mosquitto."""
 
     def __init__(self, backend: Broker, client_id: str) -> None:
-        self.host, self.port = "127.0.0.1", free_port()
-        self.backend = backend
         self.client_id = client_id
         self.held = threading.Event()
         self.held.set()
         self.refused = 0
         self.passed: list[str] = []
-        self._listener = socket.create_server((self.host, self.port))
-        self._open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        super().__init__(backend)
 
     def _serve(self, client: socket.socket) -> None:
         packet = _read_packet(client)
@@ -602,16 +605,7 @@ class ClientGate:
             client.close()
             return
         self.passed.append(who)
-        upstream = socket.create_connection((self.backend.host, self.backend.port))
-        self._open += [client, upstream]
-        upstream.sendall(packet)
-        for source, sink in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pipe, args=(source, sink), daemon=True).start()
-
-    def close(self) -> None:
-        for sock in self._open:
-            _close(sock)
-        self._listener.close()
+        self._through(client, packet)
 
 
 def _read_packet(sock: socket.socket) -> bytes | None:
