@@ -30,7 +30,13 @@ from agent.speech.decoder_parts import SPLIT_FORMAT
 from agent.speech.voice import Voice
 from agent.updates import release_tiers
 from agent.updates.model_at_start import fall_back, start_model
-from agent.updates.update_store import Pending, load_state, save_state, slot_problem
+from agent.updates.update_store import (
+    Pending,
+    load_state,
+    read_state,
+    save_state,
+    slot_problem,
+)
 from agent.updates.updater import Updater
 from harness import TIMEOUT, wait_until
 from ota import release
@@ -478,13 +484,15 @@ start on a busy machine; only the hang is judged by its timeout."""
             {**ANSWERS, "health_timeout": 5.0}, {"fault": "hang"}, "no answer in 5 s", id="hang"
         ),
         pytest.param(ANSWERS, {"fault": "heavy"}, "the check process failed", id="memory"),
+        pytest.param(ANSWERS, {"fault": "slow"}, "slower than the current model", id="slow"),
     ],
     indirect=["harness"],
 )
 def test_a_broken_model_fails_the_health_check_and_nothing_changes(
     harness: Harness, key: Ed25519PrivateKey, kwargs: dict[str, Any], expected: str
 ) -> None:
-    """NaN, silence, a hang, a memory blow-up: reported with the reason, the old model stays."""
+    """NaN, silence, a hang, a memory blow-up, a model thousands of times slower (CPU time):
+    reported with the reason, the old model stays."""
     item = released(harness, key, 2, **kwargs)
     report = harness.run(item.offer(url(harness, item)))
     assert (report.state, report.reason) == ("failed", "health_check")
@@ -611,6 +619,39 @@ def test_reports_reached_before_a_start_are_delivered_by_started(
     updater.started()
     assert reports.get_nowait().state == "rolled_back"
     assert load_state(directory).reports == []
+
+
+@pytest.mark.allow_error_logs(r"set aside the last result \(not one\)")
+def test_the_last_result_outlives_a_restart_and_a_damaged_one_is_set_aside(
+    harness: Harness, key: Ed25519PrivateKey, tiny_voice: Path
+) -> None:
+    """The last result of an update job is kept in `state.json`: an updater made after a restart
+    (of the agent, or of its engine alone) has it, with when it was reached, for the state's
+    `last_update`. A result that is not one is set aside, the rest of the state kept."""
+    second = released(harness, key, 2)
+    before = time.time()
+    assert harness.run(second.offer(url(harness, second)), "up2").state == "installed"
+    assert harness.run({"rollback": True}, "back").state == "rolled_back"
+
+    def restarted() -> Updater[Voice]:
+        config = OtaConfig(trusted_keys=(release.public_text(key),))
+        return Updater(config, harness.directory, tiny_voice, 22050, 1, print, load_prewarmed, bool)
+
+    last = restarted().last_result
+    assert last is not None
+    report, at = last
+    assert (report.offer, report.state, report.release) == ("back", "rolled_back", 0)
+    assert before <= at <= time.time()
+    state = json.loads((harness.directory / "state.json").read_text())
+    state["last"]["at"] = "yesterday"
+    (harness.directory / "state.json").write_text(json.dumps(state))
+    found = read_state(harness.directory)
+    assert (found.state.last, found.unusable, found.set_aside) == (
+        None,
+        None,
+        ("the last result (not one)",),
+    )
+    assert restarted().last_result is None
 
 
 # ---- review fixes: slots, rollback targets, leftovers, redelivery ---------------------------

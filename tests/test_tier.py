@@ -511,7 +511,7 @@ def test_a_512_mb_node_installs_a_release_carrying_its_int8_tier_and_uses_it(
         offer = {"id": "up1", "manifest": json.loads(envelope), "base_url": f"{server.url}r1/"}
         node.watcher.publish(node.topics.ota, json.dumps(offer).encode())
         result = update_result(node, "up1", 1800)
-        assert result["state"] == "installed", result
+        assert result["state"] == "installed", json.dumps(result)  # reason, detail: whole
         node.meter.end_phase("update: download, health check, switch")
         judge_node(node)
 

@@ -26,6 +26,9 @@ SAMPLE_RATE: Final = 22050
 CYCLES_PER_ID: Final = 4
 """Sine cycles per phoneme id of speaker 0 (and of a one-speaker voice); speaker k has k + 1
 times as many."""
+SLOW_TRIPS: Final = 400_000
+"""Loop steps in every inference of a `slow` tiny voice: about 0.15 s each here, thousands of
+times the tiny voice's own time (the health check's slowdown)."""
 MAX_SPEAKERS: Final = SAMPLES_PER_ID // (2 * CYCLES_PER_ID) - 1
 """Most speakers a tiny voice can have: the highest one's sine stays below Nyquist (31)."""
 
@@ -77,8 +80,9 @@ def write_tiny_voice(
     """Write `name` and `name.json` into directory; returns the model path.
 
     `fault` makes a broken model for the update tests: "hang" (a loop of 10^15 steps inside
-    every inference), "heavy" (a `heavy_mb` tensor in every inference: too big for a small
-    memory limit). A NaN or a silent model is `gain=float("nan")` or `gain=0`.
+    every inference), "slow" (a loop of `SLOW_TRIPS` steps), "heavy" (a `heavy_mb` tensor in
+    every inference: too big for a small memory limit). A NaN or a silent model is
+    `gain=float("nan")` or `gain=0`.
 
     `speakers` above one (a count, named `speaker0`..., or the names, ids in their order) makes
     a multi-speaker voice: an int64 `sid` input of shape [1] that picks the pitch, and
@@ -178,7 +182,7 @@ def _fault_nodes(fault: str | None, heavy_mb: int) -> tuple[list[Any], list[Any]
     """Nodes that compute the gain the slow or the greedy way; (nodes, initializers, name)."""
     if fault is None:
         return [], [], "gain"
-    if fault == "hang":
+    if fault in {"hang", "slow"}:
         body = helper.make_graph(
             [
                 helper.make_node("Identity", ["cond_in"], ["cond_out"]),
@@ -196,7 +200,8 @@ def _fault_nodes(fault: str | None, heavy_mb: int) -> tuple[list[Any], list[Any]
             ],
         )
         loop = helper.make_node("Loop", ["trips", "", "gain"], ["slow_gain"], body=body)
-        trips = numpy_helper.from_array(np.array(10**15, dtype=np.int64), "trips")
+        count = 10**15 if fault == "hang" else SLOW_TRIPS
+        trips = numpy_helper.from_array(np.array(count, dtype=np.int64), "trips")
         return [loop], [trips], "slow_gain"
     if fault == "heavy":
         count = heavy_mb * 1024 * 1024 // 4
