@@ -242,6 +242,9 @@ def assemble(
     )
     if speaker is not None:
         speaker.follow_with(link.follow)
+    status = Status(config, topics)
+    if updater is not None and updater.last_result is not None:
+        status.recall_update(*updater.last_result)  # from before this start (state.json)
     return Parts(
         topics=topics,
         inbox=inbox,
@@ -253,7 +256,7 @@ def assemble(
         notes=tuple(n for n in (problem, phrases.problem, marker.problem) if n),
         media=media,
         synthesizer=synthesizer,
-        status=Status(config, topics),
+        status=status,
         hermes=HermesBridge(config.hermes.site_id, known),
         flood=FloodGate(),
         systemd=Notifier(environ),

@@ -436,7 +436,8 @@ def test_a_revocation_published_by_the_tool_reaches_running_and_restarted_nodes(
 ) -> None:
     """`python -m ota revoke` signs a revocation and publishes it retained: a running node
     verifies and keeps it (`noted`: nothing installed to leave); a node that restarts reads the
-    retained one again without reporting it twice; a second `keygen` never overwrites a key."""
+    retained one again without reporting it twice, and its state still shows the result as the
+    last update; a second `keygen` never overwrites a key."""
     keys = tmp_path / "keys"
 
     def keygen() -> subprocess.CompletedProcess[str]:
@@ -462,8 +463,17 @@ def test_a_revocation_published_by_the_tool_reaches_running_and_restarted_nodes(
     agent.watcher.clear()
     agent.process.start()
     agent.wait_online()
-    agent.watcher.publish(agent.topics.speak, b'{"id": "on", "text": "Up again."}')
-    agent.watcher.wait_event("on", "finished")
+    state = speaks(agent, "on")
+    noted = next(e for e in reported if e.get("state") == "noted")
+    # the last result outlives the restart (state.json), with the time it was reached
+    assert state["last_update"] == {
+        "id": noted["id"],
+        "state": "noted",
+        "reason": None,
+        "release": 0,
+        "ts": state["last_update"]["ts"],
+    }, state["last_update"]
+    assert abs((stamp(state["last_update"]) - stamp(noted)).total_seconds()) < 5
     # not news again: no new report (events are at least once: one whose acknowledgement had
     # not reached the stopping engine is sent again from its outbox, the same event, its `ts`)
     after = [e for e in agent.watcher.events() if e["event"] == "update"]

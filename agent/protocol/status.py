@@ -150,6 +150,19 @@ class Status:
             }
             self._changed = True
 
+    def recall_update(self, report: UpdateReport, wall: float) -> None:
+        """The last update's result from before this start (`wall`: its epoch seconds), shown
+        until a newer one."""
+        if self._last_update is None:
+            self._last_update = {
+                "id": report.offer,
+                "state": str(report.state),
+                "reason": report.reason,
+                "release": report.release,
+                "ts": _stamp(wall),
+            }
+            self._changed = True
+
     def state(self, facts: NodeFacts, now: float, wall: float) -> Message:
         """The retained state JSON (`now` monotonic, `wall` the epoch seconds it carries)."""
         self._changed = False

@@ -24,6 +24,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import stat
 import tempfile
@@ -101,6 +102,9 @@ class UpdateState:
     """Every file of the active slot with its sha256, from the verified manifest: checked
     before the slot is picked (start, rollback, revocation)."""
     previous_files: dict[str, str] | None = None
+    last: dict[str, Any] | None = None
+    """The last result of an update job the updater ran, as `reports` keeps one, with `at` (its
+    epoch seconds): the state's `last_update` after a restart of the agent or its engine."""
 
     def revoked(self, release: int) -> bool:
         """Whether the stored revocation withdraws this release."""
@@ -494,6 +498,17 @@ def parse_state(data: bytes) -> tuple[UpdateState, list[str]]:
         state = previous
     except (TypeError, ValueError) as err:
         notes.append(f"the rollback target ({err})")
+    state.reports = _reports(body, notes)
+    if body.get("last") is not None:
+        try:
+            state.last = _last(body["last"])
+        except (TypeError, ValueError, KeyError):
+            notes.append("the last result (not one)")
+    return state, notes
+
+
+def _reports(body: Mapping[str, Any], notes: list[str]) -> list[dict[str, Any]]:
+    """The results kept for after a start (the newest MAX_REPORTS); what is set aside is noted."""
     reports = body.get("reports", [])
     if not isinstance(reports, list):
         notes.append("reports (not a list)")
@@ -506,8 +521,7 @@ def parse_state(data: bytes) -> tuple[UpdateState, list[str]]:
             notes.append("a result that is not one")
     if len(reports) > MAX_REPORTS:
         notes.append(f"{len(reports) - MAX_REPORTS} older results")
-    state.reports = kept
-    return state, notes
+    return kept
 
 
 def _consistent(slot: str | None, model: str | None, release: int, prefix: str) -> None:
@@ -610,6 +624,15 @@ def _revocation(raw: object) -> dict[str, Any] | None:
 
 
 _REPORT_TEXTS: Final = ("reason", "version")
+
+
+def _last(raw: object) -> dict[str, Any]:
+    """The last result: a result as `_report` reads it, and `at`, finite epoch seconds."""
+    report = _report(raw)
+    at = raw.get("at") if isinstance(raw, dict) else None
+    if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
+        raise TypeError("at")
+    return {**report, "at": float(at)}
 
 
 def _report(raw: object) -> dict[str, Any]:

@@ -29,10 +29,11 @@ import logging
 import os
 import queue
 import threading
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -124,7 +125,7 @@ class Updater(Generic[M]):
             pending = self.state.pending
             self.state = replace(self.state, pending=None)
             self._save()
-            self._report(
+            self._deliver(
                 UpdateReport(
                     pending.offer,
                     UpdatePhase.INSTALLED,
@@ -133,10 +134,27 @@ class Updater(Generic[M]):
                 )
             )
         for earlier in self.state.reports:  # results reached while nobody could be told
-            self._report(UpdateReport(**{**earlier, "state": UpdatePhase(earlier["state"])}))
+            self._deliver(UpdateReport(**{**earlier, "state": UpdatePhase(earlier["state"])}))
         if self.state.reports:
             self.state = replace(self.state, reports=[])
             self._save()
+
+    @property
+    def last_result(self) -> tuple[UpdateReport, float] | None:
+        """The last result of an update job (kept in `state.json` across restarts) and its
+        epoch seconds, or None."""
+        last = self.state.last
+        if last is None:
+            return None
+        fields = {key: value for key, value in last.items() if key != "at"}
+        return UpdateReport(**{**fields, "state": UpdatePhase(fields["state"])}), last["at"]
+
+    def _deliver(self, report: UpdateReport) -> None:
+        """Send a job's result and keep it as the last one (only on the updater's own thread,
+        or before it starts: the one writer of `state.json`)."""
+        self.state = replace(self.state, last={**asdict(report), "at": time.time()})
+        self._save()
+        self._send(report)
 
     def _save(self) -> None:
         """Persist the state at start; a disk that refuses is said, never a failed start."""
@@ -249,7 +267,7 @@ class Updater(Generic[M]):
                 self._busy.clear()  # before the result goes out: its reader may command again
                 finals, self._finals = self._finals, []
                 for report in finals:
-                    self._send(report)
+                    self._deliver(report)
 
     def _report(self, report: UpdateReport) -> None:
         """Report progress at once; the result of the job under way once it is over."""
