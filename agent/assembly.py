@@ -45,6 +45,7 @@ from agent.storage.ledger import Ledger
 from agent.storage.step_marker import StepMarker
 from agent.system import allocator
 from agent.system.systemd import Notifier
+from agent.updates.update_store import last_result
 from agent.updates.updater import Updater
 from agent.voices import catalog, factory_model, ota_directory, voice_names
 
@@ -243,8 +244,8 @@ def assemble(
     if speaker is not None:
         speaker.follow_with(link.follow)
     status = Status(config, topics)
-    if updater is not None and updater.last_result is not None:
-        status.recall_update(*updater.last_result)  # from before this start (state.json)
+    if updater is not None and (last := last_result(updater.state)) is not None:
+        status.recall_update(*last)  # from before this start (state.json)
     return Parts(
         topics=topics,
         inbox=inbox,

@@ -32,6 +32,7 @@ from agent.updates import release_tiers
 from agent.updates.model_at_start import fall_back, start_model
 from agent.updates.update_store import (
     Pending,
+    last_result,
     load_state,
     read_state,
     save_state,
@@ -637,7 +638,7 @@ def test_the_last_result_outlives_a_restart_and_a_damaged_one_is_set_aside(
         config = OtaConfig(trusted_keys=(release.public_text(key),))
         return Updater(config, harness.directory, tiny_voice, 22050, 1, print, load_prewarmed, bool)
 
-    last = restarted().last_result
+    last = last_result(restarted().state)
     assert last is not None
     report, at = last
     assert (report.offer, report.state, report.release) == ("back", "rolled_back", 0)
@@ -651,7 +652,7 @@ def test_the_last_result_outlives_a_restart_and_a_damaged_one_is_set_aside(
         None,
         ("the last result (not one)",),
     )
-    assert restarted().last_result is None
+    assert last_result(restarted().state) is None
 
 
 # ---- review fixes: slots, rollback targets, leftovers, redelivery ---------------------------

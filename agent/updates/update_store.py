@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from agent.core.refusal import Refused
-from agent.core.states import FINAL_PHASES, UpdatePhase, UpdateReason
+from agent.core.states import FINAL_PHASES, UpdatePhase, UpdateReason, UpdateReport
 from agent.guarded import nofollow
 from agent.protocol import manifest as manifests
 
@@ -350,6 +350,15 @@ def without_previous(state: UpdateState) -> UpdateState:
         previous_model_sha256=None,
         previous_files=None,
     )
+
+
+def last_result(state: UpdateState) -> tuple[UpdateReport, float] | None:
+    """The last result of an update job (kept in `state.json` across restarts) and its epoch
+    seconds, or None."""
+    if state.last is None:
+        return None
+    fields = {key: value for key, value in state.last.items() if key != "at"}
+    return UpdateReport(**{**fields, "state": UpdatePhase(fields["state"])}), state.last["at"]
 
 
 def on_factory(state: UpdateState) -> UpdateState:

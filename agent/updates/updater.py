@@ -139,16 +139,6 @@ class Updater(Generic[M]):
             self.state = replace(self.state, reports=[])
             self._save()
 
-    @property
-    def last_result(self) -> tuple[UpdateReport, float] | None:
-        """The last result of an update job (kept in `state.json` across restarts) and its
-        epoch seconds, or None."""
-        last = self.state.last
-        if last is None:
-            return None
-        fields = {key: value for key, value in last.items() if key != "at"}
-        return UpdateReport(**{**fields, "state": UpdatePhase(fields["state"])}), last["at"]
-
     def _deliver(self, report: UpdateReport) -> None:
         """Send a job's result and keep it as the last one (only on the updater's own thread,
         or before it starts: the one writer of `state.json`)."""
