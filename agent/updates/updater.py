@@ -142,7 +142,8 @@ class Updater(Generic[M]):
     def _deliver(self, report: UpdateReport) -> None:
         """Send a job's result and keep it as the last one (only on the updater's own thread,
         or before it starts: the one writer of `state.json`)."""
-        self.state = replace(self.state, last={**asdict(report), "at": time.time()})
+        kept = {k: v for k, v in asdict(report).items() if k not in {"progress", "notes"}}
+        self.state = replace(self.state, last={**kept, "at": time.time()})
         self._save()
         self._send(report)
 
