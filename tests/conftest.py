@@ -74,6 +74,26 @@ def unexpected_errors(request: pytest.FixtureRequest, errors: list[str]) -> list
     return [e for e in errors if not any(re.search(p, e) for p in patterns)]
 
 
+FAILED_LOG_LINES = 80
+"""Lines of each agent's log printed when its test failed (CI keeps only what pytest prints)."""
+PHASE_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep each phase's report on the test item (`item.stash[PHASE_REPORTS]`), for fixtures
+    that say more about a failed test at their teardown."""
+    report = yield
+    item.stash.setdefault(PHASE_REPORTS, {})[report.when] = report
+    return report
+
+
+def call_failed(request: pytest.FixtureRequest) -> bool:
+    """Whether the requesting test's own call failed (at a fixture's teardown)."""
+    reports = request.node.stash.get(PHASE_REPORTS, {})
+    return "call" in reports and reports["call"].failed
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Register the markers this conftest uses."""
     config.addinivalue_line(
@@ -193,6 +213,10 @@ def start_agent(
         if agent.process.alive():
             agent.process.signal(signal.SIGTERM)
         agent.watcher.close()
+    if call_failed(request):  # what the agents said last: all CI keeps of them
+        for agent in started:
+            lines = agent.process.output().splitlines()[-FAILED_LOG_LINES:]
+            print(f"\n--- the last {len(lines)} lines of {agent.process.log}:", *lines, sep="\n")
     for agent in started:  # an agent that logged an error failed, even if it carried on
         errors = [line for line in agent.process.output().splitlines() if " ERROR " in line]
         unexpected = unexpected_errors(request, errors)
