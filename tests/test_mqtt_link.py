@@ -192,9 +192,10 @@ def test_an_acknowledgement_of_an_earlier_connection_is_not_sent() -> None:
     under_test = link()
     stale = Delivery(7, 1, False, "f")
     under_test.ack(stale)  # never received on this connection: nothing to acknowledge
-    under_test._deliveries[7] = Delivery(7, 1, False, "g")  # another message, same packet id
+    other = Delivery(7, 1, False, "g")  # another message, same packet id
+    under_test._publishes.received(other)
     under_test.ack(stale)
-    assert 7 in under_test._deliveries  # the other one still waits for its own ack
+    assert under_test._publishes.take(other)  # the other one still waits for its own ack
 
 
 def test_the_link_reports_its_first_server_and_version_before_connecting() -> None:

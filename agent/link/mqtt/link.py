@@ -33,53 +33,50 @@ handlers' consumer can take another message now), the link reads no further pack
 established session while it says no (`bounded_socket`'s gate): the broker keeps the rest, so a
 broker that sends more than `mqtt.receive_maximum` at once (Mosquitto resuming a session after
 its restart, a 3.1.1 broker's own window) makes the consumer wait for it instead of refusing.
+
+Its parts: the reconnect policy (`reconnect`), the delivery and acknowledgement bookkeeping
+with paho's acknowledgement of our publishes (`publishes`), the subscription set and who hears
+it granted (`subscriptions`), and the bounded socket's side of packets over the bound
+(`oversize`); here the client, its thread, the server it follows, and paho's other callbacks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import random
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
-from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from agent.core.messages import Delivery
-
-if TYPE_CHECKING:  # tenacity loads only once a connect failed
-    from tenacity import RetryCallState
-from agent.link.mqtt.bounded_socket import BoundedClient
+from agent.link.mqtt.bounded_socket import BoundedClient, Gate
+from agent.link.mqtt.oversize import Oversize
+from agent.link.mqtt.publishes import Publishes
+from agent.link.mqtt.reconnect import MaybeNotV5Error, Reconnect
 from agent.link.mqtt.servers import (
     UNSUPPORTED_PROTOCOL,
     V5,
     Ring,
-    Step,
     Version,
     credentials,
-    delay,
     passwords,
     refusal,
     tls_contexts,
 )
+from agent.link.mqtt.subscriptions import MessageHandler, Subscriptions
 from agent.settings.declarations import MqttConfig, servers
 
 _LOGGER = logging.getLogger(__name__)
 
-MessageHandler = Callable[[str, bytes, Delivery], bool]
-"""Called on the network thread with topic, payload and how to acknowledge; must not block.
-True: the handler kept the message (it is acknowledged once handled); False: it did not (no
-room), and the link acknowledges it at once."""
-
+__all__ = ["OFFLINE", "ONLINE", "ConnectRefusedError", "MessageHandler", "MqttLink"]
 ONLINE: Final = "online"
 OFFLINE: Final = "offline"
 _CONNACK_TIMEOUT: Final = 10.0
@@ -89,21 +86,10 @@ _SESSION_TAKEN_OVER: Final = 142
 _FLAPPING: Final = 3
 """Connections in a row that drop early before the agent warns about a duplicate client id."""
 _MAX_QUEUED_OUT: Final = 10000
-_ACKED: Final = -1
-"""In `_meeting`: the broker acknowledged this packet id before its publisher noted its id."""
 
 
 class ConnectRefusedError(ConnectionError):
     """The broker answered CONNECT with a failure reason code."""
-
-
-class _MaybeNotV5Error(ConnectionError):
-    """An MQTT 5 CONNECT was refused as an unsupported version (`refused`), or the connection
-    closed before any CONNACK: the server may speak MQTT 3.1.1 only."""
-
-    def __init__(self, message: str, *, refused: bool = False) -> None:
-        super().__init__(message)
-        self.refused = refused
 
 
 class MqttLink:
@@ -129,18 +115,16 @@ class MqttLink:
         on the network thread, the server's address once the broker acknowledged the
         subscriptions, None when the connection ends; it must not block."""
         self._config = config
-        self._room = room
         self._online_now = online_now
         self._client_id = client_id
         self._status_topic = status_topic
-        self._handlers = dict(handlers)
-        self._retained = retained
+        self._subscriptions = Subscriptions(handlers, retained, on_session)
         self._on_connected = on_connected
-        self._on_session = on_session
         self._ring = Ring(servers(config), config.protocol)
         self._contexts = tls_contexts(self._ring.servers)  # a file that cannot be used: now
         self._passwords = passwords(self._ring.servers)
-        self.acknowledged: deque[int] = deque()
+        self._publishes = Publishes()
+        self.acknowledged = self._publishes.acknowledged
         """Ids of our publishes the broker acknowledged (filled by the network thread)."""
         self.last_error: str | None = None
         """The last connection or subscription problem (for the state), None once connected."""
@@ -152,11 +136,10 @@ class MqttLink:
         self._online_said = False
         """`online` was published on the current connection (or queued for it; under the lock)."""
         self._connack: ReasonCode | None = None
-        self._step = Step.ROUND
-        self._failed_at = ""
+        self._reconnect = Reconnect(config, self._ring, self._stopping)
         self.connected = threading.Event()
         """Set while a session with the broker is up."""
-        self.subscribed = threading.Event()
+        self.subscribed = self._subscriptions.subscribed
         """Set once the broker acknowledged this connection's subscriptions (what waited in the
         session came before that acknowledgement, from Mosquitto at least); cleared with
         `connected`."""
@@ -165,17 +148,8 @@ class MqttLink:
         # The lock orders publishers, acknowledgers and a change of client; it is never taken
         # inside paho's on_publish (called with paho's own lock held, which publish takes).
         self._lock = threading.Lock()
-        self._last_id = 0
-        self._outgoing: dict[int, tuple[str, bytes | str, bool]] = {}
-        """Our QoS 1 publishes the broker has not acknowledged, by the id `publish` returned."""
-        self._meeting: dict[int, int] = {}
-        """The current client's packet ids of our publishes: our id, or _ACKED when the
-        acknowledgement came first (each side finds the other's with one setdefault)."""
-        self._deliveries: dict[int, Delivery] = {}
-        self._cut: dict[tuple[str, int], int] = {}
-        """MQTT 3.1.1 PUBLISHes over the bound whose payload was thrown away, by topic and
-        packet id, until paho hands them on (network thread only)."""
-        """QoS 1 messages of the current connection not acknowledged yet, by packet id."""
+        self._oversize = Oversize(config.max_packet_bytes, lambda: self.server, self._note)
+        self._gate = _gate(self.connected, room)
         self._version: Version = self._ring.version
         self._client_key = (self._ring.index, self._version)
         self._client = self._make_client(self._ring.index, self._version)
@@ -202,9 +176,9 @@ class MqttLink:
             reconnect_on_failure=False,  # we reconnect ourselves, with jitter
             manual_ack=True,  # the app acknowledges once a message is recorded
             max_packet_bytes=self._config.max_packet_bytes,
-            refused=self._refused_packet,
-            cut=None if version == V5 else self._cut_packet,  # MQTT 5 servers were told
-            gate=None if self._room is None else self._may_read,
+            refused=self._oversize.refused,
+            cut=None if version == V5 else self._oversize.cut,  # MQTT 5 servers were told
+            gate=self._gate,
         )
         client.suppress_exceptions = True
         client.max_queued_messages_set(_MAX_QUEUED_OUT)
@@ -215,15 +189,15 @@ class MqttLink:
             # Verified certificate and checked host name; no fallback to plain TCP exists.
             client.tls_set_context(context)
             client.tls_insecure_set(False)
-        client.on_socket_open = self._on_socket_open
+        client.on_socket_open = _on_socket_open
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         client.on_subscribe = self._on_subscribe
-        client.on_publish = self._on_publish
+        client.on_publish = self._publishes.on_publish
         # Any registered callback makes paho leave socket writes to the network thread (it is
         # woken through its socket pair) instead of writing from whichever thread publishes.
-        client.on_socket_register_write = self._on_socket_register_write
+        client.on_socket_register_write = _on_socket_register_write
         return client
 
     # ---- called from other threads ------------------------------------------------------
@@ -237,11 +211,9 @@ class MqttLink:
         the message's id, whose acknowledgement by the broker shows up in `acknowledged`."""
         with self._lock:
             info = self._client.publish(topic, payload, qos=1, retain=retain)
-            self._last_id += 1
-            ours = self._last_id
+            ours = self._publishes.next_id()
             if info.rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
-                self._outgoing[ours] = (topic, payload, retain)
-                self._meet(info.mid, ours)
+                self._publishes.sent(ours, info.mid, (topic, payload, retain))
                 return ours
         _LOGGER.warning("Publish to %s dropped: %s", topic, mqtt.error_string(info.rc))
         return ours
@@ -255,7 +227,7 @@ class MqttLink:
             if self._online_said or (server is not None and server != here):
                 return
             info = self._client.publish(self._status_topic, ONLINE, qos=1, retain=True)
-            self._meet(info.mid, 0)
+            self._publishes.meet(info.mid, 0)
             self._online_said = True
 
     def follow(self, address: str) -> None:
@@ -275,7 +247,7 @@ class MqttLink:
             if not self.connected.is_set():
                 return  # the next attempt goes there (or the one under way is left once up)
             info = client.publish(self._status_topic, OFFLINE, qos=1, retain=True)
-            self._meet(info.mid, 0)
+            self._publishes.meet(info.mid, 0)
         _LOGGER.info("Leaving %s for %s", self.server, address)
         client.disconnect()
 
@@ -285,9 +257,8 @@ class MqttLink:
         if delivery.qos == 0:
             return
         with self._lock:
-            current = self._deliveries.get(delivery.mid) == delivery
+            current = self._publishes.take(delivery)
             if current:
-                del self._deliveries[delivery.mid]
                 self._client.ack(delivery.mid, delivery.qos)
         if not current:
             _LOGGER.debug("Message %d is of an earlier connection: not acknowledged", delivery.mid)
@@ -309,7 +280,7 @@ class MqttLink:
             info = None
             if self.connected.is_set():
                 info = client.publish(self._status_topic, OFFLINE, qos=1, retain=True)
-                self._meet(info.mid, 0)
+                self._publishes.meet(info.mid, 0)
         if info is not None:
             try:
                 info.wait_for_publish(timeout)
@@ -333,10 +304,10 @@ class MqttLink:
                     self._ring.start_at_leader()
                 elif not asked:
                     self._ring.lost()  # on to the next server (the same one if it is alone)
-                    if not moving and not self._pause_before_reconnect(short_sessions):
+                    if not moving and not self._reconnect.pause(short_sessions):
                         return
                 first = False
-                self._connect_with_backoff()
+                self._reconnect.connect(self._use, self._handshake_blocking)
                 self._leave_if_astray()
                 up_since = time.monotonic()
                 self._client.loop_forever()  # returns when the connection ends
@@ -369,72 +340,9 @@ class MqttLink:
                 self._moving.clear()  # made where it was asked for
                 return
             info = self._client.publish(self._status_topic, OFFLINE, qos=1, retain=True)
-            self._meet(info.mid, 0)
+            self._publishes.meet(info.mid, 0)
         _LOGGER.info("Leaving %s for the server followed", self.server)
         self._client.disconnect()
-
-    def _pause_before_reconnect(self, short_sessions: int) -> bool:
-        """Wait a jittered delay that grows while connections keep dropping; False if stopping.
-
-        Without it a fleet reconnects in lockstep after a broker restart, and two agents with
-        the same client id would take the session from each other in a tight loop.
-        """
-        low, high = self._config.reconnect_min, self._config.reconnect_max
-        pause = random.uniform(low, min(high, low * 2 ** (short_sessions + 1)))  # noqa: S311
-        _LOGGER.info("Reconnecting in %.2f s (to %s)", pause, self.server)
-        return not self._stopping.wait(pause)
-
-    def _connect_with_backoff(self) -> None:
-        """Connect, retrying with tenacity's backoff: the first attempt at once, before
-        tenacity is even imported (a node's start waits on nothing it does not need)."""
-        try:
-            self._attempt()
-        except OSError as err:
-            if self._stopping.is_set():
-                raise
-            first = err
-        else:
-            return
-        from tenacity import (  # noqa: PLC0415 - only once a connect failed
-            Retrying,
-            retry_if_exception_type,
-            stop_when_event_set,
-        )
-
-        self._log_first_failure(first)
-        retrying = Retrying(
-            wait=self._wait,
-            retry=retry_if_exception_type(OSError),
-            stop=stop_when_event_set(self._stopping),
-            sleep=self._sleep,
-            before_sleep=self._log_retry,
-            reraise=True,
-        )
-        for attempt in retrying:
-            with attempt:
-                self._attempt()
-
-    def _attempt(self) -> None:
-        """One attempt on the ring's current server; on failure, the ring moves on."""
-        index, version = self._ring.index, self._ring.version
-        self._failed_at = self._ring.current.address
-        self._use(index, version)
-        try:
-            if self._stopping.is_set():
-                raise ConnectionError("stopping")
-            self._handshake_blocking()
-        except _MaybeNotV5Error as err:
-            self._step = self._ring.failed(maybe_not_v5=True, refused_version=err.refused)
-            raise
-        except OSError:
-            self._step = self._ring.failed(maybe_not_v5=False)
-            raise
-        if self._ring.connected():
-            _LOGGER.warning(
-                "%s does not take MQTT 5: the link speaks MQTT 3.1.1 with it until the agent "
-                "restarts (what that changes: docs/brokers.md)",
-                self.server,
-            )
 
     def _use(self, index: int, version: Version) -> None:
         """Make the client for this server and version, unless it is the one in use; hand it
@@ -443,10 +351,7 @@ class MqttLink:
             return
         client = self._make_client(index, version)
         with self._lock:
-            self._meeting = {}
-            for ours, (topic, payload, retain) in self._outgoing.items():
-                info = client.publish(topic, payload, qos=1, retain=retain)
-                self._meet(info.mid, ours)
+            self._publishes.hand_over(client)
             self._client, self._client_key, self._version = client, (index, version), version
 
     def _handshake_blocking(self) -> None:
@@ -474,7 +379,7 @@ class MqttLink:
                 break
             if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
                 error = f"connection lost before CONNACK: {mqtt.error_string(rc)}"
-                raise (_MaybeNotV5Error if self._version == V5 else ConnectionError)(error)
+                raise (MaybeNotV5Error if self._version == V5 else ConnectionError)(error)
             if time.monotonic() > deadline:
                 self._client.disconnect()
                 raise TimeoutError("no CONNACK from the broker")
@@ -483,69 +388,8 @@ class MqttLink:
                 f"broker refused the connection: {refusal(self._connack, self._version)}"
             )
             if self._connack.value == UNSUPPORTED_PROTOCOL and self._version == V5:
-                raise _MaybeNotV5Error(self.last_error, refused=True)
+                raise MaybeNotV5Error(self.last_error, refused=True)
             raise ConnectRefusedError(self.last_error)
-
-    def _log_first_failure(self, error: OSError) -> None:
-        """The first attempt's failure, said as tenacity's hook says the later ones."""
-        pause = self._wait(None)
-        self._log(error, pause, 1)
-        self._sleep(pause)
-
-    def _wait(self, state: RetryCallState | None) -> float:
-        low, high = self._config.reconnect_min, self._config.reconnect_max
-        return delay(self._step, self._ring.rounds, low, high)
-
-    def _sleep(self, seconds: float) -> None:
-        self._stopping.wait(seconds)  # a stop request ends the wait at once
-
-    def _log_retry(self, state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome else None
-        pause = state.next_action.sleep if state.next_action else 0.0
-        self._log(error, pause, state.attempt_number + 1)  # the first was tried before tenacity
-
-    def _log(self, error: BaseException | None, pause: float, attempt: int) -> None:
-        if self._step is Step.SAME:
-            _LOGGER.info("%s: %s; trying MQTT 3.1.1", self._failed_at, error)
-        elif self._step is Step.NEXT:
-            _LOGGER.warning(
-                "Cannot connect to %s (%s); trying %s in %.2f s",
-                self._failed_at,
-                error,
-                self.server,
-                pause,
-            )
-        else:
-            _LOGGER.warning(
-                "Cannot connect to %s (%s); retry %d in %.2f s (to %s)",
-                self._failed_at,
-                error,
-                attempt,
-                pause,
-                self.server,
-            )
-
-    def _meet(self, mid: int, ours: int) -> None:
-        """Note our id of a publish by its packet id (holding the lock); if its acknowledgement
-        came first, it is acknowledged now."""
-        if self._meeting.setdefault(mid, ours) == _ACKED:
-            del self._meeting[mid]
-            self._acknowledged(ours)
-
-    def _acknowledged(self, ours: int) -> None:
-        if ours:  # 0: the link's own publish (offline at stop)
-            self._outgoing.pop(ours, None)
-            self.acknowledged.append(ours)  # deque.append is atomic: no lock, no blocking
-
-    def _on_socket_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        try:
-            # Without it every small packet can wait ~40 ms for a delayed ACK (platform notes).
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except (OSError, AttributeError):
-            _LOGGER.debug("TCP_NODELAY not set", exc_info=True)
-
-    def _on_socket_register_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
-        """Nothing to do: the network thread's select() sees the pending write."""
 
     def _on_connect(
         self,
@@ -565,23 +409,15 @@ class MqttLink:
                 self._version,
                 flags.session_present,
             )
-            # Never replay a retained command at (re)subscribe (a speak was said when sent),
-            # except where a retained value is state to restore (the volume). MQTT 3.1.1 has no
-            # such option: `_on_message` drops those itself.
-            keep = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_SEND_ON_SUBSCRIBE)
-            skip = SubscribeOptions(qos=1, retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND)
+            # A retained command is never replayed at (re)subscribe (`Subscriptions.requests`);
+            # MQTT 3.1.1 has no such option: `_on_message` drops those itself.
             with self._lock:
                 self._online_said = False
-                self._deliveries = {}  # packet ids of earlier connections mean nothing here
-                if self._version == V5:
-                    client.subscribe(
-                        [(t, keep if t in self._retained else skip) for t in self._handlers]
-                    )
-                else:
-                    client.subscribe([(topic, 1) for topic in self._handlers])
+                self._publishes.new_connection()  # packet ids of earlier ones mean nothing here
+                client.subscribe(self._subscriptions.requests(self._version))
                 if self._online_now is None or self._online_now():
                     info = client.publish(self._status_topic, ONLINE, qos=1, retain=True)
-                    self._meet(info.mid, 0)
+                    self._publishes.meet(info.mid, 0)
                     self._online_said = True
             self.last_error = None
             self.connected.set()
@@ -589,22 +425,6 @@ class MqttLink:
                 self._on_connected()
         except Exception:
             _LOGGER.exception("on_connect failed")
-
-    def _on_publish(
-        self,
-        client: mqtt.Client,
-        userdata: Any,
-        mid: int,
-        reason_code: ReasonCode,
-        properties: Properties | None,
-    ) -> None:
-        # Called with paho's message lock held: no lock of ours here (a publisher holds ours
-        # while it waits for paho's). One setdefault meets the publisher's note of its id.
-        meeting = self._meeting
-        ours = meeting.setdefault(mid, _ACKED)
-        if ours != _ACKED:
-            meeting.pop(mid, None)
-            self._acknowledged(ours)
 
     def _on_subscribe(
         self,
@@ -616,8 +436,7 @@ class MqttLink:
     ) -> None:
         refused = [str(code) for code in reason_codes if code.is_failure]
         if not refused:
-            self.subscribed.set()
-            self._tell_session(self.server)
+            self._subscriptions.granted(self.server)
             return
         # A broker that refuses a subscription (e.g. an ACL) would leave the agent deaf: report
         # it and go through the reconnect path, whose pauses grow while sessions stay short.
@@ -634,8 +453,7 @@ class MqttLink:
         properties: Properties | None,
     ) -> None:
         self.connected.clear()
-        self.subscribed.clear()
-        self._tell_session(None)
+        self._subscriptions.ended()
         if self._stopping.is_set():
             return
         if reason_code.value == _SESSION_TAKEN_OVER:
@@ -646,47 +464,8 @@ class MqttLink:
         else:
             _LOGGER.warning("Disconnected from the broker at %s: %s", self.server, reason_code)
 
-    def _tell_session(self, server: str | None) -> None:
-        if self._on_session is not None:
-            try:
-                self._on_session(server)
-            except Exception:
-                _LOGGER.exception("on_session failed")
-
-    def _may_read(self) -> bool:
-        """On paho's thread, before each packet: a session's next packet waits for room (its
-        CONNACK never does)."""
-        return not self.connected.is_set() or self._room is None or self._room()
-
-    def _refused_packet(self, size: int) -> None:
-        """On paho's thread: a server announced a packet above the bound (the connection ends
-        before its body is read)."""
-        self.last_error = f"{self.server} sent a packet over mqtt.max_packet_bytes"
-        _LOGGER.warning(
-            "%s announced a packet of %d bytes, over mqtt.max_packet_bytes (%d): refused "
-            "before its body was read, connection closed",
-            self.server,
-            size,
-            self._config.max_packet_bytes,
-        )
-
-    def _cut_packet(self, topic: str, mid: int, size: int) -> None:
-        """On paho's thread (MQTT 3.1.1): a PUBLISH over the bound comes without its payload,
-        which was thrown away unread; it is acknowledged and dropped when paho hands it on."""
-        self._cut[(topic, mid)] = size
-
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
-        cut = self._cut.pop((message.topic, message.mid if message.qos else 0), None)
-        if cut is not None:
-            _LOGGER.warning(
-                "A message of %d bytes on %s is over mqtt.max_packet_bytes (%d): its payload "
-                "was thrown away unread; acknowledged and dropped",
-                cut,
-                message.topic,
-                self._config.max_packet_bytes,
-            )
-            if message.qos:
-                client.ack(message.mid, message.qos)  # on the connection it came by
+        if self._oversize.dropped(client, message):
             return
         fingerprint = hashlib.blake2b(
             message.topic.encode() + b"\0" + message.payload, digest_size=16
@@ -700,14 +479,14 @@ class MqttLink:
             float(expiry) if isinstance(expiry, int) else None,
         )
         if delivery.qos > 0:
-            self._deliveries[delivery.mid] = delivery  # one dict operation: atomic
+            self._publishes.received(delivery)  # one dict operation: atomic
         try:
-            subscription, handler = self._route(message.topic)
+            subscription, handler = self._subscriptions.route(message.topic)
             if handler is None:
                 _LOGGER.warning("Message on unexpected topic %s ignored", message.topic)
                 self.ack(delivery)
                 return
-            if message.retain and subscription not in self._retained:
+            if self._subscriptions.replayed(subscription, retain=bool(message.retain)):
                 # Sent because of the subscription (MQTT 3.1.1 sets the flag only then; MQTT 5
                 # without Retain As Published likewise): a retained command is never replayed.
                 _LOGGER.warning("Retained message on %s ignored (not replayed)", message.topic)
@@ -719,11 +498,26 @@ class MqttLink:
             _LOGGER.exception("Handling a message on %s failed; it is dropped", message.topic)
             self.ack(delivery)  # an unacknowledged message would hold a receive slot for good
 
-    def _route(self, topic: str) -> tuple[str | None, MessageHandler | None]:
-        """The subscription a topic came by, and its handler."""
-        if topic in self._handlers:
-            return topic, self._handlers[topic]
-        for subscription, handler in self._handlers.items():
-            if mqtt.topic_matches_sub(subscription, topic):
-                return subscription, handler
-        return None, None
+    def _note(self, error: str) -> None:
+        """The link's last problem (for the state), from another part of it."""
+        self.last_error = error
+
+
+def _gate(connected: threading.Event, room: Callable[[], bool] | None) -> Gate | None:
+    """The bounded socket's question, on paho's thread before each packet: a session's next
+    packet waits for `room` (its CONNACK never does); None without `room`."""
+    if room is None:
+        return None
+    return lambda: not connected.is_set() or room()
+
+
+def _on_socket_open(client: mqtt.Client, userdata: Any, sock: Any) -> None:
+    try:
+        # Without it every small packet can wait ~40 ms for a delayed ACK (platform notes).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):
+        _LOGGER.debug("TCP_NODELAY not set", exc_info=True)
+
+
+def _on_socket_register_write(client: mqtt.Client, userdata: Any, sock: Any) -> None:
+    """Nothing to do: the network thread's select() sees the pending write."""
