@@ -72,7 +72,7 @@ def equivalence(split: Voice, whole: Voice) -> None:
 def streamed(split: Voice) -> None:
     """2. Streamed decoding in runs of each size against whole decoding."""
     print("## 2. streamed decoding, in runs of n frames, against whole decoding (noise 0)")
-    parts = split._parts
+    parts = split._engine.parts
     assert parts is not None  # noqa: S101 - the bundled voice splits
     for size in RUN_SIZES:
         worst, snrs = 0.0, []
@@ -130,7 +130,7 @@ def rewrites(work: Path, threads: int) -> dict[str, tuple[Path, dict[str, Any]]]
 def levers(split: Voice, work: Path, reps: int, threads: int) -> None:
     """3. The decoder's CPU and wall time, by way of decoding."""
     print(f"## 3. decoding the long text's clause groups, {threads} threads: CPU and wall ms")
-    parts = split._parts
+    parts = split._engine.parts
     assert parts is not None  # noqa: S101 - the bundled voice splits
     latents = []
     for ids in split.sentence_ids(SPEED_TEXTS["long"]):

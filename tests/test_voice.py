@@ -264,7 +264,7 @@ def test_the_parts_take_their_tensors_from_the_arena_without_a_plan(
     cache alike."""
     for cache_dir in (None, tmp_path / "cache", tmp_path / "cache"):  # built, built, cached
         voice = Voice.load(vits_voice, threads=1, cache_dir=cache_dir)
-        parts = voice._parts
+        parts = voice._engine.parts
         assert parts is not None
         assert parts.stream is not None
         assert parts.flow is not None
@@ -273,8 +273,8 @@ def test_the_parts_take_their_tensors_from_the_arena_without_a_plan(
         assert not parts.flow.get_session_options().enable_mem_pattern
         assert np.concatenate(list(voice.synthesize(TEXT))).size > 0
     whole = Voice.load(vits_voice, threads=1, cache_dir=None, split=False)
-    assert whole._session is not None
-    assert whole._session.get_session_options().enable_mem_pattern
+    assert whole._engine.session is not None
+    assert whole._engine.session.get_session_options().enable_mem_pattern
 
 
 def test_a_decoder_chunk_is_decoded_in_runs_of_cache_size() -> None:
@@ -488,7 +488,7 @@ def test_espeak_ng_is_set_to_a_voice_only_when_it_changes(
     those of a voice set before each piece."""
     from piper import espeakbridge  # noqa: PLC0415 - the library the voice phonemizes with
 
-    import agent.speech.voice as voice_module  # noqa: PLC0415
+    import agent.speech.phonemizer as phonemizer_module  # noqa: PLC0415 - the memo's module
 
     real = espeakbridge.set_voice
     calls: list[str] = []
@@ -498,12 +498,12 @@ def test_espeak_ng_is_set_to_a_voice_only_when_it_changes(
         real(name)
 
     monkeypatch.setattr(espeakbridge, "set_voice", counted)
-    monkeypatch.setattr(voice_module, "_ESPEAK_VOICE", {})
+    monkeypatch.setattr(phonemizer_module, "_ESPEAK_VOICE", {})
     voice = Voice.describe(tiny_voice, None)
     first = [voice.sentences(f"{TEXT} Number {n}.") for n in range(5)]
     assert len(calls) == 1
-    with voice_module.ESPEAK_LOCK:  # another voice's language, as a second voice sets it
+    with phonemizer_module.ESPEAK_LOCK:  # another voice's language, as a second voice sets it
         real("de")
-        voice_module._ESPEAK_VOICE["set"] = "de"
+        phonemizer_module._ESPEAK_VOICE["set"] = "de"
     assert voice.sentences(f"{TEXT} Number 0.") == first[0]
     assert len(calls) == 2

@@ -9,20 +9,16 @@ not split runs whole (logged once at load). `Voice.stream` is the one way audio 
 phoneme ids in, float chunks out, honouring a `Cancellation` from another thread. Not
 thread-safe otherwise: one synthesis thread uses a voice.
 
-Phonemizing is bounded: a text goes to espeak-ng in pieces of at most `text.PIECE_CHARS`
-characters (cut at a sentence end, clause end or space), each call under a millisecond under
-the interpreter lock and never a clause long enough to crash espeak-ng, and stops once the
-phonemes pass the bound it was asked within. espeak-ng's
-voice is one global of the library: `set_voice` and the `get_phonemes` after it are one step
-under `ESPEAK_LOCK`, so a synthesizer on another thread never switches the language under it.
+Its parts: the text side (`phonemizer`: text to phonemes, bounded, espeak-ng's voice set and
+its phonemes read in one hold of `ESPEAK_LOCK`, and phoneme ids) and its sessions
+(`voice_engine`: loaded in the background, waited for, the speaker input, the prior at a rate);
+here the streaming of a clause group's audio and what a voice is (config, digest, speakers).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import threading
-import unicodedata
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,10 +27,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 import onnxruntime as ort
-from piper import espeakbridge
 from piper.config import PhonemeType, PiperConfig
-from piper.phoneme_ids import phonemes_to_ids
-from piper.phonemize_espeak import ESPEAK_DATA_DIR, _merge_known_vowel_clusters
 
 from agent.formats.chunking import (
     FIRST_FRAMES,
@@ -44,60 +37,51 @@ from agent.formats.chunking import (
     frame_chunks,
 )
 from agent.formats.pcm import PCM16
-from agent.formats.text import pieces
 from agent.speech.decoder_build import split_parts
 from agent.speech.decoder_parts import (
-    Latent,
     Parts,
     StreamSpec,
     decode_frames,
-    encode,
     with_context,
 )
+from agent.speech.phonemizer import (
+    ESPEAK_LOCK,
+    Clause,
+    Phonemizer,
+    TooManyPhonemesError,
+    forget_espeak_voice,
+)
 from agent.speech.sessions import (
-    SPEAKER_INPUT,
     graph_feed,
     model_digest,
     releasing,
-    takes,
     usable_cache_dir,
     whole_session,
 )
+from agent.speech.voice_engine import VoiceEngine, rate_frames
+
+__all__ = [
+    "ESPEAK_LOCK",
+    "Audio",
+    "Cancellation",
+    "Clause",
+    "FramePlan",
+    "StreamCancelledError",
+    "SynthesisParams",
+    "TooManyPhonemesError",
+    "Voice",
+    "VoiceInfo",
+    "bundled_voice",
+    "forget_espeak_voice",
+    "rate_frames",
+    "seed_random",
+    "to_pcm16",
+]
 
 Audio = npt.NDArray[np.float32]
 _MAX_INT16: Final = 32767.0
 _PREWARM_TEXT: Final = "Ready."
-_LANGUAGE_FLAG: Final = re.compile(r"\([^()]+\)")
-"""espeak-ng's language switch flags, `(en)` (from one parenthesis to the next: linear)."""
-ESPEAK_LOCK: Final = threading.Lock()
-"""Held around each `set_voice` and the `get_phonemes` that follows it (espeak-ng's voice is
-global state, and two synthesizers phonemize on their own threads)."""
-_ESPEAK_VOICE: dict[str, str] = {}
-"""The voice espeak-ng was last set to (`"set"`), read and written under ESPEAK_LOCK: each
-`set_voice` keeps ~1.2 KB that espeak-ng never gives back (1.65 MiB per 1,000 sentences phonemized,
-measured; every request is phonemized, cached or not), so it is called only when the voice
-changes (docs/memory.md). `Voice.sentences` is the only caller of `set_voice` in the node's
-processes; code that sets espeak-ng's voice any other way (piper's own phonemizer, in tests and
-tools) calls `forget_espeak_voice` after it."""
-
-
-def forget_espeak_voice() -> None:
-    """espeak-ng's voice was set outside `Voice.sentences`: the next phonemizing sets it again."""
-    with ESPEAK_LOCK:
-        _ESPEAK_VOICE.clear()
-
-
 _WHOLE: Final = 2**31
-_ENGINE_POLL_S: Final = 0.02
-"""How often a wait for a loading voice's sessions looks at its cancellation (seconds)."""
-
-Clause = tuple[str, ...]
-"""The phonemes of one clause, its punctuation included (as piper-tts makes them)."""
-
-
-class TooManyPhonemesError(ValueError):
-    """A text's phonemes passed the bound asked for: phonemizing stopped there, the rest of the
-    text was not phonemized."""
 
 
 def bundled_voice() -> Path:
@@ -235,12 +219,9 @@ class Voice:
         path: Path,
         info: VoiceInfo | None = None,
     ) -> None:
-        self._engine_ready = threading.Event()
-        self._engine: ort.InferenceSession | Parts | None = None
-        self._engine_error: BaseException | None = None
+        self._engine = VoiceEngine(path.name, config.default_speaker_id)
         self._config = config
-        with ESPEAK_LOCK:  # a voice loaded (a model update) while another thread phonemizes
-            espeakbridge.initialize(str(ESPEAK_DATA_DIR))
+        self._phonemizer = Phonemizer(config)
         self._has_sid = config.num_speakers > 1
         """Until the sessions are loaded, from the JSON; then from the graph's inputs."""
         self.sha256 = sha256
@@ -296,40 +277,17 @@ class Voice:
                 )
             self.attach(parts or whole_session(self.path, self.sha256, threads, cache_dir))
         except BaseException as err:
-            self._engine_error = err
-            self._engine_ready.set()
+            self._engine.fail(err)
             raise
 
     def attach(self, engine: ort.InferenceSession | Parts) -> None:
         """The voice's sessions are here: audio no longer waits."""
-        first = engine.prior if isinstance(engine, Parts) else engine
-        self._has_sid = takes(first, SPEAKER_INPUT)
-        self._engine = engine
-        self._engine_ready.set()
+        self._has_sid = self._engine.attach(engine)
 
     @property
     def loaded(self) -> bool:
         """Whether the sessions are loaded (or failed to)."""
-        return self._engine_ready.is_set()
-
-    def _wait_engine(self, cancel: Cancellation | None = None) -> ort.InferenceSession | Parts:
-        """The sessions, once loaded: a cancellation ends the wait (StreamCancelledError)."""
-        while not self._engine_ready.wait(_ENGINE_POLL_S):
-            if cancel is not None:
-                cancel.check()
-        if self._engine is None:
-            raise RuntimeError(f"the voice {self.path.name} did not load") from self._engine_error
-        return self._engine
-
-    @property
-    def _parts(self) -> Parts | None:
-        engine = self._wait_engine()
-        return engine if isinstance(engine, Parts) else None
-
-    @property
-    def _session(self) -> ort.InferenceSession | None:
-        engine = self._wait_engine()
-        return None if isinstance(engine, Parts) else engine
+        return self._engine.loaded
 
     @classmethod
     def load(
@@ -353,17 +311,19 @@ class Voice:
     @property
     def chunked(self) -> bool:
         """Whether the voice decodes in frame chunks (else each clause group comes whole)."""
-        return self._parts is not None
+        return self._engine.parts is not None
 
     @property
     def stream_spec(self) -> StreamSpec | None:
         """How the streaming decoder runs (None: chunks decoded with context, or whole)."""
-        return None if self._parts is None else self._parts.stream
+        parts = self._engine.parts
+        return None if parts is None else parts.stream
 
     @property
     def hop(self) -> int:
         """Samples per latent frame (0 on a voice that runs whole)."""
-        return 0 if self._parts is None else self._parts.shape.hop
+        parts = self._engine.parts
+        return 0 if parts is None else parts.shape.hop
 
     def sentences(self, text: str, max_phonemes: int | None = None) -> list[list[Clause]]:
         """Phonemes per clause, grouped by sentence; espeak-ng decides both boundaries.
@@ -375,47 +335,11 @@ class Voice:
         with `max_phonemes`, phonemizing stops with TooManyPhonemesError after the piece that
         passes it.
         """
-        sentences: list[list[Clause]] = []
-        current: list[Clause] = []
-        count = 0
-        cuts = pieces(text)
-        for index, cut in enumerate(cuts):
-            with ESPEAK_LOCK:
-                if _ESPEAK_VOICE.get("set") != self._config.espeak_voice:
-                    espeakbridge.set_voice(self._config.espeak_voice)
-                    _ESPEAK_VOICE["set"] = self._config.espeak_voice
-                clauses = espeakbridge.get_phonemes(cut.text)
-            goes_on = not cut.sentence and index < len(cuts) - 1  # its sentence continues
-            for number, (phonemes, terminator, sentence_end) in enumerate(clauses, 1):
-                clause = self._clause(phonemes, terminator)
-                count += len(clause)
-                if clause:
-                    current.append(tuple(clause))
-                if sentence_end and current and not (goes_on and number == len(clauses)):
-                    sentences.append(current)
-                    current = []
-            if max_phonemes is not None and count > max_phonemes:
-                raise TooManyPhonemesError(f"over {max_phonemes} phonemes")
-        if current:
-            sentences.append(current)
-        return sentences
-
-    def _clause(self, phonemes: str, terminator: str) -> list[str]:
-        """One clause of espeak-ng's output as piper-tts makes it: language flags out, its
-        punctuation kept (a space after a comma, colon or semicolon), decomposed."""
-        marked = _LANGUAGE_FLAG.sub("", phonemes) + terminator
-        if terminator in (",", ":", ";"):
-            marked += " "
-        clause = list(unicodedata.normalize("NFD", marked))
-        if self._config.vowel_clusters:
-            clause = _merge_known_vowel_clusters(clause, self._config.vowel_clusters)
-        return clause
+        return self._phonemizer.sentences(text, max_phonemes)
 
     def ids(self, clauses: list[Clause]) -> list[int]:
         """Model input ids for consecutive clauses (BOS, each phoneme then a pad, EOS)."""
-        return phonemes_to_ids(
-            [p for clause in clauses for p in clause], self._config.phoneme_id_map
-        )
+        return self._phonemizer.ids(clauses)
 
     def sentence_ids(self, text: str) -> list[list[int]]:
         """Phoneme ids for each whole sentence of the text."""
@@ -443,31 +367,35 @@ class Voice:
         try:
             if cancel is not None:
                 cancel.check()
-            self._wait_engine(cancel)  # a described voice still loading: audio waits
-            if self._parts is None:
-                scales = (params.noise_scale, params.length_scale, params.noise_w)
-                feed = graph_feed(ids, scales, self._speaker(params))
-                output = self._session.run(None, feed, options)[0]  # type: ignore[union-attr]
+            # a described voice still loading: audio waits
+            engine = self._engine.wait(None if cancel is None else cancel.check)
+            speaker = self._engine.speaker(params.speaker)
+            if not isinstance(engine, Parts):
+                feed = graph_feed(ids, _scales(params), speaker)
+                output = engine.run(None, feed, options)[0]
                 self.inferences += 1
                 yield np.asarray(output, dtype=np.float32).reshape(-1)
                 return
             head = plan.next < plan.largest  # a request's small first chunk: first audio first
-            latent = self._latent(ids, params, release or options, head=head)
+            scales, first_options = _scales(params), release or options
+            latent = self._engine.latent(
+                ids, scales, params.rate, speaker, first_options, head=head
+            )
             self.inferences += 1
-            stream = self._parts.stream
+            stream = engine.stream
             first = plan.next if stream is None else max(plan.next, stream.first)
             chunks, plan.next = frame_chunks(latent.frames, first, plan.largest, plan.growth)
             for frames in chunks:
                 if cancel is not None:
                     cancel.check()
                 if stream is None:
-                    yield decode_frames(self._parts, latent, frames, options, release)
+                    yield decode_frames(engine, latent, frames, options, release)
                     continue
                 pieces = []
                 for run in decoder_runs(frames, first=stream.first):  # cache-sized runs
                     if cancel is not None:
                         cancel.check()
-                    pieces.append(decode_frames(self._parts, latent, run, options, release))
+                    pieces.append(decode_frames(engine, latent, run, options, release))
                 yield pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         except StreamCancelledError:
             raise
@@ -506,9 +434,10 @@ class Voice:
     def with_context(self, decoder: int, flow: int) -> Voice:
         """This voice with other context frames for its decoder and flow (to measure the split;
         the agent uses the measured ones). Only for a `chunked` voice."""
-        if self._parts is None:
+        parts = self._engine.parts
+        if parts is None:
             raise ValueError("this voice runs whole: it has no decoder context")
-        parts = with_context(self._parts, decoder, flow)
+        parts = with_context(parts, decoder, flow)
         return Voice(parts, self._config, self.sha256, self.path, self.info)
 
     def at_rate(self, params: SynthesisParams, rate: float) -> SynthesisParams:
@@ -524,30 +453,9 @@ class Voice:
         gets the length scale divided by `rate`."""
         if rate == 1.0:
             return replace(params, rate=1.0)
-        if self._parts is None:
+        if self._engine.parts is None:
             return replace(params, length_scale=params.length_scale / rate, rate=1.0)
         return replace(params, rate=rate)
-
-    def _latent(
-        self,
-        ids: list[int],
-        params: SynthesisParams,
-        options: ort.RunOptions | None,
-        *,
-        head: bool = True,
-    ) -> Latent:
-        """The prior over a clause group's ids, its frames resampled to `params.rate`; `head`:
-        the flow may run a head for the first chunk first (`decoder_parts.Latent`)."""
-        assert self._parts is not None  # noqa: S101 - only a split voice has a prior
-        speaker = self._speaker(params)
-        if params.rate == 1.0:
-            return encode(self._parts, ids, _scales(params), speaker, options, head=head)
-        feed = graph_feed(ids, _scales(params), speaker)
-        outputs = self._parts.prior.run(list(self._parts.frames), feed, options)
-        arrays = [np.asarray(output, dtype=np.float32) for output in outputs]
-        keep = rate_frames(arrays[0].shape[-1], params.rate)
-        kept = [np.ascontiguousarray(a[..., keep]) for a in arrays]
-        return Latent(self._parts, kept, speaker, head=head)
 
     @property
     def speaker_count(self) -> int:
@@ -565,21 +473,6 @@ class Voice:
             return int(speaker)
         known = ", ".join(self.info.speakers) if names else f"0 to {count - 1}"
         raise ValueError(f"{speaker[:64]!r} is no speaker of this voice ({known})")
-
-    def _speaker(self, params: SynthesisParams) -> npt.NDArray[np.int64] | None:
-        if not self._has_sid:
-            return None
-        speaker = params.speaker if params.speaker is not None else self._config.default_speaker_id
-        return np.array([speaker or 0], dtype=np.int64)
-
-
-def rate_frames(frames: int, rate: float) -> npt.NDArray[np.intp]:
-    """Which of `frames` latent frames make speech `rate` times as fast: round(frames / rate)
-    of them (at least one), each the nearest source frame to its place in time, so a token of
-    d frames gets about d / rate (a one-frame blank may get none above 1, two below 1)."""
-    count = max(1, round(frames / rate))
-    places = (np.arange(count, dtype=np.float64) + 0.5) * (frames / count)
-    return np.minimum(frames - 1, places.astype(np.intp))
 
 
 def _scales(params: SynthesisParams) -> tuple[float, float, float]:

@@ -85,7 +85,7 @@ def child(spec: dict[str, Any], reps: int, cache: Path) -> dict[str, Any]:  # no
     arena_off = set(spec.get("arena_off", ()))
     model = _bundled()
     loaded = voice.Voice.load(model, threads=2, cache_dir=cache)
-    parts = loaded._parts
+    parts = loaded._engine.parts
     if parts is None:
         raise RuntimeError("the voice did not split")
     if arena_off:
