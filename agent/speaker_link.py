@@ -86,6 +86,7 @@ class RemotePlayer:
         self._link = link
         self._volume = 1.0
         self.underruns = 0
+        """The sounder's device's underruns since the sounder started, as it last told them."""
 
     def open(self) -> None:
         """The sounder opened the device."""
@@ -227,6 +228,8 @@ class SpeakerLink:
                     self._asks.cancel_words(job)
             case "server":
                 self._lead(frame.text("server", limit=wire.MAX_ADDRESS))
+            case "underruns":
+                self.player.underruns = frame.integer("count")
             case _:
                 self._report(_report_of(frame))
 

@@ -4,6 +4,7 @@ field checked, a broken frame refused whole."""
 from __future__ import annotations
 
 import json
+import socket
 import struct
 
 import pytest
@@ -101,3 +102,57 @@ def test_any_bytes_give_frames_or_a_wire_error(data: bytes) -> None:
         return
     for frame in frames:
         assert isinstance(frame.kind, str)
+
+
+class _Device:
+    """The sounder's player as the engine's lane reads it: its underrun count."""
+
+    def __init__(self) -> None:
+        self.underruns = 0
+        self.volume = 1.0
+
+    def put(self, chunk: Chunk) -> bool:
+        return True
+
+    def cut(self, job: int) -> None:
+        return None
+
+
+def test_the_sounders_underruns_reach_the_engines_state_before_the_event_after_them() -> None:
+    """The device is the sounder's: its underruns are told to the engine (whose state and
+    Sparkplug metric say them) before the next event of either lane, and to each new engine.
+    The engine's side reads them off a real socket pair. (The state said 0 while the log
+    counted 3: nothing told the engine.)"""
+    from agent.sounder.engine_lane import EngineLane  # noqa: PLC0415
+    from agent.speaker_link import SpeakerLink  # noqa: PLC0415
+    from harness import wait_until  # noqa: PLC0415
+
+    sent: list[bytes] = []
+    device = _Device()
+    lane = EngineLane(sent.append, lambda: 1)
+    lane.player = device
+    device.underruns = 2
+    lane.report(
+        UtteranceEnded("alarm", 1.0, None, "", {}, 5, 1700.0)
+    )  # an alarm's: job of no engine
+    lane.report(UtteranceStarted("next", (1 << 32) | 6, 1701.0, 0.0))
+    frames = [f for data in sent for f in FrameReader().feed(data)]
+    assert [(f.kind, f.header.get("count")) for f in frames] == [
+        ("underruns", 2),
+        ("started", None),
+    ]
+    sent.clear()
+    lane.hello()  # a new engine knows none
+    told = [f for data in sent for f in FrameReader().feed(data) if f.kind == "underruns"]
+    assert [f.integer("count") for f in told] == [2]
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    engine = SpeakerLink(theirs, lambda _report: None)
+    engine.start()
+    try:
+        assert engine.player.underruns == 0
+        ours.sendall(wire.encode("underruns", {"count": 3}))
+        wait_until(lambda: engine.player.underruns == 3, 30, "the count at the engine")
+    finally:
+        engine.close()
+        ours.close()

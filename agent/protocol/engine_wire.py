@@ -14,8 +14,10 @@ lane) and `words` (audio for an alarm the sounder asked to be said), each with i
 `volume`; `alarm` (an alarm-class request another edge received); `pong`.
 Sounder → engine: `server` (the server the sounder's session is on: the engine's follows it);
 `credit` (room for one more chunk of a lane); `started`, `ended`, `audio`, `preempted` (what the
-speaker did with the engine's lane); `say` and `cancel` (an alarm's words); `notified` (the
-lifecycle of an alarm the engine handed over); `ping`.
+speaker did with the engine's lane); `underruns` (the device's count since the sounder started,
+told before the event that follows one, so the engine's state counts every underrun); `say`
+and `cancel` (an alarm's words); `notified` (the lifecycle of an alarm the engine handed over);
+`ping`.
 
 Pure: no I/O, no clock, no threads.
 """

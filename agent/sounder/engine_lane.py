@@ -33,6 +33,8 @@ class Lanes(Protocol):
 
     def put(self, chunk: Chunk) -> bool: ...
     def cut(self, job: int) -> None: ...
+    @property
+    def underruns(self) -> int: ...
 
 
 def player_job(epoch: int, job: int) -> int:
@@ -59,6 +61,8 @@ class EngineLane:
         """The last job handed to the player (as the player knows it)."""
         self._audio: AudioStatus | None = None
         """What the player last said of the device."""
+        self._underruns_told = 0
+        """The device's underruns as the engine knows them (a new engine knows none)."""
         self._thread = threading.Thread(
             target=self._relay_blocking, name="engine-lane", daemon=True
         )
@@ -85,10 +89,21 @@ class EngineLane:
             self._send(wire.encode("credit", {"lane": "normal"}))
         if self._audio is not None:
             self._send(wire.audio_frame(self._audio))
+        self._underruns_told = 0
+        self._tell_underruns()
+
+    def _tell_underruns(self) -> None:
+        """The device's underrun count, told to the engine when it changed (its state and
+        Sparkplug's metric say it)."""
+        count = 0 if self.player is None else self.player.underruns
+        if count != self._underruns_told:
+            self._underruns_told = count
+            self._send(wire.encode("underruns", {"count": count}))
 
     def report(self, event: Event) -> None:
         """What the player did with this lane, told to the engine in its own job numbers
         (the ALSA writer's thread); what was of an engine that is gone is told to nobody."""
+        self._tell_underruns()  # first: the event after an underrun comes with its count
         job = getattr(event, "job", None)
         if job is not None and job >> 32 != self._epoch():
             return
