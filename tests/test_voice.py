@@ -507,3 +507,41 @@ def test_espeak_ng_is_set_to_a_voice_only_when_it_changes(
         phonemizer_module._ESPEAK_VOICE["set"] = "de"
     assert voice.sentences(f"{TEXT} Number 0.") == first[0]
     assert len(calls) == 2
+
+
+def test_espeak_ng_is_initialized_once_and_a_voice_loaded_later_leaves_the_one_in_use(
+    tiny_voice: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Initializing espeak-ng again reloads its phoneme data under the voice set before: the
+    next phonemizing read freed tables ("Invalid instruction ... for phoneme", then SIGSEGV;
+    a health check loads two voices, an update or a rollback one more in the engine). It is
+    initialized once a process; after someone else initialized it (`forget_espeak_voice`), the
+    next voice loaded initializes it again and its voice is set again before it phonemizes."""
+    from piper import espeakbridge  # noqa: PLC0415 - the library the voice phonemizes with
+
+    import agent.speech.phonemizer as phonemizer_module  # noqa: PLC0415 - the memo's module
+
+    real_initialize, real_set = espeakbridge.initialize, espeakbridge.set_voice
+    calls: list[str] = []
+
+    def initialize(path: str) -> None:
+        calls.append("initialize")
+        real_initialize(path)
+
+    def set_voice(name: str) -> None:
+        calls.append(f"set {name}")
+        real_set(name)
+
+    monkeypatch.setattr(espeakbridge, "initialize", initialize)
+    monkeypatch.setattr(espeakbridge, "set_voice", set_voice)
+    monkeypatch.setattr(phonemizer_module, "_ESPEAK_VOICE", {})
+    first = Voice.describe(tiny_voice, None)
+    said = first.sentences(TEXT)
+    for _ in range(3):  # more voices loaded: an update, a rollback, a health check's second
+        Voice.describe(tiny_voice, None)
+        assert first.sentences(TEXT) == said
+    assert calls == ["initialize", "set en-us"]
+    phonemizer_module.forget_espeak_voice()  # espeak-ng used outside: initialized, set again
+    Voice.describe(tiny_voice, None)
+    assert first.sentences(TEXT) == said
+    assert calls == ["initialize", "set en-us", "initialize", "set en-us"]

@@ -29,16 +29,21 @@ ESPEAK_LOCK: Final = threading.Lock()
 """Held around each `set_voice` and the `get_phonemes` that follows it (espeak-ng's voice is
 global state, and two synthesizers phonemize on their own threads)."""
 _ESPEAK_VOICE: dict[str, str] = {}
-"""The voice espeak-ng was last set to (`"set"`), read and written under ESPEAK_LOCK: each
-`set_voice` keeps ~1.2 KB that espeak-ng never gives back (1.65 MiB per 1,000 sentences phonemized,
-measured; every request is phonemized, cached or not), so it is called only when the voice
-changes (docs/memory.md). `Phonemizer.sentences` (a voice's `Voice.sentences`) is the only caller
-of `set_voice` in the node's processes; code that sets espeak-ng's voice any other way (piper's
-own phonemizer, in tests and tools) calls `forget_espeak_voice` after it."""
+"""The voice espeak-ng was last set to (`"set"`) and the data it was initialized with (`"data"`),
+read and written under ESPEAK_LOCK: each `set_voice` keeps ~1.2 KB that espeak-ng never gives
+back (1.65 MiB per 1,000 sentences phonemized, measured; every request is phonemized, cached or
+not), so it is called only when the voice changes (docs/memory.md). espeak-ng is initialized
+once: initializing again reloads its phoneme data under the voice in use, which then reads freed
+tables ("Invalid instruction ... for phoneme", then SIGSEGV: a health check loads two voices,
+an update or a rollback one more in the engine), and a voice set before is set again.
+`Phonemizer` is the only caller of `initialize` and `set_voice` in the node's processes; code
+that uses espeak-ng any other way (piper's own phonemizer, in tests and tools) calls
+`forget_espeak_voice` after it."""
 
 
 def forget_espeak_voice() -> None:
-    """espeak-ng's voice was set outside `Voice.sentences`: the next phonemizing sets it again."""
+    """espeak-ng was initialized or its voice set outside `Phonemizer`: the next voice loaded
+    initializes it again, and the next phonemizing sets its voice again."""
     with ESPEAK_LOCK:
         _ESPEAK_VOICE.clear()
 
@@ -58,7 +63,10 @@ class Phonemizer:
     def __init__(self, config: PiperConfig) -> None:
         self._config = config
         with ESPEAK_LOCK:  # a voice loaded (a model update) while another thread phonemizes
-            espeakbridge.initialize(str(ESPEAK_DATA_DIR))
+            if _ESPEAK_VOICE.get("data") != str(ESPEAK_DATA_DIR):
+                espeakbridge.initialize(str(ESPEAK_DATA_DIR))
+                _ESPEAK_VOICE.clear()  # no voice is set after an initialize
+                _ESPEAK_VOICE["data"] = str(ESPEAK_DATA_DIR)
 
     def sentences(self, text: str, max_phonemes: int | None = None) -> list[list[Clause]]:
         """Phonemes per clause, grouped by sentence; espeak-ng decides both boundaries.
