@@ -90,9 +90,9 @@ class EngineLane:
         if self._audio is not None:
             self._send(wire.audio_frame(self._audio))
         self._underruns_told = 0
-        self._tell_underruns()
+        self.tell_underruns()
 
-    def _tell_underruns(self) -> None:
+    def tell_underruns(self) -> None:
         """The device's underrun count, told to the engine when it changed (its state and
         Sparkplug's metric say it)."""
         count = 0 if self.player is None else self.player.underruns
@@ -103,7 +103,7 @@ class EngineLane:
     def report(self, event: Event) -> None:
         """What the player did with this lane, told to the engine in its own job numbers
         (the ALSA writer's thread); what was of an engine that is gone is told to nobody."""
-        self._tell_underruns()  # first: the event after an underrun comes with its count
+        self.tell_underruns()  # first: the event after an underrun comes with its count
         job = getattr(event, "job", None)
         if job is not None and job >> 32 != self._epoch():
             return

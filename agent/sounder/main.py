@@ -432,6 +432,7 @@ class Sounder:
         if self._engine.kit_changed:
             self._engine.kit_changed = False
             self._kit_files.save(self._kit)
+        self._engine.lane.tell_underruns()  # one after the last event: told within a tick
 
 
 def _speak_event(parsed: object, delivery: Delivery) -> SpeakReceived | SpeakInvalid:
