@@ -326,15 +326,7 @@ class Voice:
         return 0 if parts is None else parts.shape.hop
 
     def sentences(self, text: str, max_phonemes: int | None = None) -> list[list[Clause]]:
-        """Phonemes per clause, grouped by sentence; espeak-ng decides both boundaries.
-
-        Joined, a sentence's clauses are exactly the phonemes piper-tts makes for it, so
-        synthesizing clause groups changes where the model is run, not what is said. A text
-        longer than `text.PIECE_CHARS` is phonemized in pieces (cut where `text.pieces` cuts;
-        a sentence cut inside goes on in the next piece: a long clause can crash espeak-ng);
-        with `max_phonemes`, phonemizing stops with TooManyPhonemesError after the piece that
-        passes it.
-        """
+        """Phonemes per clause, grouped by sentence, bounded (`Phonemizer.sentences`)."""
         return self._phonemizer.sentences(text, max_phonemes)
 
     def ids(self, clauses: list[Clause]) -> list[int]:
