@@ -384,11 +384,20 @@ def _trust(name: str, row: str) -> dict[str, Figure]:
 
 
 def _sync(name: str, run: str) -> dict[str, Figure]:
-    """Two nodes, one `at` (bench/rooms.py): |offset| p95 and max, uncached and cached."""
+    """Two nodes, one `at` (bench/rooms.py): |offset| p95 and max, uncached and cached, and
+    how many announcements had no pair of marks (nodes more than 50 ms apart)."""
     return {
-        f"{name}_{kind}_{stat}": Figure(_ROOMS, f"results.{run}.{kind}.abs_offset_ms.{stat}", _MS3)
-        for kind in ("uncached", "cached")
-        for stat in ("p95", "max")
+        **{
+            f"{name}_{kind}_{stat}": Figure(
+                _ROOMS, f"results.{run}.{kind}.abs_offset_ms.{stat}", _MS3
+            )
+            for kind in ("uncached", "cached")
+            for stat in ("p95", "max")
+        },
+        **{
+            f"{name}_{kind}_unpaired": Figure(_ROOMS, f"results.{run}.{kind}.unpaired", "{:.0f}")
+            for kind in ("uncached", "cached")
+        },
     }
 
 
